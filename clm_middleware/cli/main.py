@@ -1,0 +1,42 @@
+"""The ``clm`` command line.
+
+User errors (``ClmError``: a bad file, a missing model, a setting out of range)
+print one clean line and exit 1, never a traceback. Ctrl-C exits 130 after the
+report of finished turns is written.
+"""
+
+from __future__ import annotations
+
+import click
+
+from clm_middleware.cli.bench_cmd import bench
+from clm_middleware.cli.replay_cmd import replay
+from clm_middleware.errors import ClmError
+
+
+class ClmGroup(click.Group):
+    """Turns library errors into one-line CLI errors."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ClmError as error:
+            raise click.ClickException(str(error)) from None
+
+
+@click.group(cls=ClmGroup)
+@click.version_option(package_name="clm-middleware")
+def cli() -> None:
+    """clm-middleware: a local chat model manages its own context over a block-pool KV cache."""
+
+
+cli.add_command(replay)
+cli.add_command(bench)
+
+
+def main() -> None:
+    cli(prog_name="clm")
+
+
+if __name__ == "__main__":
+    main()

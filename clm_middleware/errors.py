@@ -1,0 +1,67 @@
+"""One error family for the whole library.
+
+Every error carries the context a user needs to act (a path, a line, a field, a
+segment) and, where there is one, the next step. The CLI prints ``str(error)`` as
+one line and exits non-zero; it never shows a traceback for a ``ClmError``.
+
+Kinds follow vLLM's split: a ``ValueError`` subclass is something the caller can
+fix by changing its input; a ``RuntimeError`` subclass is a state the library
+cannot continue from (pool exhausted, model missing).
+"""
+
+from __future__ import annotations
+
+
+class ClmError(Exception):
+    """Base of every error raised on purpose by clm-middleware."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message} ({self.hint})"
+        return self.message
+
+
+class ConfigError(ClmError, ValueError):
+    """A setting is out of range or inconsistent; names the field."""
+
+    def __init__(self, field: str, problem: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{field}: {problem}", hint=hint)
+        self.field = field
+
+
+class ModelNotFoundError(ClmError, RuntimeError):
+    """The named model (or the default model package) is not on this machine."""
+
+
+class UnsupportedModelError(ClmError, ValueError):
+    """The model's architecture does not fit the block pool (e.g. sliding window)."""
+
+
+class ContextWindowError(ClmError, ValueError):
+    """A request needs more positions than the model has."""
+
+
+class PoolExhaustedError(ClmError, RuntimeError):
+    """The active requests need more KV blocks than the pool holds.
+
+    Raised at admission, before any computation, so nothing is half-written.
+    """
+
+
+class TranscriptError(ClmError, ValueError):
+    """A transcript file is malformed; names ``path:line`` and what was expected."""
+
+    def __init__(self, path: str, line: int | None, problem: str) -> None:
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {problem}")
+        self.path = path
+        self.line = line
+
+
+class ChatTemplateError(ClmError, ValueError):
+    """The tokenizer's chat template cannot be rendered append-only."""

@@ -1,0 +1,135 @@
+"""Append-only, token-level rendering of a tokenizer's chat template.
+
+Prefix reuse pays only if the prompt of turn t+1 starts with the exact token ids of
+turn t. Re-rendering the whole chat as text and re-tokenizing does not guarantee
+that (BPE merges across message boundaries; a generated reply may not re-tokenize
+to the ids that were generated). So the template is rendered once with sentinel
+contents to learn its fixed "glue" per role::
+
+    preamble | header(role) + content ids + footer(role) | ... | generation prompt
+
+and a prompt is built by concatenating token ids: the glue is tokenized once, each
+content is tokenized once, and an assistant reply keeps the ids the model generated.
+``ChatFormat`` refuses (``ChatTemplateError``) a template that is not append-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from clm_middleware.errors import ChatTemplateError
+
+ROLES = ("system", "user", "assistant", "tool")
+_SENTINEL = "\u2063CLM-CONTENT-\u2064"
+_ANCHOR = "\u2063CLM-ANCHOR-\u2064"
+
+
+@dataclass(frozen=True, slots=True)
+class RoleGlue:
+    header_ids: tuple[int, ...]
+    footer_ids: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class ChatFormat:
+    """Token glue of one tokenizer's chat template; see the module docstring."""
+
+    tokenizer: Any
+    preamble_ids: tuple[int, ...] = ()
+    generation_prompt_ids: tuple[int, ...] = ()
+    glue: dict[str, RoleGlue] = field(default_factory=dict)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> ChatFormat:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ChatTemplateError(
+                "the tokenizer has no chat template",
+                hint="use an instruction-tuned model, or set tokenizer.chat_template",
+            )
+        render = _renderer(tokenizer)
+        anchor = [{"role": "system", "content": _ANCHOR}]
+        base = render(anchor)
+        glue: dict[str, RoleGlue] = {}
+        system_text = render([{"role": "system", "content": _SENTINEL}])
+        glue["system"] = _split_glue(tokenizer, system_text, "system")
+        for role in ("user", "assistant", "tool"):
+            try:
+                text = render([*anchor, {"role": role, "content": _SENTINEL}])
+            except Exception:  # templates may reject a role (e.g. no tool turns)
+                continue
+            if not text.startswith(base):
+                raise ChatTemplateError(
+                    f"the chat template re-renders earlier messages when a {role} message "
+                    "is added, so prompts cannot be built append-only"
+                )
+            glue[role] = _split_glue(tokenizer, text[len(base) :], role)
+        if "user" not in glue or "assistant" not in glue:
+            raise ChatTemplateError("the chat template must render user and assistant turns")
+        # Text the template puts before the first message when there is no system
+        # message (SmolLM2 adds a default system prompt there).
+        user_first = render([{"role": "user", "content": _SENTINEL}])
+        header_text = tokenizer.decode(list(glue["user"].header_ids))
+        cut = user_first.find(header_text + _SENTINEL)
+        preamble = user_first[:cut] if cut > 0 else ""
+        generation = render(anchor, add_generation_prompt=True)
+        return cls(
+            tokenizer=tokenizer,
+            preamble_ids=tuple(_encode(tokenizer, preamble)),
+            generation_prompt_ids=tuple(_encode(tokenizer, generation[len(base) :])),
+            glue=glue,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no special tokens added."""
+        return _encode(self.tokenizer, text)
+
+    def supports_role(self, role: str) -> bool:
+        return role in self.glue
+
+    def message_ids(self, role: str, content_ids: Sequence[int]) -> list[int]:
+        """``header(role) + content + footer(role)``."""
+        try:
+            glue = self.glue[role]
+        except KeyError:
+            raise ChatTemplateError(
+                f"the chat template cannot render a {role!r} message",
+                hint=f"roles it renders: {sorted(self.glue)}",
+            ) from None
+        return [*glue.header_ids, *content_ids, *glue.footer_ids]
+
+    def start_ids(self, first_role: str | None) -> list[int]:
+        """What precedes the first message: the template's default preamble unless it is a system message."""
+        return [] if first_role == "system" else list(self.preamble_ids)
+
+    def render(self, messages: Sequence[tuple[str, Sequence[int]]], *, add_generation_prompt: bool = True) -> list[int]:
+        """Prompt ids for ``(role, content ids)`` pairs, in order."""
+        ids = self.start_ids(messages[0][0] if messages else None)
+        for role, content_ids in messages:
+            ids.extend(self.message_ids(role, content_ids))
+        if add_generation_prompt:
+            ids.extend(self.generation_prompt_ids)
+        return ids
+
+
+def _renderer(tokenizer: Any):
+    def render(messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    return render
+
+
+def _split_glue(tokenizer: Any, text: str, role: str) -> RoleGlue:
+    if text.count(_SENTINEL) != 1:
+        raise ChatTemplateError(f"the chat template does not render a {role} message's content once")
+    header, footer = text.split(_SENTINEL)
+    return RoleGlue(tuple(_encode(tokenizer, header)), tuple(_encode(tokenizer, footer)))
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    if not text:
+        return []
+    return list(tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,113 @@
+"""The replay report: one record per turn, totals, and its JSON form.
+
+Field names are a contract (scripts and later issues read them): new fields may be
+added, none is renamed or removed. ``docs/report.md`` documents each one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    turn: int  # 1-based over the whole replay
+    conversation_id: str
+    prompt_tokens: int  # tokens in the prompt of this turn
+    cached_tokens: int  # served from the block pool
+    prefill_tokens: int  # computed this turn (prompt_tokens - cached_tokens)
+    context_tokens: int  # what the model sees this turn (the prompt)
+    generated_tokens: int
+    ttft_s: float
+    turn_s: float
+    bookkeeping_s: float  # pool overhead: hash + match + gather + store
+    reply: str  # assistant text of the turn, generated or forced
+    pool_blocks_in_use: int = 0
+    kv_bytes: int = 0  # pool bytes holding data after the turn (in use + cached)
+    working_kv_bytes: int = 0  # the turn's own attention cache at its end
+    extra: dict[str, Any] = field(default_factory=dict)  # fields added by other modes
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(data.pop("extra"))
+        return data
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    mode: str
+    model: str
+    turns: list[TurnRecord] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    complete: bool = True  # False when the replay was interrupted
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def totals(self) -> dict[str, Any]:
+        turns = self.turns
+        prompt = sum(t.prompt_tokens for t in turns)
+        cached = sum(t.cached_tokens for t in turns)
+        turn_s = sum(t.turn_s for t in turns)
+        bookkeeping = sum(t.bookkeeping_s for t in turns)
+        ttfts = [t.ttft_s for t in turns]
+        return {
+            "turns": len(turns),
+            "conversations": len({t.conversation_id for t in turns}),
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "prefill_tokens": sum(t.prefill_tokens for t in turns),
+            "generated_tokens": sum(t.generated_tokens for t in turns),
+            "hit_rate": cached / prompt if prompt else 0.0,
+            "ttft_s": sum(ttfts),
+            "ttft_p50_s": percentile(ttfts, 50),
+            "ttft_p95_s": percentile(ttfts, 95),
+            "turn_s": turn_s,
+            "bookkeeping_s": bookkeeping,
+            "bookkeeping_share": bookkeeping / turn_s if turn_s else 0.0,
+            "peak_kv_bytes": max((t.kv_bytes + t.working_kv_bytes for t in turns), default=0),
+            "final_context_tokens": turns[-1].context_tokens if turns else 0,
+            "wall_s": self.wall_s,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "mode": self.mode,
+            "model": self.model,
+            "complete": self.complete,
+            "settings": self.settings,
+            "turns": [turn.as_dict() for turn in self.turns],
+            "totals": self.totals(),
+        }
+        data.update(self.extra)
+        return data
+
+    def write(self, path: str | Path) -> None:
+        """Write the JSON atomically: a reader never sees half a report."""
+        write_json_atomic(Path(path), self.as_dict())
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, ensure_ascii=False)
+            handle.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

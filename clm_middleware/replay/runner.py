@@ -1,0 +1,211 @@
+"""Replay transcripts through a chat driver and record what each turn cost.
+
+A turn is each point where the transcript has the assistant speak (and once more
+if it ends on a user or tool message). Messages before it (system, user, tool)
+enter the context first; then the model answers. With ``teacher_force`` the
+transcript's own reply is kept instead of the generated one (no generation
+variance), and the model computes only its first token: enough to measure TTFT,
+while the forced reply is still prefilled on the next turn like any other text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from clm_middleware.engine import Engine
+from clm_middleware.errors import ConfigError
+from clm_middleware.render import ChatFormat
+from clm_middleware.replay.report import ReplayReport, TurnRecord
+from clm_middleware.replay.transcript import Message, Transcript
+
+PLAIN_MODES = ("stateless", "prefix")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    mode: str = "prefix"
+    max_new_tokens: int = 64
+    teacher_force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens", f"must be ≥ 1, got {self.max_new_tokens}")
+
+    @property
+    def tokens_to_generate(self) -> int:
+        return 1 if self.teacher_force else self.max_new_tokens
+
+
+class TurnDriver(Protocol):
+    """One conversation under replay."""
+
+    def add(self, message: Message) -> None:
+        """Put a non-assistant message into the context."""
+
+    def respond(self, forced: Message | None) -> TurnRecord:
+        """Answer now; with ``forced``, keep that reply instead of the generated one."""
+
+    def close(self) -> None:
+        """Give back every pool reference the conversation holds."""
+
+
+class PlainChatDriver:
+    """``stateless`` and ``prefix`` modes: the whole history, rendered append-only.
+
+    ``stateless`` recomputes the whole prompt every turn, as a stateless chat-model
+    wrapper does; ``prefix`` sends the same token ids through the block pool.
+    """
+
+    def __init__(self, engine: Engine, chat_format: ChatFormat, options: ReplayOptions, conversation_id: str) -> None:
+        self.engine, self.format, self.options = engine, chat_format, options
+        self.conversation_id = conversation_id
+        self.history: list[int] | None = None
+        self.turn = 0
+
+    def add(self, message: Message) -> None:
+        self._append(message.role, self.format.encode(message.content))
+
+    def respond(self, forced: Message | None) -> TurnRecord:
+        started = time.perf_counter()
+        if self.history is None:
+            self.history = self.format.start_ids(None)
+        prompt = self.history + list(self.format.generation_prompt_ids)
+        generation = self.engine.generate(
+            prompt,
+            max_new_tokens=self.options.tokens_to_generate,
+            use_pool=self.options.mode == "prefix",
+        ).result()
+        if forced is not None:
+            reply_ids, reply = self.format.encode(forced.content), forced.content
+        else:
+            reply_ids = strip_stop_token(generation.token_ids, self.engine.default_stop_ids)
+            reply = self.format.tokenizer.decode(reply_ids, skip_special_tokens=True)
+        self._append("assistant", reply_ids)
+        stats, pool = generation.stats, self.engine.pool.stats()
+        return TurnRecord(
+            turn=0,
+            conversation_id=self.conversation_id,
+            prompt_tokens=stats.prompt_tokens,
+            cached_tokens=stats.cached_tokens,
+            prefill_tokens=stats.prefill_tokens,
+            context_tokens=stats.prompt_tokens,
+            generated_tokens=stats.generated_tokens,
+            ttft_s=stats.ttft_s,
+            turn_s=time.perf_counter() - started,
+            bookkeeping_s=stats.bookkeeping_s,
+            reply=reply,
+            pool_blocks_in_use=pool.blocks_in_use,
+            kv_bytes=pool.kv_bytes if self.options.mode == "prefix" else 0,
+            working_kv_bytes=(len(prompt) + stats.generated_tokens) * self.engine.layout.bytes_per_token,
+        )
+
+    def close(self) -> None:
+        """Holds no references: every call releases its blocks to the LRU queue."""
+
+    def _append(self, role: str, content_ids: list[int]) -> None:
+        if self.history is None:
+            self.history = self.format.start_ids(role)
+        self.history.extend(self.format.message_ids(role, content_ids))
+
+
+def strip_stop_token(token_ids: list[int], stop_ids: Iterable[int]) -> list[int]:
+    """Generated ids without the final EOS: the template's footer puts it back."""
+    if token_ids and token_ids[-1] in set(stop_ids):
+        return token_ids[:-1]
+    return list(token_ids)
+
+
+def replay(
+    transcripts: Iterable[Transcript],
+    make_driver: Callable[[Transcript], TurnDriver],
+    report: ReplayReport,
+    *,
+    teacher_force: bool,
+    on_turn: Callable[[TurnRecord], None] | None = None,
+) -> ReplayReport:
+    """Replay every transcript in order, appending a record per turn to ``report``.
+
+    If interrupted (Ctrl-C), the report keeps the finished turns, ``complete`` is
+    False, and the interrupt propagates after every driver is closed.
+    """
+    replay_interleaved(
+        transcripts,
+        {report.mode: make_driver},
+        {report.mode: report},
+        teacher_force=teacher_force,
+        on_turn=(lambda _mode, record: on_turn(record)) if on_turn else None,
+    )
+    return report
+
+
+def replay_interleaved(
+    transcripts: Iterable[Transcript],
+    make_drivers: dict[str, Callable[[Transcript], TurnDriver]],
+    reports: dict[str, ReplayReport],
+    *,
+    teacher_force: bool,
+    on_turn: Callable[[str, TurnRecord], None] | None = None,
+) -> dict[str, ReplayReport]:
+    """Replay the same transcripts under several modes, turn by turn.
+
+    Each turn runs every mode once, and the order of the modes rotates from turn to
+    turn, so a noisy machine slows all modes alike: ratios measured in one run are
+    comparable even when absolute times are not.
+    """
+    modes = list(make_drivers)
+    started = time.perf_counter()
+    for report in reports.values():
+        report.complete = False
+    try:
+        turn_index = 0
+        for transcript in transcripts:
+            drivers: dict[str, TurnDriver] = {}
+            try:
+                for mode in modes:
+                    drivers[mode] = make_drivers[mode](transcript)
+                for context, answer in turn_plan(transcript):
+                    shift = turn_index % len(modes)
+                    for mode in modes[shift:] + modes[:shift]:
+                        driver = drivers[mode]
+                        for message in context:
+                            driver.add(message)
+                        record = driver.respond(answer if teacher_force else None)
+                        record.turn = len(reports[mode].turns) + 1
+                        reports[mode].turns.append(record)
+                        if on_turn is not None:
+                            on_turn(mode, record)
+                    turn_index += 1
+            finally:
+                for driver in drivers.values():
+                    driver.close()
+        for report in reports.values():
+            report.complete = True
+    finally:
+        for report in reports.values():
+            report.wall_s = time.perf_counter() - started
+    return reports
+
+
+def turn_plan(transcript: Transcript) -> list[tuple[list[Message], Message | None]]:
+    """Split a transcript into turns: (messages that come first, the assistant's answer).
+
+    The answer is None for a final turn the transcript leaves unanswered.
+    """
+    plan: list[tuple[list[Message], Message | None]] = []
+    context: list[Message] = []
+    for message in transcript.messages:
+        if message.role == "assistant":
+            plan.append((context, message))
+            context = []
+        else:
+            context.append(message)
+    if any(message.role in ("user", "tool") for message in context):
+        plan.append((context, None))
+    return plan
+
+
+def count_turns(transcripts: Iterable[Transcript]) -> int:
+    return sum(len(turn_plan(transcript)) for transcript in transcripts)

@@ -1,0 +1,116 @@
+"""Transcripts: conversations to replay, read from files.
+
+A transcript is an ordered list of messages; a file may hold several, grouped by
+``conversation_id``. Readers never guess silently: a malformed line raises
+``TranscriptError`` naming ``FILE:LINE`` and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clm_middleware.errors import TranscriptError
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str
+    content: str
+    line: int | None = None  # where the message starts in its file, for error messages
+    name: str | None = None  # tool name, for tool results
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    conversation_id: str
+    messages: tuple[Message, ...]
+    source: str = ""
+    probes: tuple[dict[str, str], ...] = field(default=())
+
+    @property
+    def num_user_turns(self) -> int:
+        return sum(message.role == "user" for message in self.messages)
+
+
+def read_jsonl(path: str | Path) -> list[Transcript]:
+    """One JSON object per line: ``{"role", "content"}``, optional ``conversation_id``.
+
+    Blank lines are skipped. Lines of one conversation need not be adjacent; the
+    conversations come out in order of first appearance.
+    """
+    path = Path(path)
+    text = _read_text(path)
+    groups: dict[str, list[Message]] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise TranscriptError(str(path), number, f"not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise TranscriptError(
+                str(path), number, 'expected an object like {"role": "user", "content": "..."}'
+            )
+        message = message_from_record(record, str(path), number)
+        conversation = str(record.get("conversation_id", path.stem))
+        groups.setdefault(conversation, []).append(message)
+    if not groups:
+        raise TranscriptError(str(path), None, "the file holds no messages")
+    return [Transcript(cid, tuple(messages), str(path)) for cid, messages in groups.items()]
+
+
+def message_from_record(record: dict[str, Any], path: str, line: int | None) -> Message:
+    """Validate one ``{"role", "content", ...}`` record."""
+    role = record.get("role")
+    if role not in ROLES:
+        raise TranscriptError(
+            path, line, f"unknown role {role!r}; expected one of {sorted(ROLES)}"
+        )
+    content = record.get("content")
+    if content is None:
+        content = ""
+    if isinstance(content, list):  # OpenAI content parts
+        content = "".join(
+            part.get("text", "") for part in content if isinstance(part, dict)
+        )
+    if not isinstance(content, str):
+        raise TranscriptError(path, line, f'"content" must be a string, got {type(content).__name__}')
+    tool_calls = record.get("tool_calls") or ()
+    if record.get("tool_call"):
+        tool_calls = (record["tool_call"],)
+    if not isinstance(tool_calls, list | tuple) or not all(isinstance(c, dict) for c in tool_calls):
+        raise TranscriptError(path, line, '"tool_calls" must be a list of objects')
+    if role != "assistant" and tool_calls:
+        raise TranscriptError(path, line, f"a {role} message cannot carry tool calls")
+    if not content and not tool_calls and role in ("user", "system"):
+        raise TranscriptError(path, line, f'a {role} message needs a non-empty "content"')
+    return Message(
+        role=role,
+        content=content,
+        line=line,
+        name=record.get("name"),
+        tool_calls=tuple(tool_calls),
+        tool_call_id=record.get("tool_call_id"),
+    )
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TranscriptError(str(path), None, "no such file") from None
+    except IsADirectoryError:
+        raise TranscriptError(str(path), None, "is a directory, not a transcript file") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise TranscriptError(str(path), line, "not valid UTF-8") from None

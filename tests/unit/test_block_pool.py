@@ -1,0 +1,184 @@
+"""BlockPool bookkeeping, asserted exactly: refcounts, LRU order, eviction, capacity."""
+
+import random
+import threading
+
+import pytest
+import torch
+
+from clm_middleware.cache import BlockPool, KVLayout, PoolConfig
+from clm_middleware.cache.hashing import chain_keys, extra_key_bytes
+from clm_middleware.errors import ConfigError, PoolExhaustedError
+
+LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, dtype=torch.float32, device=torch.device("cpu"))
+EXTRA = extra_key_bytes("test-model")
+SIZE = 4
+
+
+def make_pool(num_blocks: int = 8) -> BlockPool:
+    return BlockPool(LAYOUT, PoolConfig(block_size=SIZE, max_blocks=num_blocks))
+
+
+def store(pool: BlockPool, tokens: list[int]) -> list[int]:
+    """Allocate and commit the full blocks of ``tokens`` (as the engine does); returns the chain."""
+    keys = chain_keys(tokens, SIZE, EXTRA)
+    blocks = pool.allocate(len(keys))
+    chain, parent = [], None
+    for index, (block_id, key) in enumerate(zip(blocks, keys, strict=True)):
+        chain.append(pool.commit(block_id, key, parent, tokens[index * SIZE : (index + 1) * SIZE]))
+        parent = key
+    return chain
+
+
+def match(pool: BlockPool, tokens: list[int]) -> list[int]:
+    return pool.match(chain_keys(tokens, SIZE, EXTRA), tokens)
+
+
+def test_allocate_takes_free_blocks_in_order_with_refcount_one():
+    pool = make_pool()
+    assert pool.allocate(3) == [0, 1, 2]
+    assert pool.ref_counts([0, 1, 2]) == [1, 1, 1]
+    stats = pool.stats()
+    assert (stats.blocks_in_use, stats.blocks_free, stats.blocks_cached_free) == (3, 5, 0)
+    pool.check_invariants()
+
+
+def test_released_chain_enters_lru_tail_first_so_prefix_survives_longest():
+    pool = make_pool()
+    chain = store(pool, list(range(12)))
+    pool.release(list(reversed(chain)))
+    assert pool.lru_order() == [2, 1, 0]
+    assert pool.stats().blocks_cached_free == 3
+    pool.check_invariants()
+
+
+def test_match_acquires_cached_blocks_and_removes_them_from_the_lru():
+    pool = make_pool()
+    chain = store(pool, list(range(12)))
+    pool.release(list(reversed(chain)))
+    assert match(pool, list(range(8)) + [99, 98, 97, 96]) == [0, 1]
+    assert pool.ref_counts([0, 1, 2]) == [1, 1, 0]
+    assert pool.lru_order() == [2]
+    assert pool.stats().hit_blocks == 2
+    pool.check_invariants()
+
+
+def test_shared_prefix_is_counted_by_refcount():
+    pool = make_pool()
+    chain = store(pool, list(range(8)))
+    assert match(pool, list(range(8))) == chain
+    assert pool.ref_counts(chain) == [2, 2]
+    pool.release(list(reversed(chain)))
+    assert pool.ref_counts(chain) == [1, 1]
+    assert pool.lru_order() == []
+
+
+def test_eviction_happens_only_when_room_is_needed_and_takes_the_lru_head():
+    pool = make_pool(num_blocks=4)
+    first = store(pool, list(range(8)))  # blocks 0, 1
+    pool.release(list(reversed(first)))  # LRU: 1, 0
+    assert pool.allocate(2) == [2, 3]  # free blocks first: nothing evicted
+    assert pool.stats().evictions == 0
+    assert pool.allocate(1) == [1]  # now the LRU head (the chain's tail block) goes
+    assert pool.stats().evictions == 1
+    assert match(pool, list(range(8))) == [0]  # the prefix block still hits
+    pool.check_invariants()
+
+
+def test_hit_is_confirmed_by_token_ids_so_a_key_collision_is_a_miss():
+    pool = make_pool()
+    tokens = list(range(4))
+    key = chain_keys(tokens, SIZE, EXTRA)[0]
+    [block_id] = pool.allocate(1)
+    pool.commit(block_id, key, None, [7, 7, 7, 7])  # same key, different content
+    pool.release([block_id])
+    assert pool.match([key], tokens) == []
+    assert pool.ref_counts([block_id]) == [0]
+
+
+def test_commit_of_an_existing_key_returns_the_cached_block_and_frees_the_new_one():
+    pool = make_pool()
+    [original] = store(pool, list(range(4)))
+    [duplicate] = pool.allocate(1)
+    key = chain_keys(list(range(4)), SIZE, EXTRA)[0]
+    assert pool.commit(duplicate, key, None, list(range(4))) == original
+    assert pool.ref_counts([original, duplicate]) == [2, 0]
+    assert pool.stats().blocks_free == 7
+    pool.check_invariants()
+
+
+def test_exhaustion_raises_a_clear_error_and_changes_nothing():
+    pool = make_pool(num_blocks=4)
+    held = pool.allocate(3)
+    with pytest.raises(PoolExhaustedError, match="cannot supply 2 blocks.*3 are held"):
+        pool.allocate(2)
+    assert pool.ref_counts(held) == [1, 1, 1]
+    assert pool.stats().blocks_free == 1
+    pool.check_invariants()
+
+
+def test_release_of_an_unreferenced_block_is_a_caller_bug():
+    pool = make_pool()
+    with pytest.raises(RuntimeError):
+        pool.release([0])
+
+
+def test_capacity_by_blocks_bytes_or_the_smaller_of_both():
+    block_bytes = LAYOUT.bytes_per_token * SIZE
+    assert make_pool(1).num_blocks == 1
+    by_bytes = BlockPool(LAYOUT, PoolConfig(block_size=SIZE, max_kv_bytes=block_bytes * 5 + 1))
+    assert by_bytes.num_blocks == 5
+    both = BlockPool(LAYOUT, PoolConfig(block_size=SIZE, max_blocks=3, max_kv_bytes=block_bytes * 5))
+    assert both.num_blocks == 3
+    with pytest.raises(ConfigError, match="max_kv_bytes"):
+        BlockPool(LAYOUT, PoolConfig(block_size=SIZE, max_kv_bytes=block_bytes - 1))
+    with pytest.raises(ConfigError, match="block_size"):
+        PoolConfig(block_size=0)
+
+
+def test_random_operation_sequences_keep_every_invariant():
+    rng = random.Random(0)
+    pool = make_pool(num_blocks=6)
+    held: list[list[int]] = []
+    for _ in range(400):
+        action = rng.random()
+        tokens = [rng.randrange(3) for _ in range(rng.choice([4, 8, 12]))]
+        if action < 0.4 and pool.can_allocate(len(tokens) // SIZE):
+            held.append(store(pool, tokens))
+        elif action < 0.7:
+            held.append(match(pool, tokens))
+        elif held:
+            pool.release(list(reversed(held.pop(rng.randrange(len(held))))))
+        pool.check_invariants()
+    for chain in held:
+        pool.release(list(reversed(chain)))
+    assert pool.stats().blocks_in_use == 0
+
+
+def test_concurrent_store_match_release_keeps_every_invariant():
+    pool = make_pool(num_blocks=64)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(200):
+                tokens = [rng.randrange(2) for _ in range(8)]
+                chain = match(pool, tokens)
+                pool.release(list(reversed(chain)))
+                if pool.can_allocate(2):
+                    try:
+                        pool.release(list(reversed(store(pool, tokens))))
+                    except PoolExhaustedError:
+                        pass
+        except BaseException as error:  # surfaced below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    pool.check_invariants()
+    assert pool.stats().blocks_in_use == 0

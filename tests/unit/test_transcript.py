@@ -1,0 +1,75 @@
+import json
+
+import pytest
+
+from clm_middleware.errors import TranscriptError
+from clm_middleware.replay.runner import count_turns, turn_plan
+from clm_middleware.replay.transcript import read_jsonl
+
+
+def write_lines(path, lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_reads_role_content_lines_and_groups_by_conversation(tmp_path):
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            json.dumps({"conversation_id": "a", "role": "user", "content": "hi"}),
+            json.dumps({"conversation_id": "b", "role": "user", "content": "yo"}),
+            "",
+            json.dumps({"conversation_id": "a", "role": "assistant", "content": "hello"}),
+        ],
+    )
+    transcripts = read_jsonl(path)
+    assert [t.conversation_id for t in transcripts] == ["a", "b"]
+    assert [m.role for m in transcripts[0].messages] == ["user", "assistant"]
+    assert transcripts[0].messages[1].line == 4
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    path = write_lines(tmp_path / "bad.jsonl", ['{"role": "user", "content": "ok"}', "{not json"])
+    with pytest.raises(TranscriptError, match=r"bad\.jsonl:2: not valid JSON"):
+        read_jsonl(path)
+
+
+def test_unknown_role_is_named(tmp_path):
+    path = write_lines(tmp_path / "r.jsonl", ['{"role": "narrator", "content": "x"}'])
+    with pytest.raises(TranscriptError, match=r"r\.jsonl:1: unknown role 'narrator'"):
+        read_jsonl(path)
+
+
+def test_non_string_content_and_non_object_lines_are_refused(tmp_path):
+    with pytest.raises(TranscriptError, match='"content" must be a string'):
+        read_jsonl(write_lines(tmp_path / "c.jsonl", ['{"role": "user", "content": 5}']))
+    with pytest.raises(TranscriptError, match="expected an object"):
+        read_jsonl(write_lines(tmp_path / "l.jsonl", ["[1, 2]"]))
+
+
+def test_empty_missing_and_binary_files_are_clear_errors(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(TranscriptError, match="holds no messages"):
+        read_jsonl(tmp_path / "empty.jsonl")
+    with pytest.raises(TranscriptError, match="no such file"):
+        read_jsonl(tmp_path / "absent.jsonl")
+    (tmp_path / "bin.jsonl").write_bytes(b'{"role": "user", "content": "a"}\n\xff\xfe\n')
+    with pytest.raises(TranscriptError, match=r"bin\.jsonl:2: not valid UTF-8"):
+        read_jsonl(tmp_path / "bin.jsonl")
+
+
+def test_turns_are_the_assistant_positions_plus_a_trailing_question(tmp_path):
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            '{"role": "system", "content": "s"}',
+            '{"role": "user", "content": "q1"}',
+            '{"role": "assistant", "content": "a1"}',
+            '{"role": "user", "content": "q2"}',
+        ],
+    )
+    [transcript] = read_jsonl(path)
+    plan = turn_plan(transcript)
+    assert [[m.content for m in context] for context, _ in plan] == [["s", "q1"], ["q2"]]
+    assert [answer.content if answer else None for _, answer in plan] == ["a1", None]
+    assert count_turns([transcript]) == 2
