@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $@
 
 demo: $(STAMP)
-	$(CLM) replay examples/transcripts/lisbon_trip.jsonl --mode prefix --max-new-tokens 48
+	$(CLM) replay examples/transcripts/lisbon_trip.jsonl --mode clm --budget 1024 --max-new-tokens 48
 
 test: $(STAMP)
 	$(PY) -m pytest

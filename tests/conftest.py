@@ -33,7 +33,11 @@ def make_engine(tiny_model, tiny_tok):
     """A fresh engine (own pool) around the shared tiny model."""
 
     def make(block_size: int = 16, max_blocks: int | None = 256) -> Engine:
-        return Engine(tiny_model, tiny_tok, pool_config=PoolConfig(block_size=block_size, max_blocks=max_blocks))
+        return Engine(
+            tiny_model,
+            tiny_tok,
+            pool_config=PoolConfig(block_size=block_size, max_blocks=max_blocks),
+        )
 
     return make
 

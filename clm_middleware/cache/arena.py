@@ -45,9 +45,7 @@ class ArenaLayer(DynamicLayer):
         arena, start = self._arena, self._arena.layer_lengths[self._layer]
         end = start + key_states.shape[-2]
         if end > arena.capacity_tokens:
-            raise RuntimeError(
-                f"arena overflow: {end} tokens > capacity {arena.capacity_tokens}"
-            )
+            raise RuntimeError(f"arena overflow: {end} tokens > capacity {arena.capacity_tokens}")
         arena.flat_keys[self._layer][:, start:end] = key_states[0]
         arena.flat_values[self._layer][:, start:end] = value_states[0]
         arena.layer_lengths[self._layer] = end
@@ -74,7 +72,13 @@ class ArenaCache(Cache):
     """A request's KV cache with room for ``capacity_blocks`` blocks."""
 
     def __init__(self, layout: KVLayout, capacity_blocks: int, block_size: int) -> None:
-        shape = (layout.num_layers, layout.num_kv_heads, capacity_blocks, block_size, layout.head_dim)
+        shape = (
+            layout.num_layers,
+            layout.num_kv_heads,
+            capacity_blocks,
+            block_size,
+            layout.head_dim,
+        )
         self.keys = torch.empty(shape, dtype=layout.dtype, device=layout.device)
         self.values = torch.empty(shape, dtype=layout.dtype, device=layout.device)
         self.block_size = block_size
@@ -130,7 +134,9 @@ class ArenaRecycler:
         with self._lock:
             fitting = [a for a in self._spare if a.capacity_blocks >= capacity_blocks]
             if fitting:
-                scored = [(a.reusable_blocks(token_ids, extra_key), -a.capacity_blocks, i) for i, a in enumerate(fitting)]
+                scored = [
+                    (a.reusable_blocks(token_ids, extra_key), -a.capacity_blocks, i) for i, a in enumerate(fitting)
+                ]
                 reusable, _, best = max(scored)
                 arena = fitting[best]
                 self._spare.remove(arena)

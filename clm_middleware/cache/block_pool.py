@@ -161,8 +161,7 @@ class BlockPool:
                 raise PoolExhaustedError(
                     f"the KV pool cannot supply {num_blocks} blocks: it has {self.num_blocks} "
                     f"blocks of {self.block_size} tokens and {in_use} are held by active requests",
-                    hint="raise max_kv_bytes / max_blocks, lower max_new_tokens, "
-                    "or set a smaller context budget",
+                    hint="raise max_kv_bytes / max_blocks, lower max_new_tokens, or set a smaller context budget",
                 )
             allocated = []
             for _ in range(num_blocks):

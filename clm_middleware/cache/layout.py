@@ -32,12 +32,9 @@ class KVLayout:
         """Read the layout from a transformers model; refuse what the pool cannot hold exactly."""
         config = model.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        if getattr(text_config, "sliding_window", None) and getattr(
-            text_config, "use_sliding_window", True
-        ):
+        if getattr(text_config, "sliding_window", None) and getattr(text_config, "use_sliding_window", True):
             raise UnsupportedModelError(
-                f"{type(model).__name__} uses sliding-window attention, "
-                "which the block pool cannot reuse exactly",
+                f"{type(model).__name__} uses sliding-window attention, which the block pool cannot reuse exactly",
                 hint="use a model with full attention on every layer",
             )
         layer_types = getattr(text_config, "layer_types", None)

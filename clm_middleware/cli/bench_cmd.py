@@ -10,28 +10,43 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import generation_options, model_options
+from clm_middleware.cli.options import generation_options, lifecycle_options, model_options
 
-BENCH_MODES = ("stateless", "prefix")
+BENCH_MODES = ("stateless", "prefix", "clm")
 
 
 @click.command()
 @click.argument("transcript", type=click.Path(path_type=Path))
 @click.option(
     "--modes",
-    default=",".join(BENCH_MODES),
+    default="stateless,prefix",
     show_default=True,
     help="Comma-separated modes; the first is the baseline of every ratio.",
 )
 @generation_options
+@lifecycle_options
 @model_options
-@click.option("--markdown", "markdown_path", type=click.Path(path_type=Path), help="Write the comparison as a markdown table here.")
-@click.option("--report-dir", type=click.Path(path_type=Path), help="Write one JSON report per mode into this folder.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(path_type=Path),
+    help="Write the comparison as a markdown table here.",
+)
+@click.option(
+    "--report-dir",
+    type=click.Path(path_type=Path),
+    help="Write one JSON report per mode into this folder.",
+)
 def bench(
     transcript: Path,
     modes: str,
     max_new_tokens: int,
     teacher_force: bool,
+    budget: int | None,
+    k: int,
+    tagging: str,
+    compression: str,
+    db: Path | None,
     model: str | None,
     device: str,
     dtype: str,
@@ -42,7 +57,13 @@ def bench(
 ) -> None:
     """Run TRANSCRIPT through each mode, turn by turn in rotating order, and print ratios."""
     from clm_middleware.cli.output import turn_progress
-    from clm_middleware.cli.setup import build_engine, plain_driver_factory, sibling_engine
+    from clm_middleware.cli.setup import (
+        LifecycleOptions,
+        build_engine,
+        driver_factory,
+        final_context_fields,
+        sibling_engine,
+    )
     from clm_middleware.replay.bench import comparison_rows, header, to_markdown
     from clm_middleware.replay.report import ReplayReport
     from clm_middleware.replay.runner import ReplayOptions, count_turns, replay_interleaved
@@ -54,20 +75,35 @@ def bench(
         raise click.BadParameter(f"give two or more distinct modes from {', '.join(BENCH_MODES)}", param_hint="--modes")
     transcripts = read_jsonl(transcript)
     first = build_engine(model, device=device, dtype=dtype, block_size=block_size, max_kv_bytes=max_kv_bytes)
+    lifecycle = LifecycleOptions(
+        budget=budget, k=k, tagging=tagging, compression=compression, db=str(db) if db else None
+    )
     factories, reports = {}, {}
     for index, mode in enumerate(chosen):
         engine = first if index == 0 else sibling_engine(first)  # own pool, shared weights
         options = ReplayOptions(mode=mode, max_new_tokens=max_new_tokens, teacher_force=teacher_force)
-        factories[mode] = plain_driver_factory(engine, options)
-        reports[mode] = ReplayReport(mode=mode, model=first.model_name, settings={"transcript": str(transcript)})
+        factories[mode] = driver_factory(engine, options, lifecycle)
+        settings = {
+            "transcript": str(transcript),
+            **(lifecycle.settings() if mode == "clm" else {}),
+        }
+        reports[mode] = ReplayReport(mode=mode, model=first.model_name, settings=settings)
     stderr = Console(stderr=True)
     total = count_turns(transcripts) * len(chosen)
     try:
         with turn_progress(total, stderr, enabled=True) as advance:
-            replay_interleaved(transcripts, factories, reports, teacher_force=teacher_force, on_turn=lambda *_: advance())
+            replay_interleaved(
+                transcripts,
+                factories,
+                reports,
+                teacher_force=teacher_force,
+                on_turn=lambda *_: advance(),
+            )
     except KeyboardInterrupt:
         stderr.print("interrupted; nothing written")
         sys.exit(130)
+    if "clm" in reports:
+        reports["clm"].extra.update(final_context_fields(lifecycle))
     baseline = chosen[0]
     table = Table(title=f"{transcript.name} · {first.model_name}", title_justify="left")
     for index, name in enumerate(header(reports, baseline)):

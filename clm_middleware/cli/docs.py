@@ -31,8 +31,17 @@ def render_cli_reference() -> str:
         if isinstance(command, click.Group):
             for child in sorted(command.list_commands(sub)):
                 leaf = command.get_command(sub, child)
-                leaf_context = click.Context(leaf, info_name=f"clm {name} {child}", terminal_width=100, max_content_width=100)
-                lines += [f"### clm {name} {child}", "", "```", leaf.get_help(leaf_context), "```", ""]
+                leaf_context = click.Context(
+                    leaf, info_name=f"clm {name} {child}", terminal_width=100, max_content_width=100
+                )
+                lines += [
+                    f"### clm {name} {child}",
+                    "",
+                    "```",
+                    leaf.get_help(leaf_context),
+                    "```",
+                    "",
+                ]
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from clm_middleware.cli.bench_cmd import bench
+from clm_middleware.cli.eval_cmd import eval_group
 from clm_middleware.cli.replay_cmd import replay
 from clm_middleware.errors import ClmError
 
@@ -32,6 +33,7 @@ def cli() -> None:
 
 cli.add_command(replay)
 cli.add_command(bench)
+cli.add_command(eval_group)
 
 
 def main() -> None:

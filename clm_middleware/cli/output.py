@@ -18,12 +18,13 @@ REPLY_PREVIEW_CHARS = 48
 def turn_table(report: ReplayReport) -> Table:
     table = Table(title=f"{report.mode} · {report.model}", title_justify="left")
     for name in ("turn", "prompt", "cached", "prefill", "context", "TTFT s", "turn s"):
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
     lifecycle = any("decisions" in turn.extra for turn in report.turns)
     if lifecycle:
-        table.add_column("keep/cmp/drop", justify="right")
-        table.add_column("by", justify="left")
-    table.add_column("reply", overflow="ellipsis", no_wrap=True, max_width=REPLY_PREVIEW_CHARS)
+        table.add_column("k/c/d", justify="right", no_wrap=True, min_width=5)
+        table.add_column("by", justify="left", no_wrap=True, min_width=5)
+    # the reply preview gives way first when the terminal is narrow
+    table.add_column("reply", overflow="ellipsis", no_wrap=True, max_width=REPLY_PREVIEW_CHARS, ratio=1)
     for turn in report.turns:
         cells = [
             str(turn.turn),
@@ -67,6 +68,8 @@ def _decision_cells(turn: TurnRecord) -> list[str]:
     decisions = turn.extra.get("decisions") or {}
     counts = f"{decisions.get('keep', 0)}/{decisions.get('compress', 0)}/{decisions.get('drop', 0)}"
     sources = ",".join(sorted(k for k, v in (decisions.get("by_source") or {}).items() if any(v.values())))
+    if turn.extra.get("compaction"):
+        sources += f" [{turn.extra['compaction']}]"
     return [counts, sources or "-"]
 
 

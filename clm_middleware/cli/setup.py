@@ -1,11 +1,14 @@
-"""Build engines and drivers for CLI commands from their common options."""
+"""Build engines and per-mode drivers for CLI commands from their common options."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from clm_middleware.cache import PoolConfig
 from clm_middleware.engine import Engine
+from clm_middleware.errors import ConfigError
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.runner import PlainChatDriver, ReplayOptions, TurnDriver
 from clm_middleware.replay.transcript import Transcript
@@ -35,6 +38,102 @@ def sibling_engine(engine: Engine) -> Engine:
     return Engine(engine.model, engine.tokenizer, pool_config=engine.pool.config)
 
 
-def plain_driver_factory(engine: Engine, options: ReplayOptions) -> Callable[[Transcript], TurnDriver]:
+@dataclass(slots=True)
+class LifecycleOptions:
+    """Settings of the ``clm`` mode, as the CLI names them."""
+
+    budget: int | None = None
+    k: int = 2
+    tagging: str = "auto"
+    compression: str = "auto"
+    db: str | None = None
+    summarizer: Engine | None = None
+    drivers: list[Any] = field(default_factory=list)  # every driver created, in order
+
+    @property
+    def conversations(self) -> list[Any]:
+        return [d.conversation for d in self.drivers if hasattr(d, "conversation")]
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget,
+            "k": self.k,
+            "tagging": self.tagging,
+            "compression": self.compression,
+            "db": self.db,
+        }
+
+
+def driver_factory(
+    engine: Engine, options: ReplayOptions, lifecycle: LifecycleOptions | None = None
+) -> Callable[[Transcript], TurnDriver]:
+    """A factory of drivers for ``options.mode``; every driver made is kept in ``lifecycle.drivers``."""
+    lifecycle = lifecycle if lifecycle is not None else LifecycleOptions()
+    make = _mode_factory(engine, options, lifecycle)
+
+    def tracked(transcript: Transcript) -> TurnDriver:
+        driver = make(transcript)
+        lifecycle.drivers.append(driver)
+        return driver
+
+    return tracked
+
+
+def _mode_factory(
+    engine: Engine, options: ReplayOptions, lifecycle: LifecycleOptions
+) -> Callable[[Transcript], TurnDriver]:
     chat_format = ChatFormat.from_tokenizer(engine.tokenizer)
-    return lambda transcript: PlainChatDriver(engine, chat_format, options, transcript.conversation_id)
+    if options.mode in ("stateless", "prefix"):
+        return lambda transcript: PlainChatDriver(engine, chat_format, options, transcript.conversation_id)
+    if options.mode == "truncate":
+        from clm_middleware.replay.truncate import TruncationDriver
+
+        if lifecycle.budget is None:
+            raise ConfigError("budget", "the truncate mode needs --budget")
+        return lambda transcript: TruncationDriver(
+            engine, chat_format, options, transcript.conversation_id, lifecycle.budget
+        )
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.replay.clm_driver import ClmDriver
+    from clm_middleware.store import Store
+
+    store = Store(lifecycle.db) if lifecycle.db else None
+
+    def make(transcript: Transcript) -> TurnDriver:
+        conversation = Conversation(
+            engine,
+            tagging=lifecycle.tagging,
+            budget=lifecycle.budget,
+            k=lifecycle.k,
+            compression=lifecycle.compression,
+            max_new_tokens=options.max_new_tokens,
+            summarizer=lifecycle.summarizer,
+            store=store,
+            conversation_id=_unique_id(store, transcript.conversation_id),
+        )
+        return ClmDriver(conversation)
+
+    return make
+
+
+def _unique_id(store: Any, wanted: str) -> str:
+    """The transcript's id, suffixed ``#2``, ``#3``... if the store already holds it."""
+    if store is None:
+        return wanted
+    existing = set(store.conversation_ids())
+    candidate, number = wanted, 1
+    while candidate in existing:
+        number += 1
+        candidate = f"{wanted}#{number}"
+    return candidate
+
+
+def final_context_fields(lifecycle: LifecycleOptions) -> dict[str, Any]:
+    """``final_context``: what the model sees after the last turn (of the last conversation)."""
+    drivers = lifecycle.drivers
+    if not drivers:
+        return {}
+    fields: dict[str, Any] = {"final_context": drivers[-1].context}
+    if len(drivers) > 1:
+        fields["final_contexts"] = {d.conversation_id: d.context for d in drivers}
+    return fields

@@ -1,7 +1,9 @@
 """Generation through the block pool."""
 
-from clm_middleware.engine.engine import Engine, Generation
+from clm_middleware.engine.engine import Engine
+from clm_middleware.engine.generation import Generation
+from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.sampling import SamplingParams
 from clm_middleware.engine.stats import CallStats, EngineStats
 
-__all__ = ["CallStats", "Engine", "EngineStats", "Generation", "SamplingParams"]
+__all__ = ["CallStats", "Engine", "EngineStats", "Generation", "Observe", "SamplingParams"]

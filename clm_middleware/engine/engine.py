@@ -5,13 +5,13 @@ One call (``Engine.generate``) does, in order::
     prompt ids ──hash──▶ block keys ──match──▶ cached chain (acquired)   ┐ bookkeeping_s
                                       allocate blocks for the rest       │
     gather chain K/V ──▶ the request's arena (see cache/arena.py)       ┘
-    prefill the uncached tail ──▶ decode (streamed)                        compute
+    prefill the uncached tail (in chunks) ──▶ decode (streamed)            compute
     store the new full blocks (prompt and generated) ──▶ release / hold  ─ bookkeeping_s
 
 Invariants:
 - At least one prompt token is always recomputed, even when the whole prompt is
-  cached: the first generated token needs the last position's logits, and
-  transformers re-feeds the whole prompt when the cache already covers it.
+  cached: the first generated token needs the last position's logits, and a model
+  fed an empty input has nothing to return them from.
 - Blocks are reserved for ``prompt + max_new_tokens`` before any computation, so a
   request that cannot fit fails at once with ``PoolExhaustedError`` and never
   half-way through decoding.
@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -34,73 +35,19 @@ from clm_middleware.cache.arena import ArenaCache, ArenaRecycler
 from clm_middleware.cache.block_pool import BlockPool
 from clm_middleware.cache.hashing import BlockKey, chain_keys, extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
+from clm_middleware.engine.generation import Generation, LogitsProcessor, Request
+from clm_middleware.engine.observe import AttentionProbe, Observe, default_probe_layers
 from clm_middleware.engine.sampling import SamplingParams, choose_token
-from clm_middleware.engine.stats import CallStats, EngineStats
+from clm_middleware.engine.stats import EngineStats
 from clm_middleware.errors import ConfigError, ContextWindowError, PoolExhaustedError
 from clm_middleware.models.fingerprint import model_fingerprint
 
-
-class Generation(Iterator[int]):
-    """A running generation: iterate for generated token ids as they are decoded.
-
-    After the iteration ends, ``token_ids``, ``stats`` and ``finish_reason`` are final.
-    With ``hold_blocks=True`` the caller owns one reference on each of ``block_ids``
-    (the stored chain covering the prompt and generated tokens, in order) and must
-    give it back with ``engine.pool.release(reversed(block_ids))``.
-    """
-
-    def __init__(self, engine: Engine, request: _Request) -> None:
-        self.prompt_token_ids = request.prompt
-        self.token_ids: list[int] = []
-        self.stats = CallStats(prompt_tokens=len(request.prompt))
-        self.finish_reason: str | None = None
-        self.block_ids: list[int] = []
-        self.last_block_key: BlockKey | None = None
-        self.logits: list[torch.Tensor] = []  # with return_logits: one [vocab] row per generated token
-        self._tokenizer = engine.tokenizer
-        self._steps = engine._run(request, self)
-
-    def __next__(self) -> int:
-        return next(self._steps)
-
-    def result(self) -> Generation:
-        """Run to the end and return self."""
-        for _ in self:
-            pass
-        return self
-
-    def close(self) -> None:
-        """Stop early; what was computed so far is still stored."""
-        self._steps.close()
-
-    @property
-    def text(self) -> str:
-        if self._tokenizer is None:
-            raise RuntimeError("Generation.text needs an engine created with a tokenizer")
-        return self._tokenizer.decode(self.token_ids, skip_special_tokens=True)
-
-
-class _Request:
-    __slots__ = ("extra_key", "hold", "prompt", "return_logits", "sampling", "stop", "stop_ids", "use_pool")
-
-    def __init__(
-        self,
-        prompt: list[int],
-        sampling: SamplingParams,
-        stop: tuple[str, ...],
-        stop_ids: frozenset[int],
-        use_pool: bool,
-        extra_key: bytes,
-        hold: bool,
-        return_logits: bool,
-    ) -> None:
-        self.prompt, self.sampling, self.stop, self.stop_ids = prompt, sampling, stop, stop_ids
-        self.use_pool, self.extra_key, self.hold = use_pool, extra_key, hold
-        self.return_logits = return_logits
+PREFILL_CHUNK_TOKENS = 256  # bounds activation memory (logits alone: 256 × vocab floats)
+_NO_OBSERVATION = Observe()
 
 
 class Engine:
-    """A causal LM plus a :class:`BlockPool`; thread-safe for concurrent ``generate`` calls."""
+    """A causal LM plus a :class:`BlockPool`; thread-safe for concurrent calls."""
 
     def __init__(
         self,
@@ -109,8 +56,10 @@ class Engine:
         *,
         pool: BlockPool | None = None,
         pool_config: PoolConfig | None = None,
+        logits_processors: Sequence[LogitsProcessor] = (),
     ) -> None:
         self.model = model.eval()
+        self.logits_processors = tuple(logits_processors)  # applied to every call, before the call's own
         self.tokenizer = tokenizer
         self.layout = KVLayout.from_model(model)
         if pool is not None and pool.layout != self.layout:
@@ -122,6 +71,12 @@ class Engine:
         self.vocab_size = int(model.config.vocab_size)
         self.device = self.layout.device
         self.default_stop_ids = _eos_ids(model, tokenizer)
+        self.probe_layers = default_probe_layers(self.layout.num_layers)
+        # Share of a forward's FLOPs spent in the LM head, per position: lets the engine
+        # report what computing every position's logits (for log-probs) adds.
+        hidden = int(getattr(model.config, "hidden_size", 0) or 0)
+        head_flops = hidden * self.vocab_size
+        self._lm_head_share = head_flops / max(1, self.num_parameters) if hidden else 0.0
         self._arenas = ArenaRecycler(self.layout, self.pool.block_size)
 
     @classmethod
@@ -152,6 +107,10 @@ class Engine:
     def block_size(self) -> int:
         return self.pool.block_size
 
+    @property
+    def num_parameters(self) -> int:
+        return sum(parameter.numel() for parameter in self.model.parameters())
+
     def extra_key(self, cache_salt: str | None = None) -> bytes:
         return extra_key_bytes(self.fingerprint, cache_salt)
 
@@ -169,6 +128,8 @@ class Engine:
         cache_salt: str | None = None,
         hold_blocks: bool = False,
         return_logits: bool = False,
+        observe: Observe | None = None,
+        logits_processors: Sequence[LogitsProcessor] = (),
     ) -> Generation:
         """Start a generation; nothing runs until the result is iterated.
 
@@ -176,55 +137,172 @@ class Engine:
         a tokenizer); ``stop_token_ids`` default to the model's EOS ids.
         ``use_pool=False`` computes everything from scratch and stores nothing: the
         behaviour of a stateless wrapper, kept for comparison. ``return_logits`` keeps
-        the logits each generated token was chosen from (``Generation.logits``).
+        the logits each generated token was chosen from (``Generation.logits``);
+        ``observe`` records self-information and attention mass (see ``Generation``).
+        ``cache_salt`` isolates tenants: blocks are shared only under the same salt.
+        ``logits_processors`` (``f(generated_ids, logits) -> logits``) reshape the
+        next-token logits before sampling, after the engine's own processors;
+        log-probs are still read from the model's raw logits.
         """
         prompt = [int(token) for token in prompt_token_ids]
         sampling = SamplingParams(max_new_tokens, temperature, top_p, seed)
-        self._validate(prompt, sampling)
+        self._validate(prompt, sampling.max_new_tokens)
         if stop and self.tokenizer is None:
             raise ConfigError("stop", "stop strings need an engine created with a tokenizer")
-        stop_ids = self.default_stop_ids if stop_token_ids is None else frozenset(stop_token_ids)
-        request = _Request(
-            prompt,
-            sampling,
-            tuple(stop or ()),
-            stop_ids,
-            use_pool,
-            self.extra_key(cache_salt),
-            hold_blocks and use_pool,
-            return_logits,
+        request = Request(
+            prompt=prompt,
+            sampling=sampling,
+            stop=tuple(stop or ()),
+            stop_ids=self.default_stop_ids if stop_token_ids is None else frozenset(stop_token_ids),
+            use_pool=use_pool,
+            extra_key=self.extra_key(cache_salt),
+            hold=hold_blocks and use_pool,
+            return_logits=return_logits,
+            observe=observe or _NO_OBSERVATION,
+            logits_processors=self.logits_processors + tuple(logits_processors),
         )
-        return Generation(self, request)
+        return Generation(request, self.tokenizer, self._run)
 
-    def forward(self, token_ids: Sequence[int], cache: Any, *, all_logits: bool = False) -> torch.Tensor:
-        """Run the model on ``token_ids`` after what ``cache`` holds; logits ``[tokens, vocab]``."""
+    def choose(
+        self,
+        prefix_ids: Sequence[int],
+        pieces: Sequence[Sequence[int]],
+        choices: Sequence[int],
+        *,
+        continuations: Sequence[Sequence[int]] | None = None,
+        cache_salt: str | None = None,
+    ) -> list[tuple[int, list[float]]]:
+        """Constrained continuation: after ``prefix_ids``, feed each piece and pick one of ``choices``.
+
+        ``choices`` are single token ids. After piece ``i`` the most likely choice (by
+        the model's logits, restricted to ``choices``) is fed, followed by
+        ``continuations[choice]`` (the rest of a multi-token label), before piece
+        ``i + 1``. Returns ``(chosen index, probabilities over choices)`` per piece.
+        The prefix is matched in the pool; nothing new is stored (the pieces are transient).
+        """
+        prefix = [int(t) for t in prefix_ids]
+        tails = [list(c) for c in continuations] if continuations is not None else [[] for _ in choices]
+        longest_tail = max((len(t) for t in tails), default=0)
+        total = len(prefix) + sum(len(p) for p in pieces) + len(pieces) * (1 + longest_tail)
+        self._validate(prefix, total - len(prefix))
+        extra = self.extra_key(cache_salt)
+        size = self.block_size
+        capacity = math.ceil(total / size)
+        arena, reusable = self._arenas.take(capacity, prefix, extra)
+        keys = chain_keys(prefix, size, extra, num_blocks=(len(prefix) - 1) // size)
+        chain = self.pool.match(keys, prefix)
+        choice_index = torch.tensor(list(choices), device=self.device)
+        picked: list[tuple[int, list[float]]] = []
+        try:
+            self.pool.gather_into(chain, arena, skip_blocks=min(reusable, len(chain)))
+            pending = prefix[len(chain) * size :]
+            for piece in pieces:
+                logits = self._forward_chunks(pending + list(piece), arena)
+                probs = torch.softmax(logits[choice_index].float(), dim=-1)
+                index = int(torch.argmax(probs))
+                picked.append((index, probs.tolist()))
+                pending = [int(choices[index]), *tails[index]]
+        finally:
+            self.pool.release(list(reversed(chain)))
+            self._arenas.give(arena, [], b"")
+        return picked
+
+    def forward(
+        self,
+        token_ids: Sequence[int],
+        cache: Any,
+        *,
+        all_logits: bool = False,
+        keep: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Run the model on ``token_ids`` after what ``cache`` holds.
+
+        Returns logits ``[positions, vocab]`` for the last position (default), every
+        position (``all_logits``), or the given relative positions (``keep``).
+        """
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        if keep is not None:
+            to_keep: int | torch.Tensor = torch.tensor(list(keep), dtype=torch.long, device=self.device)
+        else:
+            to_keep = 0 if all_logits else 1
         with torch.no_grad():
-            output = self.model(
-                input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=0 if all_logits else 1
-            )
+            output = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=to_keep)
         return output.logits[0]
 
     # -------------------------------------------------------------- internal
 
-    def _validate(self, prompt: list[int], sampling: SamplingParams) -> None:
+    def _validate(self, prompt: list[int], max_new_tokens: int) -> None:
         if not prompt:
             raise ConfigError("prompt_token_ids", "must hold at least one token")
         bad = next((token for token in prompt if not 0 <= token < self.vocab_size), None)
         if bad is not None:
             raise ConfigError(
-                "prompt_token_ids", f"token id {bad} is outside the vocabulary (size {self.vocab_size})"
+                "prompt_token_ids",
+                f"token id {bad} is outside the vocabulary (size {self.vocab_size})",
             )
-        needed = len(prompt) + sampling.max_new_tokens
+        needed = len(prompt) + max_new_tokens
         if self.max_positions and needed > self.max_positions:
             raise ContextWindowError(
                 f"the prompt ({len(prompt)} tokens) plus max_new_tokens "
-                f"({sampling.max_new_tokens}) needs {needed} positions; the model has "
+                f"({max_new_tokens}) needs {needed} positions; the model has "
                 f"{self.max_positions}",
                 hint="shorten the prompt, lower max_new_tokens, or set a context budget",
             )
 
-    def _run(self, request: _Request, result: Generation) -> Iterator[int]:
+    def _forward_chunks(self, token_ids: list[int], arena: ArenaCache) -> torch.Tensor:
+        """Feed ``token_ids`` in chunks; logits of the last position."""
+        logits = None
+        for start in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
+            logits = self.forward(token_ids[start : start + PREFILL_CHUNK_TOKENS], arena)[-1]
+        assert logits is not None
+        return logits
+
+    def _prefill(self, request: Request, result: Generation, arena: ArenaCache, start: int) -> torch.Tensor:
+        """Compute the prompt from position ``start`` on; returns the last position's logits."""
+        prompt, observe = request.prompt, request.observe
+        if not observe.logprobs and not observe.attention_window:
+            return self._forward_chunks(prompt[start:], arena)
+        logprobs: list[float | None] = [None] * len(prompt)
+        wanted = observe.logprob_positions
+        probe = AttentionProbe(self.model, observe.attention_layers or self.probe_layers)
+        last = None
+        extra = 0.0  # the observation's own cost: extra LM-head rows, log-softmax, probe
+        with probe if observe.attention_window else contextlib.nullcontext():
+            for offset in range(start, len(prompt), PREFILL_CHUNK_TOKENS):
+                chunk = prompt[offset : offset + PREFILL_CHUNK_TOKENS]
+                if not observe.logprobs:
+                    last = self.forward(chunk, arena)[-1]
+                    continue
+                # logits at position q predict token q + 1; the last row also feeds sampling
+                scored = [q for q in range(offset, offset + len(chunk) - 1) if wanted is None or q + 1 in wanted]
+                tick = time.perf_counter()
+                logits = self.forward(chunk, arena, keep=[q - offset for q in scored] + [len(chunk) - 1])
+                spent = time.perf_counter() - tick
+                last = logits[-1]
+                tick = time.perf_counter()
+                targets = [prompt[q + 1] for q in scored]
+                if offset + len(chunk) < len(prompt) and (wanted is None or offset + len(chunk) in wanted):
+                    scored.append(offset + len(chunk) - 1)  # the chunk's last row predicts the next chunk's first token
+                    targets.append(prompt[offset + len(chunk)])
+                if scored:
+                    rows = logits[: len(targets)].float()
+                    target = torch.tensor(targets, device=rows.device)[:, None]
+                    picked = rows.gather(1, target)[:, 0] - torch.logsumexp(rows, dim=-1)
+                    for q, value in zip(scored, picked.tolist(), strict=True):
+                        logprobs[q + 1] = value
+                # the LM head on the scored rows instead of one: its share of the forward
+                extra += time.perf_counter() - tick + spent * self._lm_head_share * len(scored) / max(1, len(chunk))
+        if observe.logprobs:
+            result.prompt_logprobs = logprobs
+        if observe.attention_window:
+            tick = time.perf_counter()
+            result.attention = probe.attention_mass(arena.flat_keys, len(prompt), observe.attention_window)
+            extra += time.perf_counter() - tick
+        result.stats.observe_s += extra
+        assert last is not None
+        return last
+
+    def _run(self, request: Request, result: Generation) -> Iterator[int]:
         started = time.perf_counter()
         stats, pool, size = result.stats, self.pool, self.pool.block_size
         prompt, sampling = request.prompt, request.sampling
@@ -232,7 +310,7 @@ class Engine:
         keys: list[BlockKey] = []
         reserved: list[int] = []
         capacity = math.ceil((len(prompt) + sampling.max_new_tokens) / size)
-        arena, reusable_blocks = self._arenas.take(capacity, prompt, request.extra_key)
+        arena, reusable_blocks = self._arenas.take(capacity, prompt if request.use_pool else [], request.extra_key)
         store = False
         try:
             if request.use_pool:
@@ -250,16 +328,29 @@ class Engine:
                 stats.bookkeeping_s += time.perf_counter() - tick
             else:
                 arena.reset_to(0)
-            stats.cached_tokens = len(chain) * size
-            stats.prefill_tokens = len(prompt) - stats.cached_tokens
+            start = len(chain) * size
+            if request.observe.logprobs and start > 0:
+                # Recompute one cached token so the first new token's log p comes
+                # from its own context: one token of extra work.
+                start -= 1
+                arena.reset_to(start)
+            stats.cached_tokens = start
+            stats.prefill_tokens = len(prompt) - start
             store = request.use_pool
-            logits = self.forward(prompt[stats.cached_tokens :], arena)[-1]
+            logits = self._prefill(request, result, arena, start)
             generator = sampling.generator(self.device)
             first_token_at = None
             while len(result.token_ids) < sampling.max_new_tokens:
-                token = choose_token(logits, sampling, generator)
+                shaped = logits
+                for processor in request.logits_processors:
+                    shaped = processor(result.token_ids, shaped)
+                token = choose_token(shaped, sampling, generator)
                 if request.return_logits:
-                    result.logits.append(logits.detach().float().clone())
+                    result.logits.append(shaped.detach().float().clone())
+                if request.observe.logprobs:
+                    tick = time.perf_counter()
+                    result.token_logprobs.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
+                    stats.observe_s += time.perf_counter() - tick
                 result.token_ids.append(token)
                 if first_token_at is None:
                     first_token_at = time.perf_counter()
@@ -285,11 +376,10 @@ class Engine:
             tick = time.perf_counter()
             if store:
                 self._store(request, result, arena, chain, keys, reserved)
-            else:
+                held = (prompt + result.token_ids)[: arena.num_tokens]
+                self._arenas.give(arena, held, request.extra_key)
+            else:  # an arena of a failed or stateless call holds nothing reusable
                 pool.release(reserved)
-            if store:  # an arena of a failed or stateless call holds nothing reusable
-                self._arenas.give(arena, (prompt + result.token_ids)[: arena.num_tokens], request.extra_key)
-            else:
                 self._arenas.give(arena, [], b"")
             if request.hold:
                 result.block_ids = chain
@@ -302,7 +392,7 @@ class Engine:
 
     def _store(
         self,
-        request: _Request,
+        request: Request,
         result: Generation,
         arena: ArenaCache,
         chain: list[int],
@@ -315,7 +405,11 @@ class Engine:
         first_new = len(chain)
         parent = keys[-1] if keys else None
         new_keys = chain_keys(
-            tokens[: arena.num_tokens], size, request.extra_key, start_block=first_new, parent=parent
+            tokens[: arena.num_tokens],
+            size,
+            request.extra_key,
+            start_block=first_new,
+            parent=parent,
         )
         targets = reserved[: len(new_keys)]
         pool.store_from(arena, first_new, targets)

@@ -39,9 +39,7 @@ class SamplingParams:
         return generator
 
 
-def choose_token(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> int:
+def choose_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Pick the next token id from last-position ``logits`` (shape ``[vocab]``)."""
     if params.greedy:
         return int(torch.argmax(logits))

@@ -8,11 +8,13 @@ from clm_middleware.models.loading import (
     load_tokenizer,
     resolve_model_source,
 )
+from clm_middleware.models.scripted import ScriptedReplies
 from clm_middleware.models.tiny import tiny_llama, tiny_tokenizer
 
 __all__ = [
     "DEFAULT_MODEL",
     "ModelSource",
+    "ScriptedReplies",
     "load_model",
     "load_tokenizer",
     "model_fingerprint",

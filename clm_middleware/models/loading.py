@@ -74,10 +74,8 @@ def resolve_model_source(model: str | os.PathLike[str] | ModelSource | None = No
         if len(ggufs) == 1:
             return ModelSource("gguf", ggufs[0].resolve(), ggufs[0].stem)
     raise ModelNotFoundError(
-        f"model {str(model)!r} is neither a local model directory (with config.json) "
-        "nor a .gguf file",
-        hint="clm-middleware never downloads from a hub; pass a local path, "
-        f"or omit the model to use {DEFAULT_MODEL}",
+        f"model {str(model)!r} is neither a local model directory (with config.json) nor a .gguf file",
+        hint=f"clm-middleware never downloads from a hub; pass a local path, or omit the model to use {DEFAULT_MODEL}",
     )
 
 
@@ -130,9 +128,7 @@ def load_model(
     directory, digest = _weights_directory(source, cache_dir)
     try:
         with _quiet_transformers():
-            loaded = AutoModelForCausalLM.from_pretrained(
-                directory, dtype=torch_dtype, local_files_only=True
-            )
+            loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
     except Exception:
         if source.kind != "gguf":
             raise
@@ -140,9 +136,7 @@ def load_model(
         shutil.rmtree(directory, ignore_errors=True)
         directory, digest = _weights_directory(source, cache_dir)
         with _quiet_transformers():
-            loaded = AutoModelForCausalLM.from_pretrained(
-                directory, dtype=torch_dtype, local_files_only=True
-            )
+            loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
     loaded = loaded.to(torch_device).eval()
     if digest is not None:
         set_fingerprint(loaded, source_fingerprint(digest, loaded))
@@ -189,9 +183,7 @@ def _default_source() -> ModelSource:
     return ModelSource("gguf", path, DEFAULT_MODEL)
 
 
-def _weights_directory(
-    source: ModelSource, cache_dir: str | os.PathLike[str] | None
-) -> tuple[Path, str | None]:
+def _weights_directory(source: ModelSource, cache_dir: str | os.PathLike[str] | None) -> tuple[Path, str | None]:
     """The directory to load from, and the source digest when one was computed."""
     if source.kind == "directory":
         return source.path, None

@@ -115,9 +115,7 @@ class ChatFormat:
 
 def _renderer(tokenizer: Any):
     def render(messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
-        return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     return render
 

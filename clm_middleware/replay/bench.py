@@ -61,7 +61,9 @@ def comparison_rows(reports: dict[str, ReplayReport], baseline: str) -> list[lis
     return rows
 
 
-def extra_metrics(reports: dict[str, ReplayReport]) -> list[tuple[str, Callable[[ReplayReport], str]]]:
+def extra_metrics(
+    reports: dict[str, ReplayReport],
+) -> list[tuple[str, Callable[[ReplayReport], str]]]:
     """Metrics only some reports carry (e.g. facts retained, when the file has probes)."""
     extras = []
     if any("retention" in report.extra for report in reports.values()):

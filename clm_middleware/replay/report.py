@@ -72,7 +72,10 @@ class ReplayReport:
             "bookkeeping_share": bookkeeping / turn_s if turn_s else 0.0,
             "peak_kv_bytes": max((t.kv_bytes + t.working_kv_bytes for t in turns), default=0),
             "final_context_tokens": turns[-1].context_tokens if turns else 0,
+            "max_context_tokens": max((t.context_tokens for t in turns), default=0),
+            "max_pool_blocks_in_use": max((t.pool_blocks_in_use for t in turns), default=0),
             "wall_s": self.wall_s,
+            **lifecycle_totals(turns),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -90,6 +93,44 @@ class ReplayReport:
     def write(self, path: str | Path) -> None:
         """Write the JSON atomically: a reader never sees half a report."""
         write_json_atomic(Path(path), self.as_dict())
+
+
+def lifecycle_totals(turns: list[TurnRecord]) -> dict[str, Any]:
+    """Totals of the fields the ``clm`` mode adds; empty for other modes."""
+    managed = [t.extra for t in turns if "decisions" in t.extra]
+    if not managed:
+        return {}
+    from clm_middleware.lifecycle.turn import PHASES, sum_decision_counts
+
+    turn_s = sum(t.turn_s for t in turns)
+    lifecycle_s = sum(e["lifecycle_s"] for e in managed)
+    parsed = [e["parse_ok"] for e in managed if e.get("parse_ok") is not None]
+    modes: dict[str, int] = {}
+    for extra in managed:
+        modes[extra["tagging_mode"]] = modes.get(extra["tagging_mode"], 0) + 1
+    summaries = [s for e in managed for s in e["summaries"]]
+    return {
+        "decisions": sum_decision_counts([e["decisions"] for e in managed]),
+        "dropped_tokens": sum(e["dropped_tokens"] for e in managed),
+        "compressed_tokens": sum(e["compressed_tokens"] for e in managed),
+        "summaries": len([s for s in summaries if s["ok"]]),
+        "summaries_failed": len([s for s in summaries if not s["ok"]]),
+        "summary_methods": _count(s["method"] for s in summaries if s["ok"]),
+        "lifecycle_s": lifecycle_s,
+        "lifecycle_share": lifecycle_s / turn_s if turn_s else 0.0,
+        "lifecycle_phases": {p: sum(e["lifecycle_phases"].get(p, 0.0) for e in managed) for p in PHASES},
+        "tagging_modes": modes,
+        "parse_rate": sum(parsed) / len(parsed) if parsed else None,
+        "parse_attempts": len(parsed),
+        "compactions": _count(e["compaction"] for e in managed if e["compaction"]),
+    }
+
+
+def _count(values: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return counts
 
 
 def percentile(values: list[float], q: float) -> float:

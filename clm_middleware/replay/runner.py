@@ -15,13 +15,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from clm_middleware.engine import Engine
+from clm_middleware.engine import Engine, Generation
 from clm_middleware.errors import ConfigError
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.report import ReplayReport, TurnRecord
 from clm_middleware.replay.transcript import Message, Transcript
+from clm_middleware.replay.transcript_text import message_text
 
 PLAIN_MODES = ("stateless", "prefix")
+MODES = (*PLAIN_MODES, "truncate", "clm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,8 @@ class PlainChatDriver:
         self.turn = 0
 
     def add(self, message: Message) -> None:
-        self._append(message.role, self.format.encode(message.content))
+        role = message.role if self.format.supports_role(message.role) else "user"
+        self._append(role, self.format.encode(message_text(message)))
 
     def respond(self, forced: Message | None) -> TurnRecord:
         started = time.perf_counter()
@@ -78,29 +81,21 @@ class PlainChatDriver:
             max_new_tokens=self.options.tokens_to_generate,
             use_pool=self.options.mode == "prefix",
         ).result()
-        if forced is not None:
-            reply_ids, reply = self.format.encode(forced.content), forced.content
-        else:
-            reply_ids = strip_stop_token(generation.token_ids, self.engine.default_stop_ids)
-            reply = self.format.tokenizer.decode(reply_ids, skip_special_tokens=True)
+        reply, reply_ids = reply_of(generation, forced, self.format, self.engine)
         self._append("assistant", reply_ids)
-        stats, pool = generation.stats, self.engine.pool.stats()
-        return TurnRecord(
-            turn=0,
-            conversation_id=self.conversation_id,
-            prompt_tokens=stats.prompt_tokens,
-            cached_tokens=stats.cached_tokens,
-            prefill_tokens=stats.prefill_tokens,
-            context_tokens=stats.prompt_tokens,
-            generated_tokens=stats.generated_tokens,
-            ttft_s=stats.ttft_s,
-            turn_s=time.perf_counter() - started,
-            bookkeeping_s=stats.bookkeeping_s,
-            reply=reply,
-            pool_blocks_in_use=pool.blocks_in_use,
-            kv_bytes=pool.kv_bytes if self.options.mode == "prefix" else 0,
-            working_kv_bytes=(len(prompt) + stats.generated_tokens) * self.engine.layout.bytes_per_token,
+        return plain_turn_record(
+            self.conversation_id, self.engine, generation, reply, started, pooled=self.options.mode == "prefix"
         )
+
+    @property
+    def context_tokens(self) -> int:
+        return len(self.history) if self.history is not None else 0
+
+    @property
+    def context(self) -> str:
+        """What the model sees now: the whole history."""
+        history = self.history if self.history is not None else self.format.start_ids(None)
+        return self.format.tokenizer.decode(history, skip_special_tokens=False)
 
     def close(self) -> None:
         """Holds no references: every call releases its blocks to the LRU queue."""
@@ -109,6 +104,40 @@ class PlainChatDriver:
         if self.history is None:
             self.history = self.format.start_ids(role)
         self.history.extend(self.format.message_ids(role, content_ids))
+
+
+def reply_of(
+    generation: Generation, forced: Message | None, chat_format: ChatFormat, engine: Engine
+) -> tuple[str, list[int]]:
+    """The turn's reply text and the ids the history keeps: the forced reply, or what was generated."""
+    if forced is not None:
+        reply = message_text(forced)
+        return reply, chat_format.encode(reply)
+    reply_ids = strip_stop_token(generation.token_ids, engine.default_stop_ids)
+    return chat_format.tokenizer.decode(reply_ids, skip_special_tokens=True), reply_ids
+
+
+def plain_turn_record(
+    conversation_id: str, engine: Engine, generation: Generation, reply: str, started: float, *, pooled: bool
+) -> TurnRecord:
+    """A turn record for drivers whose context is the prompt they sent."""
+    stats, pool = generation.stats, engine.pool.stats()
+    return TurnRecord(
+        turn=0,
+        conversation_id=conversation_id,
+        prompt_tokens=stats.prompt_tokens,
+        cached_tokens=stats.cached_tokens,
+        prefill_tokens=stats.prefill_tokens,
+        context_tokens=stats.prompt_tokens,
+        generated_tokens=stats.generated_tokens,
+        ttft_s=stats.ttft_s,
+        turn_s=time.perf_counter() - started,
+        bookkeeping_s=stats.bookkeeping_s,
+        reply=reply,
+        pool_blocks_in_use=pool.blocks_in_use,
+        kv_bytes=pool.kv_bytes if pooled else 0,
+        working_kv_bytes=(stats.prompt_tokens + stats.generated_tokens) * engine.layout.bytes_per_token,
+    )
 
 
 def strip_stop_token(token_ids: list[int], stop_ids: Iterable[int]) -> list[int]:

@@ -56,9 +56,7 @@ def read_jsonl(path: str | Path) -> list[Transcript]:
         except json.JSONDecodeError as error:
             raise TranscriptError(str(path), number, f"not valid JSON ({error.msg})") from None
         if not isinstance(record, dict):
-            raise TranscriptError(
-                str(path), number, 'expected an object like {"role": "user", "content": "..."}'
-            )
+            raise TranscriptError(str(path), number, 'expected an object like {"role": "user", "content": "..."}')
         message = message_from_record(record, str(path), number)
         conversation = str(record.get("conversation_id", path.stem))
         groups.setdefault(conversation, []).append(message)
@@ -71,16 +69,12 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
     """Validate one ``{"role", "content", ...}`` record."""
     role = record.get("role")
     if role not in ROLES:
-        raise TranscriptError(
-            path, line, f"unknown role {role!r}; expected one of {sorted(ROLES)}"
-        )
+        raise TranscriptError(path, line, f"unknown role {role!r}; expected one of {sorted(ROLES)}")
     content = record.get("content")
     if content is None:
         content = ""
     if isinstance(content, list):  # OpenAI content parts
-        content = "".join(
-            part.get("text", "") for part in content if isinstance(part, dict)
-        )
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
     if not isinstance(content, str):
         raise TranscriptError(path, line, f'"content" must be a string, got {type(content).__name__}')
     tool_calls = record.get("tool_calls") or ()

@@ -1,5 +1,6 @@
 """SmolLM2-135M through the pool: each turn computes only what is new (within one block)."""
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -29,13 +30,22 @@ def test_ten_turn_teacher_forced_replay_prefills_only_new_tokens_plus_at_most_a_
     options = ReplayOptions(mode="prefix", teacher_force=True)
     chat = ChatFormat.from_tokenizer(smol_engine.tokenizer)
     report = ReplayReport(mode="prefix", model="smollm2")
-    replay([transcript], lambda t: PlainChatDriver(smol_engine, chat, options, t.conversation_id), report, teacher_force=True)
+    replay(
+        [transcript],
+        lambda t: PlainChatDriver(smol_engine, chat, options, t.conversation_id),
+        report,
+        teacher_force=True,
+    )
     turns = report.turns
     assert len(turns) == 10
     block = smol_engine.block_size
-    for previous, turn in zip(turns, turns[1:]):
+    for previous, turn in itertools.pairwise(turns):
         new_tokens = turn.prompt_tokens - previous.prompt_tokens  # forced reply + next user message
-        assert turn.prefill_tokens <= new_tokens + block, (turn.turn, turn.prefill_tokens, new_tokens)
+        assert turn.prefill_tokens <= new_tokens + block, (
+            turn.turn,
+            turn.prefill_tokens,
+            new_tokens,
+        )
         assert turn.cached_tokens + turn.prefill_tokens == turn.prompt_tokens
 
 

@@ -27,14 +27,34 @@ def test_replay_prints_a_per_turn_table_and_writes_the_report(tmp_path):
     report_path = tmp_path / "out" / "report.json"
     result = CliRunner().invoke(
         cli,
-        ["replay", str(path), "--model", "tiny", "--mode", "prefix", "--max-new-tokens", "4", "--report", str(report_path)],
+        [
+            "replay",
+            str(path),
+            "--model",
+            "tiny",
+            "--mode",
+            "prefix",
+            "--max-new-tokens",
+            "4",
+            "--report",
+            str(report_path),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "prefill" in result.output and "TTFT" in result.output
     report = json.loads(report_path.read_text())
     assert report["mode"] == "prefix" and report["complete"] is True
     assert len(report["turns"]) == 3
-    fields = {"turn", "prompt_tokens", "cached_tokens", "prefill_tokens", "context_tokens", "ttft_s", "turn_s", "reply"}
+    fields = {
+        "turn",
+        "prompt_tokens",
+        "cached_tokens",
+        "prefill_tokens",
+        "context_tokens",
+        "ttft_s",
+        "turn_s",
+        "reply",
+    }
     assert fields <= set(report["turns"][0])
     assert report["turns"][1]["cached_tokens"] > 0
     assert report["totals"]["prefill_tokens"] == sum(t["prefill_tokens"] for t in report["turns"])
@@ -43,11 +63,26 @@ def test_replay_prints_a_per_turn_table_and_writes_the_report(tmp_path):
 def test_teacher_forced_replies_are_the_transcripts_and_stateless_caches_nothing(tmp_path):
     path = write_transcript(tmp_path / "chat.jsonl")
     report_path = tmp_path / "r.json"
-    args = ["replay", str(path), "--model", "tiny", "--mode", "stateless", "--teacher-force", "--quiet", "--report", str(report_path)]
+    args = [
+        "replay",
+        str(path),
+        "--model",
+        "tiny",
+        "--mode",
+        "stateless",
+        "--teacher-force",
+        "--quiet",
+        "--report",
+        str(report_path),
+    ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     report = json.loads(report_path.read_text())
-    assert [t["reply"] for t in report["turns"]] == ["Noted: order 88412.", "You're welcome.", "88412."]
+    assert [t["reply"] for t in report["turns"]] == [
+        "Noted: order 88412.",
+        "You're welcome.",
+        "88412.",
+    ]
     assert report["totals"]["cached_tokens"] == 0
     assert all(t["generated_tokens"] == 1 for t in report["turns"])
 
@@ -74,7 +109,17 @@ def test_bench_runs_modes_interleaved_and_writes_markdown_and_reports(tmp_path):
     markdown = tmp_path / "bench.md"
     result = CliRunner().invoke(
         cli,
-        ["bench", str(path), "--model", "tiny", "--teacher-force", "--markdown", str(markdown), "--report-dir", str(tmp_path / "reports")],
+        [
+            "bench",
+            str(path),
+            "--model",
+            "tiny",
+            "--teacher-force",
+            "--markdown",
+            str(markdown),
+            "--report-dir",
+            str(tmp_path / "reports"),
+        ],
     )
     assert result.exit_code == 0, result.output
     text = markdown.read_text()

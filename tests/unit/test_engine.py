@@ -27,7 +27,12 @@ def first_logits(engine, token_ids: list[int], **kwargs) -> tuple[torch.Tensor, 
 @pytest.mark.parametrize(
     ("cached_prefix", "tail"),
     [(32, 5), (32, 16), (48, 1), (40, 24)],
-    ids=["tail-shorter-than-a-block", "tail-exactly-one-block", "one-token-tail", "unaligned-prefix"],
+    ids=[
+        "tail-shorter-than-a-block",
+        "tail-exactly-one-block",
+        "one-token-tail",
+        "unaligned-prefix",
+    ],
 )
 def test_logits_with_reused_blocks_equal_a_full_recompute(engine, tiny_model, cached_prefix, tail):
     first = prompt_of(cached_prefix)

@@ -1,0 +1,254 @@
+"""``clm eval``: measure what a context budget keeps (retention), and build test material for it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from clm_middleware.cli.options import model_options
+
+DEFAULT_TAGGINGS = "auto,signals,constrained,free,rules"
+
+
+@click.group(name="eval")
+def eval_group() -> None:
+    """Retention evaluation: which facts survive a context budget."""
+
+
+@eval_group.command(name="retention")
+@click.argument("transcript", type=click.Path(path_type=Path))
+@click.option(
+    "--probes",
+    "probes_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    help='JSON list of {"question", "answer"}.',
+)
+@click.option(
+    "--budget",
+    type=click.IntRange(min=64),
+    required=True,
+    help="Context budget in tokens for clm and truncation.",
+)
+@click.option(
+    "--tagging",
+    "taggings",
+    default=DEFAULT_TAGGINGS,
+    show_default=True,
+    help="clm tagging modes to run, comma-separated.",
+)
+@click.option(
+    "--compression",
+    type=click.Choice(["auto", "extractive", "abstractive"]),
+    default="auto",
+    show_default=True,
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(path_type=Path),
+    help="Write the results as JSON here.",
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(path_type=Path),
+    help="Write the results as a markdown table here.",
+)
+@model_options
+def retention_command(
+    transcript: Path,
+    probes_path: Path,
+    budget: int,
+    taggings: str,
+    compression: str,
+    report_path: Path | None,
+    markdown_path: Path | None,
+    model: str | None,
+    device: str,
+    dtype: str,
+    block_size: int,
+    max_kv_bytes: int | None,
+) -> None:
+    """Replay TRANSCRIPT teacher-forced under clm (each tagging mode), truncation and keep-all,
+    and report the share of probes whose answer is still in the final context."""
+    from clm_middleware.cli.setup import (
+        LifecycleOptions,
+        build_engine,
+        driver_factory,
+        sibling_engine,
+    )
+    from clm_middleware.evaluation.probes import read_probes
+    from clm_middleware.evaluation.retention import KEEP_ALL, TRUNCATE, run_variant
+    from clm_middleware.lifecycle.tagging import TAGGING_MODES
+    from clm_middleware.replay.transcript import read_jsonl
+
+    modes = [m.strip() for m in taggings.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(TAGGING_MODES))
+    if unknown:
+        raise click.BadParameter(
+            f"unknown tagging modes {unknown}; use {', '.join(TAGGING_MODES)}",
+            param_hint="--tagging",
+        )
+    transcripts = read_jsonl(transcript)
+    probes = read_probes(probes_path)
+    first = build_engine(model, device=device, dtype=dtype, block_size=block_size, max_kv_bytes=max_kv_bytes)
+    variants = [(f"clm:{m}", "clm", LifecycleOptions(budget=budget, tagging=m, compression=compression)) for m in modes]
+    variants += [
+        (TRUNCATE, "truncate", LifecycleOptions(budget=budget)),
+        (KEEP_ALL, "prefix", LifecycleOptions()),
+    ]
+    stderr = Console(stderr=True)
+    results = []
+    for name, mode, lifecycle in variants:
+        stderr.print(f"[bold]{name}[/bold] …")
+        results.append(run_variant(name, sibling_engine(first), transcripts, probes, driver_factory, lifecycle, mode))
+    table = Table(
+        title=f"retention · {transcript.name} · budget {budget} · {len(probes)} probes",
+        title_justify="left",
+    )
+    for column in (
+        "variant",
+        "retained",
+        "context tokens",
+        "prefill tokens",
+        "lifecycle share",
+        "invented",
+    ):
+        table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=True)
+    for row in _rows(results):
+        table.add_row(*row)
+    Console().print(table)
+    if report_path:
+        from clm_middleware.replay.report import write_json_atomic
+
+        write_json_atomic(
+            report_path,
+            {
+                "transcript": str(transcript),
+                "budget": budget,
+                "probes": len(probes),
+                "variants": [r.as_dict() for r in results],
+            },
+        )
+    if markdown_path:
+        command = "clm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        lines = [
+            f"Command: `{command}`",
+            "",
+            f"{len(probes)} probes; budget {budget} tokens; model {first.model_name}.",
+            "",
+        ]
+        lines += [
+            "| variant | retained | context tokens | prefill tokens | lifecycle share | invented |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        lines += ["| " + " | ".join(row) + " |" for row in _rows(results)]
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _rows(results) -> list[list[str]]:
+    rows = []
+    for r in results:
+        share = "" if r.lifecycle_share is None else f"{r.lifecycle_share:.1%}"
+        invented = "" if r.lifecycle_share is None else f"{r.invented} in {r.compressed_segments} compressed"
+        rows.append(
+            [
+                r.name,
+                f"{r.retained}/{r.probes} ({r.share:.0%})",
+                f"{r.context_tokens:,}",
+                f"{r.prefill_tokens:,}",
+                share,
+                invented,
+            ]
+        )
+    return rows
+
+
+@eval_group.command(name="planted")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Transcript JSONL to write.")
+@click.option(
+    "--probes",
+    "probes_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Probes JSON to write.",
+)
+@click.option("--turns", type=click.IntRange(min=4), default=60, show_default=True, help="User turns.")
+@click.option(
+    "--facts",
+    type=click.IntRange(min=1, max=12),
+    default=10,
+    show_default=True,
+    help="Facts to plant.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+def planted_command(out: Path, probes_path: Path, turns: int, facts: int, seed: int) -> None:
+    """Write a planted-fact transcript: facts stated once early, a question about each at the end."""
+    from clm_middleware.evaluation.planted import planted_transcript
+    from clm_middleware.evaluation.probes import write_probes
+
+    try:
+        planted = planted_transcript(user_turns=turns, facts=facts, seed=seed)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+    _write_jsonl(out, planted.messages)
+    write_probes(probes_path, planted.probes)
+    click.echo(f"{out}: {len(planted.messages)} messages; {probes_path}: {len(planted.probes)} probes")
+
+
+@eval_group.command(name="session")
+@click.option("--dataset", type=click.Choice(["sgd", "multiwoz"]), required=True)
+@click.option(
+    "--index",
+    "index_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="The dataset's *_index.json.",
+)
+@click.option(
+    "--transcripts",
+    "transcripts_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="The dataset's *_transcripts.jsonl.",
+)
+@click.option(
+    "--dialogues",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Dialogues to concatenate.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), required=True)
+@click.option("--probes", "probes_path", type=click.Path(path_type=Path), required=True)
+def session_command(
+    dataset: str,
+    index_path: Path,
+    transcripts_path: Path,
+    dialogues: int,
+    seed: int,
+    out: Path,
+    probes_path: Path,
+) -> None:
+    """Concatenate public dialogues into one long session, with probes from their ground truth."""
+    from clm_middleware.evaluation.probes import write_probes
+    from clm_middleware.evaluation.public import build_session
+
+    messages, probes = build_session(dataset, index_path, transcripts_path, dialogues=dialogues, seed=seed)
+    _write_jsonl(out, messages)
+    write_probes(probes_path, probes)
+    click.echo(f"{out}: {len(messages)} messages; {probes_path}: {len(probes)} probes")
+
+
+def _write_jsonl(path: Path, messages: list[dict[str, str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(m, ensure_ascii=False) + "\n" for m in messages), encoding="utf-8")

@@ -1,0 +1,677 @@
+"""``Conversation``: a chat whose model manages its own context.
+
+One turn (``send`` / ``stream`` / ``respond``)::
+
+    new message ─ segment ─┐
+    restore segments the new turn refers to (within K rounds)
+    compaction, if the budget or enough pending labels call for it   (compaction.py)
+    render segments → prompt ids, append-only                         (renderer.py)
+    Engine.generate: pool hit, prefill the rest, decode, observe      (engine/)
+    reply without its lifecycle block → a new segment with its generated ids
+    label the window: model block | constrained | signals | rules      (tagging.py)
+    release blocks held K rounds; persist the turn                    (reclaimer.py, store/)
+
+Invariants:
+- ``history`` holds every message as it was said; nothing is deleted, ever. The
+  context (what the model sees) is derived from segments and their status.
+- A label takes effect at the next compaction; until then the context is unchanged,
+  so a turn without a lifecycle change prefills only its new tokens (plus < 1 block).
+- The conversation holds one reference on each block of its last prompt + reply, so
+  another conversation's pressure never evicts it; ``close()`` gives them back.
+- A Conversation is used from one thread at a time; many may share one Engine.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Generator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from clm_middleware.engine import Engine, Generation
+from clm_middleware.errors import ClmError, ConfigError
+from clm_middleware.lifecycle.compaction import CompactionResult, Compactor
+from clm_middleware.lifecycle.compressor import Compressor
+from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
+from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from
+from clm_middleware.lifecycle.observation import record_observation
+from clm_middleware.lifecycle.prompts import PROTOCOL_PROMPT, resolve_prompt, summarizer_prompt
+from clm_middleware.lifecycle.protocol import CLOSE_TAG, block_may_follow, could_open_block
+from clm_middleware.lifecycle.reclaimer import Reclaimer
+from clm_middleware.lifecycle.renderer import ContextRenderer, RenderedContext
+from clm_middleware.lifecycle.reply import IncrementalText, ids_for_prefix
+from clm_middleware.lifecycle.reply_filter import ReplyFilter, visible_answer
+from clm_middleware.lifecycle.rules import RuleConfig
+from clm_middleware.lifecycle.segmenter import Segmenter, is_ack
+from clm_middleware.lifecycle.segments import (
+    DecidedBy,
+    Decision,
+    Label,
+    MessageRecord,
+    Segment,
+    SegmentId,
+    Status,
+    segment_id,
+)
+from clm_middleware.lifecycle.signals import SignalThresholds
+from clm_middleware.lifecycle.tagging import Tagger, TaggingConfig
+from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts, sum_decision_counts
+from clm_middleware.render import ChatFormat
+
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+
+
+class Conversation:
+    """A managed conversation. See the module docstring for what one turn does."""
+
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        *,
+        system_prompt: str | None = None,
+        tagging: str = "auto",
+        budget: int | None = None,
+        k: int = 2,
+        compression: str = "auto",
+        compress_min_tokens: int = 48,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+        summarizer: Engine | None = None,
+        store: Any = None,
+        conversation_id: str | None = None,
+        segmenter: Segmenter | None = None,
+        protocol_prompt: str | Path | None = None,
+        summarizer_prompt_text: str | Path | None = None,
+        cache_salt: str | None = None,
+        config: LifecycleConfig | None = None,
+        generation: GenerationSettings | None = None,
+    ) -> None:
+        self.engine = engine or Engine.from_pretrained()
+        self.config = config or LifecycleConfig(
+            tagging=TaggingConfig(
+                mode=tagging,
+                rules=RuleConfig(compress_min_tokens=compress_min_tokens),
+                signals=SignalThresholds(compress_min_tokens=compress_min_tokens),
+            ),
+            budget=budget,
+            k=k,
+            compression=compression,
+            compress_min_tokens=compress_min_tokens,
+        )
+        self.generation = generation or GenerationSettings(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=tuple(stop or ()),
+        )
+        self.id = conversation_id or uuid.uuid4().hex
+        self.cache_salt = cache_salt
+        self.chat_format = ChatFormat.from_tokenizer(self.engine.tokenizer)
+        self.segmenter = segmenter or Segmenter()
+        self.tagger = Tagger(self.config.tagging, self.engine, self.chat_format)
+        self.protocol_text = resolve_prompt(protocol_prompt, PROTOCOL_PROMPT)
+        self.protocol_context = self.config.tagging.uses_protocol
+        self.renderer = self._make_renderer()
+        self.compressor = Compressor(
+            self.engine,
+            self.chat_format,
+            method=self.config.compression,
+            target_ratio=self.config.target_ratio,
+            summarizer=summarizer,
+            summarizer_prompt=summarizer_prompt(summarizer_prompt_text),
+        )
+        self.compactor = Compactor(self.config, self.compressor, self._next_prompt_length)
+        self.reclaimer = Reclaimer(self.engine.pool, self.config.k)
+        self.messages: list[MessageRecord] = []
+        self._segments: dict[SegmentId, Segment] = {}
+        self._next_index = 0
+        self.turn = 0
+        self._chain: list[int] = []
+        self._last_render: RenderedContext | None = None
+        self._turn_log: list[TurnStats] = []
+        self._unsaved_messages: list[MessageRecord] = []
+        self._unsaved_decisions: list[Decision] = []
+        self._dirty: set[SegmentId] = set()
+        self.last_reply: Reply | None = None
+        self.store = _open_store(store)
+        if self.store is not None:
+            self.store.register(self)
+        if system_prompt:
+            self.add("system", system_prompt)
+
+    # ------------------------------------------------------------ public API
+
+    def send(self, text: str) -> Reply:
+        """Add a user message and answer it."""
+        self.add("user", text)
+        return self.respond()
+
+    def stream(self, text: str) -> Iterator[str]:
+        """Like ``send``, yielding the visible reply as it is generated; then ``last_reply`` is set."""
+        self.add("user", text)
+        yield from self.respond_stream()
+
+    def add(self, role: str, content: str) -> list[Segment]:
+        """Put a message into the conversation without answering it (system, user or tool)."""
+        if role not in MESSAGE_ROLES:
+            raise ConfigError("role", f"unknown role {role!r}; use one of {MESSAGE_ROLES}")
+        if not isinstance(content, str):
+            raise ConfigError("content", f"must be a string, got {type(content).__name__}")
+        text = self.segmenter.normalise_text(content)
+        turn = self.turn if role == "system" and not self.messages else self.turn + 1
+        message = MessageRecord(index=len(self.messages), role=role, content=content, turn=turn)
+        self.messages.append(message)
+        self._unsaved_messages.append(message)
+        created = []
+        for piece in self.segmenter.split(text, role):
+            created.append(
+                self._new_segment(
+                    message,
+                    piece.text,
+                    self.chat_format.encode(piece.text),
+                    piece.kind,
+                    piece.separator,
+                )
+            )
+        return created
+
+    def respond(self, forced_reply: str | None = None) -> Reply:
+        """Answer the messages added since the last reply. ``forced_reply`` keeps that text
+        as the answer instead (teacher forcing): the model computes only its first token."""
+        for _ in self.respond_stream(forced_reply):
+            pass
+        assert self.last_reply is not None
+        return self.last_reply
+
+    def respond_stream(self, forced_reply: str | None = None) -> Iterator[str]:
+        yield from self._turn_steps(forced_reply)
+
+    @property
+    def history(self) -> list[MessageRecord]:
+        """Every message, complete, whatever the context keeps of it."""
+        return list(self.messages)
+
+    @property
+    def segments(self) -> list[Segment]:
+        return [self._segments[s] for m in self.messages for s in m.segment_ids]
+
+    @property
+    def context(self) -> str:
+        """The text the model sees now (before the next generation prompt)."""
+        rendered = self._render(None, for_generation=False)
+        return self.renderer.text(rendered.token_ids)
+
+    @property
+    def context_tokens(self) -> int:
+        return len(self._render(None, for_generation=False).token_ids)
+
+    def segment(self, segment: SegmentId | str) -> Segment:
+        try:
+            return self._segments[SegmentId(segment)]
+        except KeyError:
+            raise ConfigError("segment", f"no segment {segment!r} in conversation {self.id}") from None
+
+    def pin(self, segment: SegmentId | str) -> Segment:
+        """Never drop or compress this segment; brings it back if it was removed."""
+        target = self.segment(segment)
+        target.pinned, target.label, target.decided_by = True, Label.KEEP, DecidedBy.RULES
+        if target.status is not Status.ACTIVE:
+            self._restore(target)
+        self._record_user_decision(target, Label.KEEP, "pinned by user")
+        return target
+
+    def forget(self, segment: SegmentId | str) -> Segment:
+        """Drop this segment from the context at the next turn (it stays in ``history``)."""
+        target = self.segment(segment)
+        if target.role == "system" and target.pinned:
+            target.pinned = False
+        target.label, target.decided_by = Label.DROP, DecidedBy.RULES
+        if target.visible:
+            spans = self._last_render.spans if self._last_render else {}
+            if target.id in spans:
+                self.reclaimer.hold(target.id, self._blocks_of(target.id), self.turn)
+            target.status, target.removed_round = Status.DROPPED, self.turn
+        self._record_user_decision(target, Label.DROP, "forgotten by user")
+        return target
+
+    def stats(self) -> dict[str, Any]:
+        """Totals over every turn so far, and where the pool stands."""
+        log = self._turn_log
+        prompt = sum(t.prompt_tokens for t in log)
+        cached = sum(t.cached_tokens for t in log)
+        return {
+            "conversation_id": self.id,
+            "turns": len(log),
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "prefill_tokens": sum(t.prefill_tokens for t in log),
+            "hit_rate": cached / prompt if prompt else 0.0,
+            "context_tokens": self.context_tokens,
+            "segments": len(self._segments),
+            "segments_by_status": {
+                status.value: sum(s.status is status for s in self._segments.values()) for status in Status
+            },
+            "decisions": sum_decision_counts([t.decisions for t in log]),
+            "dropped_tokens": sum(t.dropped_tokens for t in log),
+            "compressed_tokens": sum(t.compressed_tokens for t in log),
+            "summaries": sum(len(t.summaries) for t in log),
+            "lifecycle_s": sum(t.lifecycle_s for t in log),
+            "turn_s": sum(t.turn_s for t in log),
+            "tagging": self.config.tagging.mode,
+            "protocol_context": self.protocol_context,
+            "parse_rate": self.tagger.parse_rate,
+            "held_blocks": len(self._chain) + self.reclaimer.held_blocks,
+            "pool": self.engine.pool.stats().as_dict(),
+        }
+
+    def settings(self) -> dict[str, Any]:
+        """The settings a reload needs (``Conversation.load`` passes them back)."""
+        config, generation = self.config, self.generation
+        return {
+            "tagging": config.tagging.mode,
+            "budget": config.budget,
+            "k": config.k,
+            "compression": config.compression,
+            "compress_min_tokens": config.compress_min_tokens,
+            "max_new_tokens": generation.max_new_tokens,
+            "temperature": generation.temperature,
+            "top_p": generation.top_p,
+            "seed": generation.seed,
+            "stop": list(generation.stop),
+            "cache_salt": self.cache_salt,
+        }
+
+    @property
+    def turn_log(self) -> list[TurnStats]:
+        return list(self._turn_log)
+
+    def close(self) -> None:
+        """Give back every pool reference; the conversation can be loaded again from its store."""
+        self.engine.pool.release(list(reversed(self._chain)))
+        self._chain = []
+        self.reclaimer.close()
+
+    def __enter__(self) -> Conversation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @classmethod
+    def load(cls, store: Any, conversation_id: str, engine: Engine | None = None, **settings: Any) -> Conversation:
+        """Rebuild a stored conversation: same messages, segments, labels, context."""
+        from clm_middleware.store import load_conversation
+
+        return load_conversation(cls, store, conversation_id, engine, **settings)
+
+    # ------------------------------------------------------------- one turn
+
+    def _turn_steps(self, forced: str | None) -> Generator[str, None, None]:
+        started = time.perf_counter()
+        if not self.messages:
+            raise ConfigError("messages", "there is nothing to answer yet; add a user message first")
+        self.turn += 1
+        turn = self.turn
+        stats = TurnStats(turn=turn)
+        decisions: list[Decision] = []
+        try:
+            tick = time.perf_counter()
+            decisions += self._restore_referenced(turn, stats)
+            stats.phases["restore_s"] = time.perf_counter() - tick
+            tick = time.perf_counter()
+            compaction = self.compactor.run(self.segments, turn)
+            self._after_compaction(compaction, turn, stats, decisions)
+            stats.phases["compaction_s"] = time.perf_counter() - tick - stats.phases["compression_s"]
+            reply_id = segment_id(self._next_index)
+            stats.protocol_context = self.protocol_context
+            rendered = self._render(reply_id)
+            generation = self._generate(rendered, forced)
+            reply_filter = ReplyFilter(protocol=self.protocol_context, stops=self.generation.stop)
+            detok = IncrementalText(self.engine.tokenizer, skip_ids=self.engine.default_stop_ids)
+            answer_cap = self.generation.max_new_tokens
+            for token in generation:
+                detok.push(token)
+                if forced is None:
+                    delta = reply_filter.delta(detok.text)
+                    if delta:
+                        yield delta
+                    # the block allowance is for a block: an answer that has not opened one
+                    # ends at max_new_tokens like any other
+                    if len(generation.token_ids) >= answer_cap and not block_may_follow(detok.text):
+                        generation.close()
+                        generation.finish_reason = "length"
+                        break
+        except BaseException:
+            self.turn -= 1
+            raise
+        raw_output = detok.text
+        answer_text, answer_ids = self._answer(forced, raw_output, generation)
+        if forced is None:
+            tail = reply_filter.finish(answer_text)
+            if tail:
+                yield tail
+        else:
+            yield answer_text
+        self._hand_over_chain(generation)
+        asks_block = self.protocol_context and self.tagger.asks_for_block(turn)
+        if forced is not None and asks_block:
+            raw_output = answer_text + "\n" + self._probe_block(rendered.token_ids + answer_ids, stats)
+        reply_message = MessageRecord(len(self.messages), "assistant", answer_text, turn, raw_output=raw_output)
+        self.messages.append(reply_message)
+        self._unsaved_messages.append(reply_message)
+        kind = "ack" if is_ack(answer_text) else "reply"
+        reply_segment = self._new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)
+        tick = time.perf_counter()
+        record_observation(
+            rendered,
+            generation,
+            self.segments,
+            reply_segment if forced is None else None,
+            len(answer_ids),
+        )
+        # the engine's own observation work (all-position logits, log-softmax, attention probe) counts too
+        stats.phases["observation_s"] = time.perf_counter() - tick + generation.stats.observe_s
+        decisions += self._tag(turn, rendered, answer_ids, raw_output if asks_block else None, generation, stats)
+        self.reclaimer.release_due(turn)
+        self._finish_stats(stats, rendered, generation, decisions, started)
+        self.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)
+        self._unsaved_decisions += decisions
+        self._persist(stats)
+
+    def _generate(self, rendered: RenderedContext, forced: str | None) -> Generation:
+        settings, prompt = self.generation, rendered.token_ids
+        asks_block = self.protocol_context and self.tagger.asks_for_block(self.turn)
+        if forced is not None:
+            max_new, stops = 1, ()
+        else:
+            max_new = settings.max_new_tokens + (settings.block_tokens if asks_block else 0)
+            stops = settings.stop + ((CLOSE_TAG,) if self.protocol_context else ())
+        budget_room = self.engine.max_positions - len(prompt) if self.engine.max_positions else max_new
+        return self.engine.generate(
+            prompt,
+            max_new_tokens=max(1, min(max_new, budget_room)),
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=settings.seed,
+            stop=stops or None,
+            hold_blocks=True,
+            observe=self.tagger.observe(self._unscored_positions(rendered)),
+            cache_salt=self.cache_salt,
+        )
+
+    def _unscored_positions(self, rendered: RenderedContext) -> frozenset[int]:
+        """Prompt positions of what the model was told (not its replies) with no self-information yet."""
+        positions: set[int] = set()
+        for identifier, (start, end) in rendered.spans.items():
+            segment = self._segments[identifier]
+            if segment.role != "assistant" and segment.surprisal is None and segment.status is Status.ACTIVE:
+                positions.update(range(start, end))
+        return frozenset(positions)
+
+    def _answer(self, forced: str | None, raw: str, generation: Generation) -> tuple[str, list[int]]:
+        """The visible answer and the token ids the context keeps for it."""
+        if forced is not None:
+            return forced, self.chat_format.encode(forced)
+        ids = [t for t in generation.token_ids if t not in self.engine.default_stop_ids]
+        answer = visible_answer(raw, protocol=self.protocol_context, stops=self.generation.stop)
+        if answer == raw.rstrip():
+            return answer, ids  # the context keeps every generated id: they are cached
+        return answer, ids_for_prefix(self.engine.tokenizer, ids, len(answer))
+
+    def _probe_block(self, prefix: list[int], stats: TurnStats) -> str:
+        """After a forced reply, let the model continue and see whether it writes a block.
+
+        The probe stops at the first token that cannot begin an opening tag, so a
+        model that does not follow the protocol costs about one decoded token.
+        """
+        tick = time.perf_counter()
+        probe = self.engine.generate(
+            prefix,
+            max_new_tokens=self.generation.block_tokens,
+            stop=[CLOSE_TAG],
+            cache_salt=self.cache_salt,
+        )
+        detok = IncrementalText(self.engine.tokenizer, skip_ids=self.engine.default_stop_ids)
+        for token in probe:
+            detok.push(token)
+            if not could_open_block(detok.text):
+                probe.close()
+                break
+        stats.extra_calls += 1
+        stats.phases["tagging_s"] += time.perf_counter() - tick
+        return detok.text
+
+    def _tag(
+        self,
+        turn: int,
+        rendered: RenderedContext,
+        answer_ids: list[int],
+        model_output: str | None,
+        generation: Generation,
+        stats: TurnStats,
+    ) -> list[Decision]:
+        tick = time.perf_counter()
+        candidates = self.tagger.candidates(self.segments, turn)
+        valid = {s.id for s in self.segments if s.visible or self._recently_removed(s, turn)}
+        outcome = self.tagger.label(
+            turn=turn,
+            candidates=candidates,
+            valid_ids=valid,
+            model_output=model_output,
+            prefix_ids=rendered.token_ids + answer_ids if self.config.tagging.mode == "constrained" else None,
+            signals_ready=generation.attention is not None or generation.prompt_logprobs is not None,
+            cache_salt=self.cache_salt,
+        )
+        if self.config.tagging.mode == "constrained" and candidates:
+            stats.extra_calls += 1
+        stats.tagging_mode, stats.parse_ok = outcome.mode, outcome.parse_ok
+        applied = []
+        for decision in outcome.decisions:
+            segment = self._segments[decision.segment_id]
+            if segment.pinned:
+                continue
+            if not segment.visible:
+                if decision.label is Label.KEEP and decision.decided_by is DecidedBy.MODEL:
+                    self._restore(segment)  # the model relabelled a removed segment keep
+                else:
+                    continue
+            segment.label, segment.decided_by = decision.label, decision.decided_by
+            self._dirty.add(segment.id)
+            applied.append(decision)
+        self._maybe_leave_protocol(stats)
+        elapsed = time.perf_counter() - tick
+        stats.phases["parsing_s" if outcome.mode == "free" else "tagging_s"] += elapsed
+        return applied
+
+    def _maybe_leave_protocol(self, stats: TurnStats) -> None:
+        """``auto``: a model that failed every probe is not asked again; the context drops
+        the protocol prompt and markers (one re-prefill, then a smaller context for good)."""
+        history = self.tagger.parse_history
+        if (
+            self.config.tagging.mode == "auto"
+            and self.protocol_context
+            and len(history) == history.maxlen
+            and not any(history)
+        ):
+            self.protocol_context = False
+            self.renderer = self._make_renderer()
+
+    # ------------------------------------------------------------- helpers
+
+    def _make_renderer(self) -> ContextRenderer:
+        return ContextRenderer(
+            self.chat_format,
+            preamble=self.protocol_text if self.protocol_context else None,
+            markers=self.protocol_context,
+        )
+
+    def _render(self, reply_id: SegmentId | None, *, for_generation: bool = True) -> RenderedContext:
+        rendered = self.renderer.render(self.messages, self._segments, reply_id=reply_id, for_generation=for_generation)
+        if for_generation:
+            self._last_render = rendered
+        return rendered
+
+    def _next_prompt_length(self) -> int:
+        return len(self.renderer.render(self.messages, self._segments, reply_id=segment_id(self._next_index)).token_ids)
+
+    def _new_segment(
+        self,
+        message: MessageRecord,
+        text: str,
+        token_ids: list[int],
+        kind: str,
+        separator: str,
+        forced_id: SegmentId | None = None,
+    ) -> Segment:
+        identifier = forced_id or segment_id(self._next_index)
+        index = int(identifier.split("_")[1])
+        self._next_index = max(self._next_index, index + 1)
+        segment = Segment(
+            id=identifier,
+            index=index,
+            message_index=message.index,
+            role=message.role,
+            kind=kind,
+            text=text,
+            token_ids=token_ids,
+            separator=separator,
+            turn=message.turn,
+            pinned=message.role == "system",
+        )
+        self._segments[identifier] = segment
+        message.segment_ids.append(identifier)
+        self._dirty.add(identifier)
+        return segment
+
+    def _blocks_of(self, segment: SegmentId) -> list[int]:
+        if self._last_render is None or segment not in self._last_render.spans:
+            return []
+        size = self.engine.block_size
+        return [self._chain[i] for i in self._last_render.segment_blocks(segment, size) if i < len(self._chain)]
+
+    def _after_compaction(
+        self, compaction: CompactionResult, turn: int, stats: TurnStats, decisions: list[Decision]
+    ) -> None:
+        stats.compaction = compaction.reason
+        stats.dropped_tokens, stats.compressed_tokens = (
+            compaction.dropped_tokens,
+            compaction.compressed_tokens,
+        )
+        stats.phases["compression_s"] = compaction.compression_s
+        for segment in compaction.removed:
+            self.reclaimer.hold(segment.id, self._blocks_of(segment.id), turn)
+            segment.removed_round = turn
+            self._dirty.add(segment.id)
+        for segment, outcome in compaction.compressions:
+            stats.summaries.append(
+                {
+                    "segment_id": segment.id,
+                    "ok": outcome.ok,
+                    "method": outcome.method,
+                    "original_tokens": outcome.original_tokens,
+                    "summary_tokens": len(outcome.token_ids),
+                    "error": outcome.error,
+                    "rejected": outcome.rejected,
+                    "summary": outcome.text,
+                }
+            )
+            self._dirty.add(segment.id)
+        decisions += compaction.decisions
+
+    def _restore_referenced(self, turn: int, stats: TurnStats) -> list[Decision]:
+        """Segments the new messages clearly refer to come back (the reference test:
+        they share a distinctive token) if removed within the last K rounds, and a
+        pending drop or compression of them is cancelled."""
+        new_text = " ".join(m.content for m in self.messages if m.turn == turn and m.role in ("user", "tool"))
+        wanted = distinctive_tokens(new_text)
+        if not wanted:
+            return []
+        decisions = []
+        for segment in self.segments:
+            if segment.pinned or segment.role == "system":
+                continue
+            removed = segment.status is Status.DROPPED and self._recently_removed(segment, turn)
+            if not (removed or segment.pending):
+                continue
+            shared = wanted - missing_from(wanted, segment.text)
+            if not shared:
+                continue
+            if removed:
+                self._restore(segment)
+                stats.restored.append(segment.id)
+            segment.label, segment.decided_by = Label.KEEP, DecidedBy.RULES
+            self._dirty.add(segment.id)
+            decisions.append(
+                Decision(
+                    turn,
+                    segment.id,
+                    Label.KEEP,
+                    DecidedBy.RULES,
+                    f"referenced again: {sorted(shared)[:3]}",
+                )
+            )
+        return decisions
+
+    def _recently_removed(self, segment: Segment, turn: int) -> bool:
+        return segment.removed_round is not None and turn - segment.removed_round <= self.config.k
+
+    def _restore(self, segment: Segment) -> None:
+        segment.status = Status.ACTIVE
+        segment.removed_round = None
+        self._dirty.add(segment.id)
+
+    def _record_user_decision(self, segment: Segment, label: Label, reason: str) -> None:
+        self._dirty.add(segment.id)
+        self._unsaved_decisions.append(Decision(self.turn, segment.id, label, DecidedBy.RULES, reason))
+        if self.store is not None:
+            self.store.save(self, None)
+
+    def _hand_over_chain(self, generation: Generation) -> None:
+        """Hold the new prompt + reply chain, then let the previous one go (tail first)."""
+        previous, self._chain = self._chain, generation.block_ids
+        self.engine.pool.release(list(reversed(previous)))
+
+    def _finish_stats(
+        self,
+        stats: TurnStats,
+        rendered: RenderedContext,
+        generation: Generation,
+        decisions: list[Decision],
+        started: float,
+    ) -> None:
+        call = generation.stats
+        stats.prompt_tokens, stats.context_tokens = call.prompt_tokens, call.prompt_tokens
+        stats.cached_tokens, stats.prefill_tokens = call.cached_tokens, call.prefill_tokens
+        stats.generated_tokens, stats.ttft_s, stats.bookkeeping_s = (
+            call.generated_tokens,
+            call.ttft_s,
+            call.bookkeeping_s,
+        )
+        stats.decisions = decision_counts(decisions)
+        stats.lifecycle_s = sum(stats.phases.values())
+        stats.pool_blocks_in_use = self.engine.pool.stats().blocks_in_use
+        stats.conversation_blocks = len(self._chain)
+        stats.reclaimer_blocks = self.reclaimer.held_blocks
+        stats.turn_s = time.perf_counter() - started
+        self._turn_log.append(stats)
+
+    def _persist(self, stats: TurnStats | None) -> None:
+        if self.store is not None:
+            self.store.save(self, stats)
+
+
+def _open_store(store: Any):
+    if store is None:
+        return None
+    from clm_middleware.store import Store
+
+    if isinstance(store, Store):
+        return store
+    if isinstance(store, str | Path):
+        return Store(store)
+    raise ClmError(f"store must be a path or a Store, got {type(store).__name__}")

@@ -1,0 +1,81 @@
+"""The result object of one ``Engine.generate`` call, and the request it carries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from clm_middleware.cache.hashing import BlockKey
+from clm_middleware.engine.observe import Observe
+from clm_middleware.engine.sampling import SamplingParams
+from clm_middleware.engine.stats import CallStats
+
+LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
+"""``f(generated token ids so far, next-token logits [vocab]) -> logits``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stop_ids: frozenset[int]
+    use_pool: bool
+    extra_key: bytes
+    hold: bool
+    return_logits: bool
+    observe: Observe
+    logits_processors: tuple[LogitsProcessor, ...] = ()
+
+
+class Generation(Iterator[int]):
+    """A running generation: iterate for generated token ids as they are decoded.
+
+    After the iteration ends, ``token_ids``, ``stats`` and ``finish_reason`` are final.
+    With ``hold_blocks=True`` the caller owns one reference on each of ``block_ids``
+    (the stored chain covering the prompt and generated tokens, in order) and must
+    give it back with ``engine.pool.release(reversed(block_ids))``.
+
+    With ``observe.logprobs``: ``prompt_logprobs[i]`` is ``log p(prompt[i] | prompt[:i])``
+    for every position the call computed (``None`` for positions served from the pool
+    and for position 0), and ``token_logprobs[j]`` the same for generated token ``j``.
+    With ``observe.attention_window``: ``attention[i]`` is the mean attention the last
+    window positions paid to position ``i`` (sums to 1 over the prompt).
+    """
+
+    def __init__(self, request: Request, tokenizer: Any, steps_factory) -> None:
+        self.request = request
+        self.prompt_token_ids = request.prompt
+        self.token_ids: list[int] = []
+        self.stats = CallStats(prompt_tokens=len(request.prompt))
+        self.finish_reason: str | None = None
+        self.block_ids: list[int] = []
+        self.last_block_key: BlockKey | None = None
+        self.logits: list[torch.Tensor] = []  # with return_logits: one [vocab] row per generated token
+        self.prompt_logprobs: list[float | None] | None = None
+        self.token_logprobs: list[float] = []
+        self.attention: torch.Tensor | None = None
+        self._tokenizer = tokenizer
+        self._steps = steps_factory(request, self)
+
+    def __next__(self) -> int:
+        return next(self._steps)
+
+    def result(self) -> Generation:
+        """Run to the end and return self."""
+        for _ in self:
+            pass
+        return self
+
+    def close(self) -> None:
+        """Stop early; what was computed so far is still stored."""
+        self._steps.close()
+
+    @property
+    def text(self) -> str:
+        if self._tokenizer is None:
+            raise RuntimeError("Generation.text needs an engine created with a tokenizer")
+        return self._tokenizer.decode(self.token_ids, skip_special_tokens=True)

@@ -1,0 +1,71 @@
+"""Retention probes: ``[{"question", "answer"}]``; a probe is retained when its answer is in the context."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import regex
+
+from clm_middleware.errors import TranscriptError
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    question: str
+    answer: str
+    alternatives: tuple[str, ...] = field(default=())  # other spellings that count as the answer
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        return (self.answer, *self.alternatives)
+
+    def retained_in(self, text: str) -> bool:
+        """Any answer occurs in ``text`` as a whole word or phrase, ignoring case."""
+        return any(_occurs(answer, text) for answer in self.answers)
+
+    def as_dict(self) -> dict[str, object]:
+        data: dict[str, object] = {"question": self.question, "answer": self.answer}
+        if self.alternatives:
+            data["alternatives"] = list(self.alternatives)
+        return data
+
+
+def _occurs(answer: str, text: str) -> bool:
+    if not answer.strip():
+        return False
+    pattern = r"(?<![\p{L}\p{N}])" + regex.escape(answer.strip()) + r"(?![\p{L}\p{N}])"
+    return regex.search(pattern, text, regex.IGNORECASE) is not None
+
+
+def read_probes(path: str | Path) -> list[Probe]:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TranscriptError(str(path), None, "no such probes file") from None
+    except json.JSONDecodeError as error:
+        raise TranscriptError(str(path), error.lineno, f"not valid JSON ({error.msg})") from None
+    if not isinstance(data, list):
+        raise TranscriptError(str(path), None, 'expected a list like [{"question": ..., "answer": ...}]')
+    probes = []
+    for number, item in enumerate(data):
+        if not isinstance(item, dict) or not isinstance(item.get("answer"), str) or not item["answer"].strip():
+            raise TranscriptError(str(path), None, f'probe {number}: needs a non-empty string "answer"')
+        alternatives = item.get("alternatives") or []
+        probes.append(Probe(str(item.get("question", "")), item["answer"], tuple(str(a) for a in alternatives)))
+    return probes
+
+
+def write_probes(path: str | Path, probes: list[Probe]) -> None:
+    Path(path).write_text(
+        json.dumps([p.as_dict() for p in probes], indent=2, ensure_ascii=False) + "\n",
+        encoding="utf-8",
+    )
+
+
+def retention(probes: list[Probe], context: str) -> tuple[int, list[Probe]]:
+    """How many probes the context retains, and which are lost."""
+    lost = [p for p in probes if not p.retained_in(context)]
+    return len(probes) - len(lost), lost

@@ -1,0 +1,96 @@
+"""``clm eval retention``: which facts survive in the final context, under each way of fitting a budget.
+
+Variants, each replaying the same file teacher-forced on its own pool (same weights):
+- ``clm:<tagging>``: the lifecycle layer with that tagging mode and the budget;
+- ``truncate``: the newest messages that fit the budget;
+- ``keep-all``: everything (``prefix`` mode, no budget): the ceiling.
+A probe is retained when its answer string is in the variant's final context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from clm_middleware.engine import Engine
+from clm_middleware.evaluation.probes import Probe, retention
+from clm_middleware.lifecycle.compressor import check_faithful
+from clm_middleware.replay.report import ReplayReport
+from clm_middleware.replay.runner import ReplayOptions, replay
+from clm_middleware.replay.transcript import Transcript
+
+KEEP_ALL = "keep-all"
+TRUNCATE = "truncate"
+
+
+@dataclass(slots=True)
+class VariantResult:
+    name: str
+    retained: int
+    probes: int
+    lost: list[str]
+    context_tokens: int  # of the final context
+    prefill_tokens: int  # over the whole replay
+    turn_s: float
+    lifecycle_share: float | None = None
+    observation_share: float | None = None
+    invented: int = 0  # distinctive tokens in a compressed segment that its original lacks
+    compressed_segments: int = 0
+    report: ReplayReport | None = field(default=None, repr=False)
+
+    @property
+    def share(self) -> float:
+        return self.retained / self.probes if self.probes else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "variant": self.name,
+            "retained": self.retained,
+            "probes": self.probes,
+            "retention": self.share,
+            "lost": self.lost,
+            "context_tokens": self.context_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "turn_s": self.turn_s,
+            "lifecycle_share": self.lifecycle_share,
+            "observation_share": self.observation_share,
+            "invented": self.invented,
+            "compressed_segments": self.compressed_segments,
+        }
+
+
+def run_variant(
+    name: str,
+    engine: Engine,
+    transcripts: list[Transcript],
+    probes: list[Probe],
+    make_factory: Callable[[Engine, ReplayOptions, Any], Callable[[Transcript], Any]],
+    lifecycle: Any,
+    mode: str,
+) -> VariantResult:
+    options = ReplayOptions(mode=mode, teacher_force=True)
+    report = ReplayReport(mode=mode, model=engine.model_name, settings={"variant": name})
+    replay(transcripts, make_factory(engine, options, lifecycle), report, teacher_force=True)
+    driver = lifecycle.drivers[-1]
+    context = driver.context
+    retained, lost = retention(probes, context)
+    totals = report.totals()
+    result = VariantResult(
+        name=name,
+        retained=retained,
+        probes=len(probes),
+        lost=[p.answer for p in lost],
+        context_tokens=driver.context_tokens,
+        prefill_tokens=totals["prefill_tokens"],
+        turn_s=totals["turn_s"],
+        report=report,
+    )
+    if mode == "clm":
+        result.lifecycle_share = totals.get("lifecycle_share")
+        phases = totals.get("lifecycle_phases") or {}
+        result.observation_share = phases.get("observation_s", 0.0) / totals["turn_s"] if totals["turn_s"] else 0.0
+        compressed = [s for c in lifecycle.conversations for s in c.segments if s.summary is not None]
+        result.compressed_segments = len(compressed)
+        result.invented = sum(len(check_faithful(s.text, s.summary).invented) for s in compressed)
+    return result

@@ -1,0 +1,214 @@
+"""Faithful compression of a segment: it may say less, never something else.
+
+Two methods:
+- ``extractive`` (the default for small models): keep the words with the highest
+  self-information (mean ``-log p`` of their tokens, from the model's own prefill,
+  as in Selective-Context / LLMLingua) until ``1 / target_ratio`` of the tokens are
+  kept, always keeping every distinctive token (numbers, codes, names) verbatim. It
+  can only delete, so it cannot invent a fact.
+- ``abstractive``: the summarizer model rewrites the text with the summarizer prompt.
+  Accepted only if shorter, containing every distinctive token of the original and
+  no distinctive token the original lacks; otherwise the extractive result is used.
+
+A compression that does not come out shorter fails, and the caller keeps the
+original: nothing is ever lost (the original always stays in the store).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import regex
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+
+from clm_middleware.engine import Engine, Observe
+from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from, normalise
+from clm_middleware.lifecycle.segments import Segment
+from clm_middleware.render import ChatFormat
+
+METHODS = ("auto", "extractive", "abstractive")
+SMALL_MODEL_PARAMETERS = 1_000_000_000  # below this, "auto" compresses extractively
+_WORD = regex.compile(r"\S+")
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionResult:
+    ok: bool
+    method: str  # extractive | abstractive | none
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    original_tokens: int = 0
+    error: str | None = None
+    missing: tuple[str, ...] = ()  # distinctive tokens an abstractive summary lost
+    invented: tuple[str, ...] = ()  # distinctive tokens it made up
+    rejected: str | None = None  # why an abstractive summary was not used
+
+    @property
+    def saved_tokens(self) -> int:
+        return self.original_tokens - len(self.token_ids) if self.ok else 0
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionCheck:
+    missing: tuple[str, ...]
+    invented: tuple[str, ...]
+
+    @property
+    def faithful(self) -> bool:
+        return not self.missing and not self.invented
+
+
+def check_faithful(original: str, summary: str) -> CompressionCheck:
+    """Every distinctive token of ``original`` is in ``summary``, and none is new."""
+    required = distinctive_tokens(original)
+    original_folded = original.casefold()
+    invented = {t for t in distinctive_tokens(summary) if normalise(t) not in original_folded}
+    return CompressionCheck(tuple(sorted(missing_from(required, summary))), tuple(sorted(invented)))
+
+
+def _holds_any(word: str, tokens: set[str]) -> bool:
+    folded = word.casefold()
+    return normalise(folded.lstrip("([{\"'“‘")) in tokens or any(token in folded for token in tokens)
+
+
+class Compressor:
+    def __init__(
+        self,
+        engine: Engine,
+        chat_format: ChatFormat,
+        *,
+        method: str = "auto",
+        target_ratio: float = 4.0,
+        summarizer: Engine | None = None,
+        summarizer_prompt: str,
+        retries: int = 2,
+    ) -> None:
+        if method not in METHODS:
+            raise ConfigError("compression", f"unknown method {method!r}; use one of {METHODS}")
+        if target_ratio <= 1:
+            raise ConfigError("target_ratio", f"must be > 1, got {target_ratio}")
+        self.engine, self.format = engine, chat_format
+        self.summarizer = summarizer or engine
+        self.summarizer_format = chat_format if summarizer is None else ChatFormat.from_tokenizer(summarizer.tokenizer)
+        self.prompt = summarizer_prompt
+        self.target_ratio = target_ratio
+        self.retries = max(1, retries)
+        if method == "auto":
+            small = self.summarizer.num_parameters < SMALL_MODEL_PARAMETERS
+            method = "extractive" if small else "abstractive"
+        self.method = method
+
+    def compress(self, segment: Segment) -> CompressionResult:
+        original_tokens = len(segment.token_ids)
+        rejected = None
+        if self.method == "abstractive":
+            try:
+                summary = self._abstractive(segment.text)
+            except Exception as error:  # after retries: record it and fall back
+                rejected = f"summarizer failed: {error}"
+            else:
+                verdict = self._accept(segment.text, summary, original_tokens)
+                if isinstance(verdict, CompressionResult):
+                    return verdict
+                rejected = verdict
+        try:
+            text = self._extractive(segment)
+        except Exception as error:
+            return CompressionResult(
+                False,
+                "none",
+                original_tokens=original_tokens,
+                error=f"extractive failed: {error}",
+                rejected=rejected,
+            )
+        ids = self.format.encode(text)
+        if not text.strip() or len(ids) >= original_tokens:
+            return CompressionResult(
+                False,
+                "none",
+                original_tokens=original_tokens,
+                error="not shorter than the original",
+                rejected=rejected,
+            )
+        return CompressionResult(True, "extractive", text, ids, original_tokens, rejected=rejected)
+
+    # -------------------------------------------------------------- internal
+
+    def _accept(self, original: str, summary: str, original_tokens: int) -> CompressionResult | str:
+        summary = summary.strip()
+        if not summary:
+            return "empty summary"
+        ids = self.format.encode(summary)
+        if len(ids) >= original_tokens:
+            return "summary not shorter"
+        check = check_faithful(original, summary)
+        if not check.faithful:
+            return f"unfaithful summary (missing {list(check.missing)}, invented {list(check.invented)})"
+        return CompressionResult(True, "abstractive", summary, ids, original_tokens)
+
+    def _abstractive(self, text: str) -> str:
+        chat = self.summarizer_format
+        prompt = chat.render([("user", chat.encode(self.prompt.replace("{text}", text)))])
+        budget = max(16, len(chat.encode(text)) // 2)
+        for attempt in Retrying(
+            stop=stop_after_attempt(self.retries),
+            retry=retry_if_exception_type(Exception),
+            reraise=True,
+        ):
+            with attempt:
+                generation = self.summarizer.generate(prompt, max_new_tokens=budget).result()
+                return generation.text
+        raise RuntimeError("unreachable")  # pragma: no cover - Retrying reraises
+
+    def _extractive(self, segment: Segment) -> str:
+        text = segment.text
+        words = list(_WORD.finditer(text))
+        if not words:
+            return text
+        scores = self._word_scores(text, words, segment)
+        required = distinctive_tokens(text)  # judged in context: a capitalised word mid-sentence is a name
+        keep = {i for i, w in enumerate(words) if _holds_any(w.group(), required)}
+        token_counts = [max(1, len(self.format.encode(" " + w.group()))) for w in words]
+        target = math.ceil(sum(token_counts) / self.target_ratio)
+        kept = sum(token_counts[i] for i in keep)
+        for index in sorted(range(len(words)), key=lambda i: (-scores[i], i)):
+            if kept >= target:
+                break
+            if index not in keep:
+                keep.add(index)
+                kept += token_counts[index]
+        return " ".join(words[i].group() for i in sorted(keep))
+
+    def _word_scores(self, text: str, words: list[regex.Match[str]], segment: Segment) -> list[float]:
+        """Mean self-information of each word's tokens."""
+        ids, surprisal = self._token_surprisal(text, segment)
+        offsets = self._offsets(text, ids)
+        scores = []
+        for word in words:
+            values = [
+                s
+                for (start, end), s in zip(offsets, surprisal, strict=False)
+                if start < word.end() and end > word.start() and s is not None
+            ]
+            scores.append(sum(values) / len(values) if values else 0.0)
+        return scores
+
+    def _token_surprisal(self, text: str, segment: Segment) -> tuple[list[int], list[float | None]]:
+        ids = self.format.encode(text)
+        if segment.surprisal is not None and ids == segment.token_ids and len(segment.surprisal) == len(ids):
+            return ids, list(segment.surprisal)
+        # No usable record of the model's own prefill (e.g. a generated reply that
+        # re-tokenizes differently): score the text on its own, with no context.
+        generation = self.engine.generate(
+            ids, max_new_tokens=0, use_pool=False, observe=Observe(logprobs=True)
+        ).result()
+        return ids, [None if lp is None else -lp for lp in generation.prompt_logprobs or []]
+
+    def _offsets(self, text: str, ids: list[int]) -> list[tuple[int, int]]:
+        encoded: Any = self.format.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if list(encoded["input_ids"]) == ids:
+            return [tuple(pair) for pair in encoded["offset_mapping"]]
+        return [(0, len(text))] * len(ids)  # cannot align: every token scores every word alike

@@ -1,0 +1,63 @@
+"""Settings of a managed conversation: lifecycle and generation, each validated by field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.compressor import METHODS
+from clm_middleware.lifecycle.tagging import TaggingConfig
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSettings:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    block_tokens: int = 96  # extra room for a free-form [LIFECYCLE] block
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens", f"must be ≥ 1, got {self.max_new_tokens}")
+        if self.block_tokens < 0:
+            raise ConfigError("block_tokens", f"must be ≥ 0, got {self.block_tokens}")
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleConfig:
+    """How the context is managed.
+
+    ``budget`` (``max_context_tokens``) caps every prompt. When the next prompt would
+    exceed it, pending decisions are applied and then rules compress or drop the
+    lowest-value, oldest segments until the prompt is under ``low_water × budget``:
+    the slack means the costly re-prefill after a change happens every few turns,
+    not every turn. Without budget pressure, pending drops and compressions are
+    applied once they would free ``min_reclaim_tokens`` (each application re-prefills
+    from the first changed segment on, so they are batched).
+    """
+
+    tagging: TaggingConfig = field(default_factory=TaggingConfig)
+    budget: int | None = None
+    k: int = 2
+    compress_min_tokens: int = 48
+    compression: str = "auto"
+    target_ratio: float = 4.0
+    low_water: float = 0.75
+    min_reclaim_tokens: int = 64
+    protect_turns: int = 1
+
+    def __post_init__(self) -> None:
+        if self.budget is not None and self.budget < 64:
+            raise ConfigError("budget", f"must be ≥ 64 tokens, got {self.budget}")
+        if self.k < 0:
+            raise ConfigError("k", f"must be ≥ 0, got {self.k}")
+        if self.compression not in METHODS:
+            raise ConfigError("compression", f"unknown method {self.compression!r}; use one of {METHODS}")
+        if not 0.2 <= self.low_water <= 1.0:
+            raise ConfigError("low_water", f"must be in [0.2, 1], got {self.low_water}")
+        if self.compress_min_tokens < 1:
+            raise ConfigError("compress_min_tokens", f"must be ≥ 1, got {self.compress_min_tokens}")
+        if self.protect_turns < 1:
+            raise ConfigError("protect_turns", f"must be ≥ 1, got {self.protect_turns}")

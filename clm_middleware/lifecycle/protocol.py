@@ -1,0 +1,85 @@
+"""The ``[LIFECYCLE]`` block: a forgiving parser (``reply_filter.py`` hides it from users).
+
+Parsing rules (DESIGN.md, "The lifecycle protocol"):
+- only the model's own output is parsed, never user text;
+- the last ``[LIFECYCLE]`` opening in the output starts the block; a missing closing
+  tag is tolerated (the block runs to the end of the output);
+- a line ``seg_N: label`` (also ``seg N - label``, ``seg_N = LABEL``, bullets) sets a
+  label; an id not in the context is ignored; a repeated id takes its last value;
+- a block with no line understood is garbage, and the caller falls back.
+Nothing here raises on any input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import regex
+
+from clm_middleware.lifecycle.segments import Label, SegmentId
+
+OPEN_TAG = "[LIFECYCLE]"
+CLOSE_TAG = "[/LIFECYCLE]"
+_OPEN = regex.compile(r"\[\s*lifecycle\s*\]", regex.IGNORECASE)
+_CLOSE = regex.compile(r"\[\s*/\s*lifecycle\s*\]", regex.IGNORECASE)
+_LINE = regex.compile(
+    r"seg(?:ment)?[\s_#-]*(\d{1,9})\s*[:=\-–—>]+\s*[\*\"'`]*\s*(keep|compress|drop)\b",
+    regex.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedBlock:
+    found: bool  # an opening tag was present
+    closed: bool
+    labels: dict[SegmentId, Label] = field(default_factory=dict)
+    ignored: tuple[str, ...] = ()  # ids outside the context, kept for the record
+
+    @property
+    def ok(self) -> bool:
+        """A parseable block: opened, and at least one label understood."""
+        return self.found and bool(self.labels)
+
+
+def split_reply(output: str) -> tuple[str, str | None]:
+    """``(answer, block text or None)``: the answer is everything before the last opening tag."""
+    opening = None
+    for match in _OPEN.finditer(output):
+        opening = match
+    if opening is None:
+        return output, None
+    return output[: opening.start()].rstrip(), output[opening.start() :]
+
+
+def parse_block(output: str, valid_ids: Iterable[SegmentId]) -> ParsedBlock:
+    """Labels from the model output's lifecycle block; see the module docstring."""
+    _, block = split_reply(output)
+    if block is None:
+        return ParsedBlock(found=False, closed=False)
+    closing = _CLOSE.search(block)
+    body = block[: closing.start()] if closing else block
+    valid = set(valid_ids)
+    labels: dict[SegmentId, Label] = {}
+    ignored: list[str] = []
+    for match in _LINE.finditer(body):
+        segment = SegmentId(f"seg_{int(match.group(1))}")
+        if segment in valid:
+            labels[segment] = Label(match.group(2).lower())
+        else:
+            ignored.append(segment)
+    return ParsedBlock(found=True, closed=closing is not None, labels=labels, ignored=tuple(ignored))
+
+
+def could_open_block(text: str) -> bool:
+    """Whether a continuation that starts with ``text`` can still be (or already is) a block."""
+    compact = regex.sub(r"\s+", "", text).casefold()
+    return "[lifecycle]".startswith(compact) or compact.startswith("[lifecycle]")
+
+
+def block_may_follow(text: str) -> bool:
+    """Whether ``text`` ends inside a block, at the start of one, or in whitespace before one."""
+    if split_reply(text)[1] is not None or not text.strip() or text[-1].isspace():
+        return True
+    bracket = text.rfind("[")
+    return bracket >= 0 and could_open_block(text[bracket:])

@@ -1,0 +1,114 @@
+"""Segments → prompt token ids, append-only, with the position of every segment.
+
+Layout::
+
+    system header | protocol prompt ⏎⏎ first system message | system footer
+    <role> header | [seg_i] ids(seg_i) sep [seg_j] ids(seg_j) ... | <role> footer     per message
+    ...
+    assistant header [seg_k]                                                          generation prompt
+
+Prefix stability: every piece is a cached token sequence (glue, separators, markers)
+or a segment's own ids (tokenized once; a generated reply keeps its generated ids).
+So the prompt of turn t+1 starts with the prompt of turn t plus its reply, unless a
+segment changed; a change at segment i leaves every token before i untouched.
+Markers appear only where the protocol needs them (tagging modes that ask the model
+to label), and never in the system message, which is pinned. A message whose
+segments are all dropped is left out whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from clm_middleware.lifecycle.segments import MessageRecord, Segment, SegmentId
+from clm_middleware.render import ChatFormat
+
+SYSTEM_JOIN = "\n\n"
+
+
+@dataclass(slots=True)
+class RenderedContext:
+    token_ids: list[int]
+    spans: dict[SegmentId, tuple[int, int]] = field(default_factory=dict)  # visible content ids
+    context_tokens: int = 0  # without the generation prompt
+    message_spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def segment_blocks(self, segment: SegmentId, block_size: int) -> range:
+        """Indices of the blocks that hold any of the segment's tokens."""
+        start, end = self.spans[segment]
+        return range(start // block_size, (end - 1) // block_size + 1) if end > start else range(0)
+
+
+class ContextRenderer:
+    def __init__(self, chat_format: ChatFormat, *, preamble: str | None, markers: bool) -> None:
+        self.format = chat_format
+        self.markers = markers
+        self.preamble_ids = chat_format.encode(preamble) if preamble else []
+        self._ids_cache: dict[str, list[int]] = {}
+        self.tool_role = "tool" if chat_format.supports_role("tool") else "user"
+
+    def marker_ids(self, segment: SegmentId) -> list[int]:
+        return self._encoded(f"[{segment}] ")
+
+    def render(
+        self,
+        messages: Sequence[MessageRecord],
+        segments: dict[SegmentId, Segment],
+        *,
+        reply_id: SegmentId | None = None,
+        for_generation: bool = True,
+    ) -> RenderedContext:
+        ids: list[int] = []
+        rendered = RenderedContext(token_ids=ids)
+        system_first = bool(messages) and messages[0].role == "system"
+        if self.preamble_ids or system_first:
+            glue = self.format.glue["system"]
+            ids.extend(glue.header_ids)
+            ids.extend(self.preamble_ids)
+            if system_first:
+                visible = [segments[s] for s in messages[0].segment_ids if segments[s].visible]
+                if visible and self.preamble_ids:
+                    ids.extend(self._encoded(SYSTEM_JOIN))
+                self._segments(ids, rendered, visible)
+            ids.extend(glue.footer_ids)
+        else:
+            ids.extend(self.format.start_ids(None))
+        for message in messages[1:] if system_first else messages:
+            visible = [segments[s] for s in message.segment_ids if segments[s].visible]
+            if not visible:
+                continue
+            role = self.tool_role if message.role == "tool" else message.role
+            glue = self.format.glue[role]
+            begin = len(ids)
+            ids.extend(glue.header_ids)
+            self._segments(ids, rendered, visible)
+            ids.extend(glue.footer_ids)
+            rendered.message_spans[message.index] = (begin, len(ids))
+        rendered.context_tokens = len(ids)
+        if for_generation:
+            ids.extend(self.format.generation_prompt_ids)
+            if reply_id is not None and self.markers:
+                ids.extend(self.marker_ids(reply_id))
+        return rendered
+
+    def text(self, token_ids: Iterable[int]) -> str:
+        return self.format.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+    def _segments(self, ids: list[int], rendered: RenderedContext, visible: list[Segment]) -> None:
+        for position, segment in enumerate(visible):
+            if position and segment.separator:
+                ids.extend(self._encoded(segment.separator))
+            elif position:
+                ids.extend(self._encoded(" "))
+            if self.markers and segment.role != "system":
+                ids.extend(self.marker_ids(segment.id))
+            start = len(ids)
+            ids.extend(segment.visible_ids)
+            rendered.spans[segment.id] = (start, len(ids))
+
+    def _encoded(self, text: str) -> list[int]:
+        cached = self._ids_cache.get(text)
+        if cached is None:
+            cached = self._ids_cache[text] = self.format.encode(text)
+        return cached

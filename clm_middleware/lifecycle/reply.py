@@ -1,0 +1,53 @@
+"""From generated token ids to the reply the user sees and the ids the context keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class IncrementalText:
+    """Turns a growing list of token ids into text deltas, never splitting a character.
+
+    Byte-level tokenizers can end a token in the middle of a UTF-8 character; the
+    decoded tail then shows U+FFFD, which is held back until the next token completes it.
+    """
+
+    def __init__(self, tokenizer: Any, skip_ids: frozenset[int] = frozenset()) -> None:
+        self.tokenizer = tokenizer
+        self.skip_ids = skip_ids
+        self.ids: list[int] = []
+        self._emitted = 0
+
+    def push(self, token_id: int) -> str:
+        if token_id not in self.skip_ids:
+            self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self._emitted = text[self._emitted :], len(text)
+        return delta
+
+    @property
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+
+
+def ids_for_prefix(tokenizer: Any, token_ids: Sequence[int], text_length: int) -> list[int]:
+    """The shortest prefix of ``token_ids`` whose text covers ``text_length`` characters.
+
+    Used to cut a reply before its lifecycle block or a stop string: the kept ids are
+    exactly what was generated (and cached), so the next turn still hits them.
+    """
+    if text_length <= 0:
+        return []
+    for end in range(1, len(token_ids) + 1):
+        if len(tokenizer.decode(list(token_ids[:end]), skip_special_tokens=True).rstrip()) >= text_length:
+            return list(token_ids[:end])
+    return list(token_ids)
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    """``text`` up to the first stop string (the stop string itself is not shown)."""
+    cut = min((text.find(stop) for stop in stops if stop and stop in text), default=-1)
+    return text if cut < 0 else text[:cut]

@@ -1,0 +1,64 @@
+"""Rule-based labels: the fallback when the model gives none, and the order of eviction.
+
+Labels (``rule_label``), first rule that applies:
+1. pinned → keep;
+2. content-free (kind ``ack``) → drop;
+3. from the last ``recent_turns`` turns → keep;
+4. holds distinctive tokens (numbers, codes, names) → keep;
+5. at least ``compress_min_tokens`` long and ``old_after_turns`` old → compress;
+6. otherwise → keep.
+
+Eviction value (``eviction_value``), lowest evicted first, oldest first among equals:
+labelled drop or content-free 0 · labelled compress 1 · keep 2 · +2 with distinctive
+tokens · +1 when the newest turns attended to it more than to an average token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.distinctive import has_distinctive
+from clm_middleware.lifecycle.segments import Label, Segment
+
+
+@dataclass(frozen=True, slots=True)
+class RuleConfig:
+    recent_turns: int = 2
+    compress_min_tokens: int = 48
+    old_after_turns: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("recent_turns", "compress_min_tokens", "old_after_turns"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be ≥ 0, got {getattr(self, name)}")
+
+
+def rule_label(segment: Segment, current_turn: int, config: RuleConfig) -> tuple[Label, str]:
+    """A label and the rule that gave it (see the module docstring)."""
+    if segment.pinned:
+        return Label.KEEP, "pinned"
+    if segment.kind == "ack":
+        return Label.DROP, "content-free"
+    age = current_turn - segment.turn
+    if age < config.recent_turns:
+        return Label.KEEP, "recent"
+    if has_distinctive(segment.text):
+        return Label.KEEP, "distinctive tokens"
+    if segment.num_tokens >= config.compress_min_tokens and age >= config.old_after_turns:
+        return Label.COMPRESS, "long and old"
+    return Label.KEEP, "default"
+
+
+def eviction_value(segment: Segment, attention_density: float = 0.0) -> float:
+    if segment.label is Label.DROP or segment.kind == "ack":
+        value = 0.0
+    elif segment.label is Label.COMPRESS:
+        value = 1.0
+    else:
+        value = 2.0
+    if segment.kind != "ack" and has_distinctive(segment.text):
+        value += 2.0
+    if attention_density > 1.0:
+        value += 1.0
+    return value

@@ -1,0 +1,286 @@
+"""Split a message into segments by rules, and give each a kind.
+
+Rules, in order:
+1. fenced code blocks (```) are one ``code`` segment each, never split;
+2. the rest splits into paragraphs at blank lines;
+3. a paragraph whose lines are list items (``1.``, ``2)``, ``-``, ``*``, ``•``) gives
+   one ``step`` segment per item;
+4. any other paragraph splits into sentences;
+5. fragments shorter than ``min_chars`` join their predecessor (or successor);
+6. a whole message made only of content-free words ("ok thanks") is one ``ack``.
+
+System and tool messages, and assistant replies, are one segment each: a reply keeps
+the token ids the model generated, and a marker can only precede it as a whole.
+
+Kinds come from user rules first (``add_rule(pattern, kind)``, first match wins),
+then: ``system`` and ``tool`` by role, ``code``, ``step``, ``ack``, ``question``
+(ends with "?"), ``reply`` for a whole assistant reply, else ``text``.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, field
+
+import regex
+
+from clm_middleware.errors import ConfigError
+
+_FENCE = regex.compile(r"```.*?(?:```|\Z)", regex.DOTALL)
+_PARAGRAPH_BREAK = regex.compile(r"\n[ \t]*\n+")
+_LIST_ITEM = regex.compile(r"^\s*(?:\d{1,3}[.)]|[-*•])\s+")
+# A sentence ends at . ! ? … followed by space and a capital, digit, quote or bracket.
+_SENTENCE_END = regex.compile(r"(?<=[.!?…])[\"')\]]*\s+(?=[\p{Lu}\p{N}\"'(\[])")
+_ABBREVIATIONS = frozenset(
+    [
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "vs",
+        "etc",
+        "e.g",
+        "i.e",
+        "no",
+        "fig",
+        "approx",
+        "dept",
+        "est",
+        "inc",
+        "ltd",
+        "co",
+        "corp",
+    ]
+)
+ACK_WORDS = frozenset(
+    [
+        "ok",
+        "okay",
+        "k",
+        "kk",
+        "thanks",
+        "thank",
+        "thx",
+        "ty",
+        "cheers",
+        "cool",
+        "great",
+        "nice",
+        "perfect",
+        "awesome",
+        "lovely",
+        "excellent",
+        "brilliant",
+        "wonderful",
+        "fine",
+        "alright",
+        "sounds",
+        "good",
+        "got",
+        "it",
+        "sure",
+        "hi",
+        "hello",
+        "hey",
+        "bye",
+        "goodbye",
+        "welcome",
+        "glad",
+        "happy",
+        "to",
+        "help",
+        "helps",
+        "helped",
+        "that's",
+        "thats",
+        "that",
+        "you",
+        "you're",
+        "youre",
+        "re",
+        "so",
+        "much",
+        "very",
+        "will",
+        "do",
+        "noted",
+        "anytime",
+        "np",
+        "no",
+        "problem",
+        "appreciate",
+        "appreciated",
+        "understood",
+        "are",
+        "all",
+        "set",
+        "makes",
+        "sense",
+        "right",
+        "indeed",
+        "absolutely",
+        "definitely",
+        "of",
+        "course",
+    ]
+)
+MAX_ACK_WORDS = 6
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentPiece:
+    text: str
+    kind: str
+    separator: str  # whitespace before it in the message ("" for the first)
+
+
+@dataclass(slots=True)
+class Segmenter:
+    """Rules for splitting messages; see the module docstring."""
+
+    min_chars: int = 16
+    normalize: bool = False  # NFKC (full-width → ASCII) and collapse runs of spaces
+    rules: list[tuple[regex.Pattern[str], str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.min_chars < 0:
+            raise ConfigError("min_chars", f"must be ≥ 0, got {self.min_chars}")
+
+    def add_rule(self, pattern: str, kind: str) -> None:
+        """Segments matching ``pattern`` (a regex, searched) get ``kind``; earlier rules win."""
+        try:
+            compiled = regex.compile(pattern)
+        except regex.error as error:
+            raise ConfigError("pattern", f"invalid regular expression {pattern!r}: {error}") from None
+        if not kind or not kind.isidentifier():
+            raise ConfigError("kind", f"must be a short identifier, got {kind!r}")
+        self.rules.append((compiled, kind))
+
+    def normalise_text(self, text: str) -> str:
+        if not self.normalize:
+            return text
+        text = unicodedata.normalize("NFKC", text)
+        text = regex.sub(r"[ \t\u00a0]+", " ", text)
+        return regex.sub(r" *\n *", "\n", text).strip()
+
+    def split(self, text: str, role: str) -> list[SegmentPiece]:
+        """Segments of one message, in order.
+
+        Their texts joined by their separators give the message back, up to whitespace.
+        """
+        if role in ("system", "tool", "assistant"):
+            stripped = text.strip()
+            if not stripped:
+                return []
+            kind = {"system": "system", "tool": "tool"}.get(role) or ("ack" if is_ack(stripped) else "reply")
+            return [SegmentPiece(stripped, self._kind(stripped, kind), "")]
+        if is_ack(text):
+            return [SegmentPiece(text.strip(), self._kind(text.strip(), "ack"), "")]
+        pieces = self._merge_fragments(list(self._raw_pieces(text)))
+        return [SegmentPiece(p.text, self._kind(p.text, p.kind), p.separator) for p in pieces]
+
+    # -------------------------------------------------------------- internal
+
+    def _raw_pieces(self, text: str) -> list[SegmentPiece]:
+        spans: list[tuple[int, int, str]] = []
+        position = 0
+        for fence in _FENCE.finditer(text):
+            spans += _prose_spans(text, position, fence.start())
+            spans.append((fence.start(), fence.end(), "code"))
+            position = fence.end()
+        spans += _prose_spans(text, position, len(text))
+        pieces, previous_end = [], None
+        for begin, end, kind in spans:
+            gap = "" if previous_end is None else text[previous_end:begin]
+            separator = (
+                "" if previous_end is None else ("\n\n" if gap.count("\n") >= 2 else "\n" if "\n" in gap else " ")
+            )
+            pieces.append(SegmentPiece(text[begin:end], kind, separator))
+            previous_end = end
+        return pieces
+
+    def _merge_fragments(self, pieces: list[SegmentPiece]) -> list[SegmentPiece]:
+        """Join short ``text`` fragments to the previous ``text`` piece of the same paragraph, else to the next."""
+        merged: list[SegmentPiece] = []
+        waiting: SegmentPiece | None = None  # a short fragment that opened a paragraph
+        for piece in pieces:
+            if waiting is not None:
+                if piece.kind == "text":
+                    piece = _join(waiting, piece)
+                else:
+                    merged.append(waiting)
+                waiting = None
+            if piece.kind == "text" and len(piece.text) < self.min_chars:
+                if merged and merged[-1].kind == "text" and piece.separator != "\n\n":
+                    merged[-1] = _join(merged[-1], piece)
+                else:
+                    waiting = piece
+                continue
+            merged.append(piece)
+        if waiting is not None:
+            merged.append(waiting)
+        return merged
+
+    def _kind(self, text: str, default: str) -> str:
+        for pattern, kind in self.rules:
+            if pattern.search(text):
+                return kind
+        if default == "text" and text.rstrip().endswith("?"):
+            return "question"
+        return default
+
+
+def _prose_spans(text: str, begin: int, end: int) -> list[tuple[int, int, str]]:
+    """Spans of list items (``step``) and sentences (``text``) in ``text[begin:end]``."""
+    spans: list[tuple[int, int, str]] = []
+    for paragraph in regex.finditer(r"(?s)(?:(?!\n[ \t]*\n).)+", text[begin:end]):
+        if not paragraph.group().strip():
+            continue
+        offset = begin + paragraph.start()
+        lines = [m for m in regex.finditer(r"[^\n]+", paragraph.group()) if m.group().strip()]
+        if lines and all(_LIST_ITEM.match(m.group()) for m in lines):
+            for line in lines:
+                spans.append(_trimmed(text, offset + line.start(), offset + line.end(), "step"))
+            continue
+        for sentence_start, sentence_end in _sentence_spans(paragraph.group()):
+            spans.append(_trimmed(text, offset + sentence_start, offset + sentence_end, "text"))
+    return [span for span in spans if span[1] > span[0]]
+
+
+def _join(first: SegmentPiece, second: SegmentPiece) -> SegmentPiece:
+    return SegmentPiece(first.text + (second.separator or " ") + second.text, "text", first.separator)
+
+
+def _trimmed(text: str, begin: int, end: int, kind: str) -> tuple[int, int, str]:
+    while begin < end and text[begin].isspace():
+        begin += 1
+    while end > begin and text[end - 1].isspace():
+        end -= 1
+    return begin, end, kind
+
+
+def is_ack(text: str) -> bool:
+    """True for a content-free message: a few words, all of them acknowledgements."""
+    words = regex.findall(r"[\p{L}']+", text.casefold().replace("’", "'"))
+    if not words or len(words) > MAX_ACK_WORDS or regex.search(r"\p{N}", text):
+        return False
+    return all(word in ACK_WORDS or word.replace("'", "") in ACK_WORDS for word in words)
+
+
+def _sentence_spans(paragraph: str) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for match in _SENTENCE_END.finditer(paragraph):
+        candidate = paragraph[start : match.start()].rstrip()
+        last_word = regex.search(r"([\p{L}.]+)\.$", candidate)
+        if last_word and last_word.group(1).rstrip(".").casefold() in _ABBREVIATIONS:
+            continue  # "Dr. Smith", "e.g. this": not a sentence end
+        spans.append((start, match.start() + len(match.group().rstrip())))  # keep closing quotes
+        start = match.end()
+    if paragraph[start:].strip():
+        spans.append((start, len(paragraph)))
+    return spans

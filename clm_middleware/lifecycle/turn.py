@@ -1,0 +1,76 @@
+"""What one turn returns: the reply, the decisions taken, and what the turn cost."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, SegmentId
+
+PHASES = ("tagging_s", "parsing_s", "compaction_s", "compression_s", "restore_s", "observation_s")
+
+
+def decision_counts(decisions: list[Decision]) -> dict[str, Any]:
+    """``{"keep": n, "compress": n, "drop": n, "by_source": {source: {label: n}}}``."""
+    counts: dict[str, Any] = {label.value: 0 for label in Label}
+    by_source = {source.value: {label.value: 0 for label in Label} for source in DecidedBy}
+    for decision in decisions:
+        counts[decision.label.value] += 1
+        by_source[decision.decided_by.value][decision.label.value] += 1
+    counts["by_source"] = by_source
+    return counts
+
+
+def sum_decision_counts(counts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Add up ``decision_counts`` results."""
+    total = decision_counts([])
+    for count in counts:
+        for label in Label:
+            total[label.value] += count.get(label.value, 0)
+        for source, labels in (count.get("by_source") or {}).items():
+            for label, number in labels.items():
+                total["by_source"][source][label] += number
+    return total
+
+
+@dataclass(slots=True)
+class TurnStats:
+    turn: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefill_tokens: int = 0
+    context_tokens: int = 0
+    generated_tokens: int = 0
+    ttft_s: float = 0.0
+    turn_s: float = 0.0
+    bookkeeping_s: float = 0.0
+    tagging_mode: str = ""  # which source decided: free | constrained | signals | rules
+    protocol_context: bool = False  # the prompt carried the protocol and segment markers
+    parse_ok: bool | None = None
+    decisions: dict[str, Any] = field(default_factory=dict)
+    dropped_tokens: int = 0
+    compressed_tokens: int = 0
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    restored: list[SegmentId] = field(default_factory=list)
+    compaction: str = ""  # "" | "pending" | "budget"
+    lifecycle_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    pool_blocks_in_use: int = 0
+    conversation_blocks: int = 0  # blocks this conversation holds: its context chain
+    reclaimer_blocks: int = 0  # blocks held for segments that left the context
+    extra_calls: int = 0  # engine calls besides the reply (constrained labels, probes, summaries)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class Reply:
+    """The answer of one turn. ``text`` never contains the lifecycle block."""
+
+    text: str
+    turn: int
+    segment_id: SegmentId | None
+    decisions: list[Decision]
+    stats: TurnStats
+    finish_reason: str | None = None

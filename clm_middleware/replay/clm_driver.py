@@ -1,0 +1,78 @@
+"""The ``clm`` replay mode: each transcript becomes a managed ``Conversation``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from clm_middleware.conversation import Conversation
+from clm_middleware.replay.report import TurnRecord
+from clm_middleware.replay.transcript import Message
+from clm_middleware.replay.transcript_text import message_text
+
+
+class ClmDriver:
+    def __init__(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+
+    def add(self, message: Message) -> None:
+        self.conversation.add(message.role, message_text(message))
+
+    def respond(self, forced: Message | None) -> TurnRecord:
+        started = time.perf_counter()
+        reply = self.conversation.respond(message_text(forced) if forced is not None else None)
+        stats = reply.stats
+        pool = self.conversation.engine.pool.stats()
+        return TurnRecord(
+            turn=0,
+            conversation_id=self.conversation.id,
+            prompt_tokens=stats.prompt_tokens,
+            cached_tokens=stats.cached_tokens,
+            prefill_tokens=stats.prefill_tokens,
+            context_tokens=stats.context_tokens,
+            generated_tokens=stats.generated_tokens,
+            ttft_s=stats.ttft_s,
+            turn_s=time.perf_counter() - started,
+            bookkeeping_s=stats.bookkeeping_s,
+            reply=reply.text,
+            pool_blocks_in_use=stats.pool_blocks_in_use,
+            kv_bytes=pool.kv_bytes,
+            working_kv_bytes=(stats.prompt_tokens + stats.generated_tokens)
+            * self.conversation.engine.layout.bytes_per_token,
+            extra=lifecycle_fields(stats),
+        )
+
+    @property
+    def conversation_id(self) -> str:
+        return self.conversation.id
+
+    @property
+    def context(self) -> str:
+        return self.conversation.context
+
+    @property
+    def context_tokens(self) -> int:
+        return self.conversation.context_tokens
+
+    def close(self) -> None:
+        self.conversation.close()
+
+
+def lifecycle_fields(stats: Any) -> dict[str, Any]:
+    """The per-turn report fields the lifecycle layer adds (see docs/report.md)."""
+    return {
+        "decisions": stats.decisions,
+        "dropped_tokens": stats.dropped_tokens,
+        "compressed_tokens": stats.compressed_tokens,
+        "summaries": stats.summaries,
+        "lifecycle_s": stats.lifecycle_s,
+        "lifecycle_phases": stats.phases,
+        "tagging_mode": stats.tagging_mode,
+        "protocol_context": stats.protocol_context,
+        "parse_ok": stats.parse_ok,
+        "compaction": stats.compaction,
+        "restored": stats.restored,
+        "conversation_blocks": stats.conversation_blocks,
+        "reclaimer_blocks": stats.reclaimer_blocks,
+        "extra_calls": stats.extra_calls,
+    }

@@ -1,0 +1,86 @@
+"""The ``truncate`` baseline: keep the newest messages that fit the budget (and the system message).
+
+What most chat wrappers do when a conversation outgrows the window. Prompts still go
+through the block pool, but once the window starts to slide, the start of the prompt
+changes every turn, so nearly every turn re-prefills the whole window.
+"""
+
+from __future__ import annotations
+
+import time
+
+from clm_middleware.engine import Engine
+from clm_middleware.errors import ConfigError
+from clm_middleware.render import ChatFormat
+from clm_middleware.replay.report import TurnRecord
+from clm_middleware.replay.runner import ReplayOptions, plain_turn_record, reply_of
+from clm_middleware.replay.transcript import Message
+from clm_middleware.replay.transcript_text import message_text
+
+
+class TruncationDriver:
+    def __init__(
+        self,
+        engine: Engine,
+        chat_format: ChatFormat,
+        options: ReplayOptions,
+        conversation_id: str,
+        budget: int,
+    ) -> None:
+        if budget < 16:
+            raise ConfigError("budget", f"truncation needs a budget of at least 16 tokens, got {budget}")
+        self.engine, self.format, self.options = engine, chat_format, options
+        self.conversation_id, self.budget = conversation_id, budget
+        self.system: list[int] | None = None
+        self.messages: list[list[int]] = []  # rendered ids of each non-system message
+        self.last_prompt: list[int] = []
+
+    def add(self, message: Message) -> None:
+        role = message.role if self.format.supports_role(message.role) else "user"
+        ids = self.format.message_ids(role, self.format.encode(message_text(message)))
+        if role == "system" and self.system is None and not self.messages:
+            self.system = ids
+        else:
+            self.messages.append(ids)
+
+    def window(self) -> list[int]:
+        """System message + the newest messages that fit, + the generation prompt."""
+        head = self.system if self.system is not None else self.format.start_ids(None)
+        room = self.budget - len(head) - len(self.format.generation_prompt_ids)
+        kept: list[list[int]] = []
+        for ids in reversed(self.messages):
+            if len(ids) > room:
+                break
+            kept.append(ids)
+            room -= len(ids)
+        if not kept and self.messages:  # the newest message alone is too long: keep its tail
+            kept.append(self.messages[-1][-max(1, room) :])
+        prompt = list(head)
+        for ids in reversed(kept):
+            prompt.extend(ids)
+        return prompt + list(self.format.generation_prompt_ids)
+
+    def respond(self, forced: Message | None) -> TurnRecord:
+        started = time.perf_counter()
+        prompt = self.window()
+        self.last_prompt = prompt
+        generation = self.engine.generate(prompt, max_new_tokens=self.options.tokens_to_generate).result()
+        reply, reply_ids = reply_of(generation, forced, self.format, self.engine)
+        self.messages.append(self.format.message_ids("assistant", reply_ids))
+        return plain_turn_record(self.conversation_id, self.engine, generation, reply, started, pooled=True)
+
+    @property
+    def context_tokens(self) -> int:
+        return len(self.window()) - len(self.format.generation_prompt_ids)
+
+    @property
+    def context(self) -> str:
+        """What the model sees now: the window the next turn would send."""
+        window = self.window()
+        return self.format.tokenizer.decode(
+            window[: len(window) - len(self.format.generation_prompt_ids)],
+            skip_special_tokens=False,
+        )
+
+    def close(self) -> None:
+        """Holds no references."""

@@ -1,0 +1,186 @@
+"""SQLite persistence of conversations: messages, segments with state and provenance,
+decisions, summaries and per-turn stats.
+
+Invariants:
+- WAL mode; one transaction per turn (``save``), so a process killed mid-turn leaves
+  the store at its last complete turn.
+- The file is created owner-only (0600) and a directory it creates is 0700: it holds
+  users' conversations.
+- One ``Store`` may be shared by conversations on several threads; writes are serialised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlite_utils import Database
+
+from clm_middleware.errors import ClmError
+from clm_middleware.store.migrations import migrate
+
+if TYPE_CHECKING:
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.lifecycle.turn import TurnStats
+
+
+class StoreError(ClmError, RuntimeError):
+    """The store cannot be opened or read."""
+
+
+class Store:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+        _create_private(self.path)
+        try:
+            connection = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
+            self.db = Database(connection)
+            self.db.enable_wal()
+            self._lock = threading.RLock()
+            with self._lock:
+                migrate(self.db)
+        except sqlite3.DatabaseError as error:
+            raise StoreError(f"{self.path}: not a usable SQLite store ({error})") from None
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --------------------------------------------------------------- writes
+
+    def register(self, conversation: Conversation) -> None:
+        with self._lock, self.db.atomic():
+            if not self.db["conversations"].count_where("id = ?", [conversation.id]):
+                self.db["conversations"].insert(_conversation_row(conversation, created=True))
+
+    def save(self, conversation: Conversation, stats: TurnStats | None) -> None:
+        """Everything the conversation changed since the last save, in one transaction."""
+        messages = list(conversation._unsaved_messages)
+        decisions = list(conversation._unsaved_decisions)
+        dirty = [conversation._segments[s] for s in sorted(conversation._dirty, key=lambda s: int(s.split("_")[1]))]
+        with self._lock, self.db.atomic():
+            self.db["conversations"].upsert(_conversation_row(conversation, created=False), pk="id")
+            if messages:
+                self.db["messages"].upsert_all(
+                    [_message_row(conversation.id, m) for m in conversation.messages if m.index >= messages[0].index],
+                    pk=("conversation_id", "idx"),
+                )
+            if dirty:
+                self.db["segments"].upsert_all(
+                    [_segment_row(conversation.id, s) for s in dirty], pk=("conversation_id", "id")
+                )
+            if decisions:
+                self.db["decisions"].insert_all(
+                    [{"conversation_id": conversation.id, **d.as_dict()} for d in decisions]
+                )
+            if stats is not None:
+                self.db["summaries"].insert_all(
+                    [
+                        {
+                            "conversation_id": conversation.id,
+                            "turn": stats.turn,
+                            **{k: v for k, v in s.items()},
+                        }
+                        for s in stats.summaries
+                    ]
+                )
+                self.db["turns"].upsert(
+                    {
+                        "conversation_id": conversation.id,
+                        "turn": stats.turn,
+                        "stats": json.dumps(stats.as_dict()),
+                    },
+                    pk=("conversation_id", "turn"),
+                )
+        conversation._unsaved_messages.clear()
+        conversation._unsaved_decisions.clear()
+        conversation._dirty.clear()
+
+    # ---------------------------------------------------------------- reads
+
+    def conversation_ids(self) -> list[str]:
+        with self._lock:
+            return [row["id"] for row in self.db["conversations"].rows_where(order_by="created_at")]
+
+    def conversation_row(self, conversation_id: str) -> dict[str, Any]:
+        with self._lock:
+            rows = list(self.db["conversations"].rows_where("id = ?", [conversation_id]))
+        if not rows:
+            raise StoreError(
+                f"{self.path}: no conversation {conversation_id!r}",
+                hint="`clm stats --db` lists them",
+            )
+        return rows[0]
+
+    def rows(self, table: str, conversation_id: str, order_by: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.db[table].rows_where("conversation_id = ?", [conversation_id], order_by=order_by))
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def _conversation_row(conversation: Conversation, *, created: bool) -> dict[str, Any]:
+    row = {
+        "id": conversation.id,
+        "updated_at": _now(),
+        "model": conversation.engine.model_name,
+        "settings": json.dumps(conversation.settings()),
+        "turn": conversation.turn,
+        "next_index": conversation._next_index,
+        "protocol_context": int(conversation.protocol_context),
+        "parse_history": json.dumps(list(conversation.tagger.parse_history)),
+    }
+    if created:
+        row["created_at"] = row["updated_at"]
+    return row
+
+
+def _message_row(conversation_id: str, message: Any) -> dict[str, Any]:
+    return {
+        "conversation_id": conversation_id,
+        "idx": message.index,
+        "role": message.role,
+        "content": message.content,
+        "turn": message.turn,
+        "raw_output": message.raw_output,
+        "segment_ids": json.dumps(message.segment_ids),
+    }
+
+
+def _segment_row(conversation_id: str, segment: Any) -> dict[str, Any]:
+    return {
+        "conversation_id": conversation_id,
+        "id": segment.id,
+        "idx": segment.index,
+        "message_idx": segment.message_index,
+        "role": segment.role,
+        "kind": segment.kind,
+        "text": segment.text,
+        "token_ids": json.dumps(segment.token_ids),
+        "separator": segment.separator,
+        "turn": segment.turn,
+        "pinned": int(segment.pinned),
+        "status": segment.status.value,
+        "label": segment.label.value,
+        "decided_by": segment.decided_by.value if segment.decided_by else None,
+        "summary": segment.summary,
+        "summary_ids": json.dumps(segment.summary_ids) if segment.summary_ids is not None else None,
+        "summary_method": segment.summary_method,
+        "surprisal": json.dumps(segment.surprisal) if segment.surprisal is not None else None,
+        "attention": segment.attention,
+        "removed_round": segment.removed_round,
+    }
+
+
+def _create_private(path: Path) -> None:
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    if not path.exists():
+        descriptor = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+        os.close(descriptor)

@@ -1,0 +1,117 @@
+"""Faithful compression: extractive keeps every distinctive token; abstractive must not lose or invent one."""
+
+import pytest
+
+from clm_middleware.engine import Engine
+from clm_middleware.lifecycle.compressor import Compressor, check_faithful
+from clm_middleware.lifecycle.distinctive import distinctive_tokens
+from clm_middleware.lifecycle.prompts import summarizer_prompt
+from clm_middleware.lifecycle.segments import Segment, SegmentId
+from clm_middleware.models import ScriptedReplies
+from clm_middleware.render import ChatFormat
+
+ORIGINAL = (
+    "We talked for a while about the weather in Lisbon, which was mild and pleasant for most of the "
+    "week, and then I finally remembered to give you my booking reference QX7-4821 for flight TP1357 "
+    "landing at 10:40 on April 22, which I keep losing, so please hold on to it for me."
+)
+
+
+def segment(text: str, chat: ChatFormat) -> Segment:
+    return Segment(SegmentId("seg_3"), 3, 1, "user", "text", text, chat.encode(text), turn=1)
+
+
+def compressor(engine: Engine, *, method: str, summarizer: Engine | None = None, ratio: float = 4.0) -> Compressor:
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    return Compressor(
+        engine,
+        chat,
+        method=method,
+        target_ratio=ratio,
+        summarizer=summarizer,
+        summarizer_prompt=summarizer_prompt(),
+    )
+
+
+def scripted_summarizer(tiny_model, tiny_tok, *texts: str) -> tuple[Engine, ScriptedReplies]:
+    chat_ids = [[*tiny_tok.encode(text, add_special_tokens=False), tiny_tok.eos_token_id] for text in texts]
+    script = ScriptedReplies(chat_ids)
+    return Engine(tiny_model, tiny_tok, logits_processors=[script]), script
+
+
+def test_extractive_keeps_every_distinctive_token_verbatim_and_shrinks(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    result = compressor(engine, method="extractive").compress(segment(ORIGINAL, chat))
+    assert result.ok and result.method == "extractive"
+    for token in ("QX7-4821", "TP1357", "10:40", "April", "22", "Lisbon"):
+        assert token in result.text
+    assert distinctive_tokens(result.text) <= distinctive_tokens(ORIGINAL)
+    assert len(result.token_ids) < len(chat.encode(ORIGINAL))
+
+
+def test_extractive_respects_the_target_ratio_when_facts_allow(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    plain = "the weather was mild and pleasant and we walked along the river all afternoon " * 4
+    result = compressor(engine, method="extractive", ratio=4.0).compress(segment(plain, chat))
+    original_tokens = len(chat.encode(plain))
+    assert result.ok
+    assert original_tokens / len(result.token_ids) >= 3.0  # 4x target; word boundaries round up
+
+
+def test_extractive_output_only_deletes_words(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    result = compressor(engine, method="extractive").compress(segment(ORIGINAL, chat))
+    words = ORIGINAL.split()
+    position = 0
+    for word in result.text.split():  # kept words appear in the original order
+        position = words.index(word, position) + 1
+
+
+def test_faithful_abstractive_summary_is_accepted(engine, tiny_model, tiny_tok):
+    summary = "Booking QX7-4821, flight TP1357, lands 10:40 April 22; Lisbon weather mild."
+    summarizer, script = scripted_summarizer(tiny_model, tiny_tok, summary)
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    result = compressor(engine, method="abstractive", summarizer=summarizer).compress(segment(ORIGINAL, chat))
+    assert result.ok and result.method == "abstractive" and result.text == summary
+    assert script.started == 1
+
+
+@pytest.mark.parametrize(
+    ("summary", "problem"),
+    [
+        ("Booking QX7-4821, flight TP1357, lands 11:40 April 22 in Lisbon.", "invented"),
+        ("Booking QX7-4821 lands 10:40 April 22 in Lisbon.", "missing"),
+    ],
+    ids=["invented-number", "missing-number"],
+)
+def test_unfaithful_abstractive_summary_is_rejected_for_extractive(engine, tiny_model, tiny_tok, summary, problem):
+    summarizer, _ = scripted_summarizer(tiny_model, tiny_tok, summary)
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    result = compressor(engine, method="abstractive", summarizer=summarizer).compress(segment(ORIGINAL, chat))
+    assert result.ok and result.method == "extractive"
+    assert result.rejected and "unfaithful" in result.rejected and problem in result.rejected
+    check = check_faithful(ORIGINAL, summary)
+    assert check.invented if problem == "invented" else check.missing
+
+
+def test_summarizer_failure_is_retried_then_recorded_and_nothing_is_lost(engine, tiny_model, tiny_tok):
+    calls = []
+
+    def explode(generated, logits):
+        calls.append(1)
+        raise RuntimeError("summarizer crashed")
+
+    broken = Engine(tiny_model, tiny_tok, logits_processors=[explode])
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    tiny_text = "QX7-4821 TP1357"  # all distinctive: extractive cannot shorten it either
+    short = compressor(engine, method="abstractive", summarizer=broken).compress(segment(tiny_text, chat))
+    assert not short.ok and short.error == "not shorter than the original"
+    assert "summarizer failed: summarizer crashed" in short.rejected
+    assert len(calls) == 2  # tenacity: two attempts
+
+
+def test_an_empty_summary_falls_back_to_extractive(engine, tiny_model, tiny_tok):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    summarizer, _ = scripted_summarizer(tiny_model, tiny_tok, "")
+    result = compressor(engine, method="abstractive", summarizer=summarizer).compress(segment(ORIGINAL, chat))
+    assert result.method == "extractive" and result.rejected == "empty summary"

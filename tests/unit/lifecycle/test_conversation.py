@@ -1,0 +1,180 @@
+"""Conversation mechanics on the tiny model: reuse, budget, reclamation, restore, tagging modes."""
+
+import pytest
+
+from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.compaction import ContextBudgetError
+from clm_middleware.lifecycle.segments import DecidedBy, Label, Status
+
+FILLER = [
+    "Tell me something about rivers and how they shape valleys over time.",
+    "What about mountains, do they change as quickly as rivers do?",
+    "And deserts, how are they formed in the first place?",
+    "Which of these landscapes is the oldest one on our planet?",
+    "Can you compare glaciers with rivers in a few words please?",
+    "How do forests change the climate of a region around them?",
+]
+
+
+def test_a_turn_without_lifecycle_change_prefills_only_its_new_tokens(converse, engine):
+    conversation = converse(system_prompt="Be brief.")
+    previous = None
+    for text in FILLER:
+        reply = conversation.send(text)
+        stats = reply.stats
+        if previous is not None and not stats.compaction:
+            new_tokens = stats.prompt_tokens - (previous.prompt_tokens + previous.generated_tokens) + 1
+            assert stats.prefill_tokens <= new_tokens + engine.block_size, (
+                stats.turn,
+                stats.prefill_tokens,
+                new_tokens,
+            )
+        previous = stats
+    assert conversation.stats()["hit_rate"] > 0.5
+
+
+def test_context_never_exceeds_the_budget_and_the_stats_say_what_was_removed(converse):
+    conversation = converse(budget=420, system_prompt="Be brief.")
+    turns = [conversation.send(text).stats for text in FILLER * 2]
+    assert all(t.prompt_tokens <= 420 for t in turns)
+    budget_turns = [t for t in turns if t.compaction == "budget"]
+    assert budget_turns
+    assert sum(t.dropped_tokens + t.compressed_tokens for t in turns) > 0
+    assert any(
+        t.decisions["by_source"]["rules"]["drop"] + t.decisions["by_source"]["rules"]["compress"] for t in budget_turns
+    )
+    assert len(conversation.history) == 2 * len(FILLER) * 2 + 1  # nothing is lost from history
+    removed = [s for s in conversation.segments if s.status is not Status.ACTIVE]
+    assert removed and all(s.text for s in removed if s.role == "user")
+
+
+def test_a_new_message_that_cannot_fit_is_a_clear_error(converse):
+    conversation = converse(budget=80)
+    conversation.add("user", "word " * 200)
+    with pytest.raises(ContextBudgetError, match="budget is 80"):
+        conversation.respond()
+    assert conversation.turn == 0  # the failed turn left no half state
+
+
+def test_blocks_of_a_removed_segment_wait_k_rounds_then_return_to_the_pool(converse, engine):
+    conversation = converse(k=2)
+    conversation.send("My order number is 88412 and it ships to Porto next week.")
+    conversation.send(FILLER[0])
+    first = conversation.segments[0]
+    held = conversation._blocks_of(first.id)
+    assert held
+    refs_before = engine.pool.ref_counts(held)
+    conversation.forget(first.id)
+    removed_at = first.removed_round
+    assert conversation.reclaimer.is_held(first.id)
+    assert [r - b for r, b in zip(engine.pool.ref_counts(held), refs_before, strict=True)] == [1] * len(held)
+    conversation.send(FILLER[1])  # round removed_at + 1: still held
+    assert conversation.turn == removed_at + 1 and conversation.reclaimer.is_held(first.id)
+    conversation.send(FILLER[2])  # round removed_at + 2 = K rounds: released at the end of it
+    assert not conversation.reclaimer.is_held(first.id)
+    conversation.close()
+    assert engine.pool.stats().blocks_in_use == 0
+
+
+def test_a_segment_referenced_again_within_k_rounds_is_restored_and_its_blocks_still_hit(converse, engine):
+    conversation = converse(k=2)
+    conversation.send("Before anything else: my order number is 88412.")
+    conversation.send(FILLER[0])
+    target = conversation.segments[0]
+    _, end = conversation._last_render.spans[target.id]
+    conversation.forget(target.id)
+    conversation.send(FILLER[1])  # the context no longer shows it
+    assert "88412" not in conversation.context
+    reply = conversation.send("Which order number did I give you, the 88412 one?")
+    assert target.id in reply.stats.restored
+    assert target.status is Status.ACTIVE and "88412" in conversation.context
+    assert reply.stats.cached_tokens >= (end // engine.block_size) * engine.block_size
+    assert any(d.segment_id == target.id and "referenced again" in d.reason for d in reply.decisions)
+
+
+def test_pending_labels_batch_until_they_free_enough_tokens(converse):
+    conversation = converse(tagging="rules")
+    for text in ("ok thanks", "cool", "great thanks"):
+        conversation.send(text)
+    acks = [s for s in conversation.segments if s.kind == "ack" and s.role == "user"]
+    assert all(s.label is Label.DROP for s in acks)
+    stats = conversation.turn_log
+    assert [t.compaction for t in stats][:2] == [
+        "",
+        "",
+    ]  # each drop alone frees too little to re-prefill for
+
+
+def test_pinned_segments_survive_budget_pressure_and_forget_removes(converse):
+    conversation = converse(budget=360)
+    conversation.send("Remember the code WX-5521 for the locker, it matters.")
+    kept = conversation.pin(conversation.segments[0].id)
+    for text in FILLER * 2:
+        conversation.send(text)
+    assert kept.status is Status.ACTIVE and "WX-5521" in conversation.context
+    forgotten = conversation.forget(kept.id)
+    assert forgotten.status is Status.DROPPED and "WX-5521" not in conversation.context
+    assert any("WX-5521" in m.content for m in conversation.history)
+    with pytest.raises(ConfigError, match="no segment"):
+        conversation.pin("seg_999")
+
+
+def test_free_mode_parses_the_models_block_and_the_user_never_sees_it(converse, scripted):
+    engine, _ = scripted("Noted.\n[LIFECYCLE]\nseg_1: drop\nseg_0: keep\n[/LIFECYCLE]", "Sure thing.")
+    conversation = converse(engine=engine, tagging="free")
+    streamed = "".join(conversation.stream("My code is 77. ok thanks for that"))
+    reply = conversation.last_reply
+    assert streamed == reply.text == "Noted."
+    assert "seg_1: drop" not in conversation.context and "LIFECYCLE" not in reply.text
+    assert reply.stats.parse_ok is True and reply.stats.tagging_mode == "free"
+    by_id = {d.segment_id: d for d in reply.decisions}
+    assert by_id["seg_1"].label is Label.DROP and by_id["seg_1"].decided_by is DecidedBy.MODEL
+    assert "[LIFECYCLE]" in conversation.history[-1].raw_output
+    second = conversation.send("and then?")
+    assert second.stats.parse_ok is False and second.stats.tagging_mode == "rules"  # no block: rules
+
+
+def test_auto_uses_the_model_while_it_follows_the_protocol(converse, scripted):
+    block = "OK.\n[LIFECYCLE]\nseg_0: keep\n[/LIFECYCLE]"
+    engine, _ = scripted(*[block] * 6)
+    conversation = converse(engine=engine, tagging="auto")
+    modes = [conversation.send(f"message number {i} here").stats.tagging_mode for i in range(6)]
+    assert modes == ["free"] * 6
+    assert conversation.protocol_context
+
+
+def test_auto_switches_to_signals_after_a_parse_failure_streak(converse, scripted):
+    engine, _ = scripted(*["No block here."] * 8)
+    conversation = converse(engine=engine, tagging="auto")
+    stats = [conversation.send(f"message number {i} here").stats for i in range(7)]
+    assert [s.tagging_mode for s in stats] == ["signals"] * 7
+    assert [s.protocol_context for s in stats] == [True] * 5 + [False] * 2
+    assert conversation.tagger.parse_rate == 0.0 and not conversation.protocol_context
+    assert "[seg_" not in conversation.context
+
+
+def test_constrained_mode_always_parses(converse):
+    conversation = converse(tagging="constrained")
+    replies = [conversation.send(text) for text in FILLER[:3]]
+    for reply in replies:
+        assert reply.stats.tagging_mode == "constrained"
+        assert reply.decisions and all(d.decided_by is DecidedBy.CONSTRAINED for d in reply.decisions)
+        assert all(0.0 <= d.confidence <= 1.0 for d in reply.decisions)
+
+
+def test_teacher_forced_replies_are_kept_verbatim(converse):
+    conversation = converse()
+    conversation.add("user", "Say hello.")
+    reply = conversation.respond("Hello there, friend.")
+    assert reply.text == "Hello there, friend." and reply.stats.generated_tokens == 1
+    assert conversation.history[-1].content == "Hello there, friend."
+
+
+def test_close_gives_every_block_back(converse, engine):
+    with converse(k=3) as conversation:
+        for text in FILLER[:4]:
+            conversation.send(text)
+        conversation.forget(conversation.segments[1].id)
+        assert engine.pool.stats().blocks_in_use > 0
+    assert engine.pool.stats().blocks_in_use == 0
+    engine.pool.check_invariants()

@@ -1,0 +1,68 @@
+import pytest
+
+from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.segmenter import Segmenter, is_ack
+
+
+def split(text, role="user", **kwargs):
+    return [(p.kind, p.text) for p in Segmenter(**kwargs).split(text, role)]
+
+
+def test_sentences_become_segments_and_questions_are_marked():
+    assert split("I fly on April 22 with TAP. Can you book a hotel near the river?") == [
+        ("text", "I fly on April 22 with TAP."),
+        ("question", "Can you book a hotel near the river?"),
+    ]
+
+
+def test_paragraphs_numbered_steps_and_code_blocks():
+    text = (
+        "Do this:\n\n1. Install the package.\n2. Run the tests.\n\n```python\nx = 1\n\ny = 2\n```\nThat is all for now."
+    )
+    assert split(text) == [
+        ("text", "Do this:"),
+        ("step", "1. Install the package."),
+        ("step", "2. Run the tests."),
+        ("code", "```python\nx = 1\n\ny = 2\n```"),
+        ("text", "That is all for now."),
+    ]
+
+
+def test_tiny_fragments_join_a_neighbour_and_abbreviations_do_not_split():
+    assert split("Hi! I need help with my booking today.") == [("text", "Hi! I need help with my booking today.")]
+    assert split("Dr. Smith moved the meeting. It is now on Friday.") == [
+        ("text", "Dr. Smith moved the meeting."),
+        ("text", "It is now on Friday."),
+    ]
+
+
+def test_content_free_messages_are_one_ack_segment():
+    for text in ("ok thanks", "Thanks!", "cool", "You're welcome.", "ok great"):
+        assert split(text) == [("ack", text)], text
+    assert not is_ack("ok, order 42 then")
+    assert not is_ack("yes")  # an answer, not an acknowledgement
+
+
+def test_system_tool_and_assistant_messages_are_one_segment():
+    assert split("Line one. Line two.", role="system") == [("system", "Line one. Line two.")]
+    assert split('{"status": "ok"}', role="tool") == [("tool", '{"status": "ok"}')]
+    assert split("Sure. Here it is.", role="assistant") == [("reply", "Sure. Here it is.")]
+
+
+def test_user_rules_decide_the_kind_first():
+    segmenter = Segmenter()
+    segmenter.add_rule(r"(?i)\border\s+\d+", "order")
+    assert [p.kind for p in segmenter.split("Order 4411 is late again. Why is that happening?", "user")] == [
+        "order",
+        "question",
+    ]
+    with pytest.raises(ConfigError, match="pattern"):
+        segmenter.add_rule("(", "x")
+    with pytest.raises(ConfigError, match="kind"):
+        segmenter.add_rule("x", "not a kind")
+
+
+def test_normalisation_folds_full_width_characters_and_spaces():
+    segmenter = Segmenter(normalize=True)
+    assert segmenter.normalise_text("ＡＢＣ１２３   ok\u3000now") == "ABC123 ok now"
+    assert Segmenter().normalise_text("ＡＢＣ") == "ＡＢＣ"

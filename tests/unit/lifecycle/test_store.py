@@ -1,0 +1,81 @@
+"""SQLite persistence: a reloaded conversation renders the same context; migrations apply once."""
+
+import json
+import os
+import stat
+
+from sqlite_utils import Database
+
+from clm_middleware.conversation import Conversation
+from clm_middleware.store import MIGRATIONS, Store, migrate
+from clm_middleware.store.migrations import MIGRATIONS_TABLE
+
+
+def test_a_reloaded_conversation_renders_the_same_context_and_continues(converse, engine, tmp_path):
+    path = tmp_path / "chats.db"
+    conversation = converse(store=path, system_prompt="Be brief.", budget=400, conversation_id="trip")
+    for text in (
+        "My booking code is QX7-4821.",
+        "ok thanks",
+        "Tell me about rivers and valleys please.",
+        "cool",
+    ):
+        conversation.send(text)
+    conversation.forget(conversation.segments[2].id)
+    expected_context = conversation.context
+    expected_prompt = conversation._render(None).token_ids
+    expected_statuses = [(s.id, s.status, s.label, s.turn) for s in conversation.segments]
+    conversation.close()
+
+    loaded = Conversation.load(path, "trip", engine)
+    assert loaded.context == expected_context
+    assert loaded._render(None).token_ids == expected_prompt
+    assert [(s.id, s.status, s.label, s.turn) for s in loaded.segments] == expected_statuses
+    assert [m.content for m in loaded.history] == [m.content for m in conversation.history]
+    assert loaded.config.budget == 400 and loaded.turn == 4
+    reply = loaded.send("What was my booking code?")
+    assert reply.turn == 5 and reply.segment_id == f"seg_{conversation._next_index + 1}"
+    loaded.close()
+
+
+def test_every_turn_is_saved_with_decisions_and_stats(converse, tmp_path):
+    store = Store(tmp_path / "s.db")
+    conversation = converse(store=store, conversation_id="c1")
+    conversation.send("My order is 42.")
+    conversation.send("ok thanks")
+    db = store.db
+    assert db["messages"].count_where("conversation_id = 'c1'") == 4
+    assert db["turns"].count_where("conversation_id = 'c1'") == 2
+    assert db["decisions"].count_where("conversation_id = 'c1'") >= 2
+    turn_two = json.loads(next(db["turns"].rows_where("turn = 2"))["stats"])
+    assert turn_two["turn"] == 2 and "decisions" in turn_two
+    segment_row = next(db["segments"].rows_where("conversation_id = 'c1' and id = 'seg_0'"))
+    assert json.loads(segment_row["token_ids"]) == conversation.segments[0].token_ids
+    conversation.close()
+
+
+def test_migrations_apply_once_from_a_blank_database(tmp_path):
+    db = Database(tmp_path / "blank.db")
+    assert migrate(db) == [m.__name__ for m in MIGRATIONS]
+    assert migrate(db) == []
+    assert {"conversations", "messages", "segments", "decisions", "summaries", "turns"} <= set(db.table_names())
+    assert db[MIGRATIONS_TABLE].count == len(MIGRATIONS)
+
+
+def test_store_file_is_owner_only_and_in_wal_mode(tmp_path):
+    path = tmp_path / "private" / "chats.db"
+    store = Store(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    assert store.db.journal_mode == "wal"
+
+
+def test_a_file_that_is_not_sqlite_is_a_clear_error(tmp_path):
+    import pytest
+
+    from clm_middleware.store import StoreError
+
+    path = tmp_path / "notes.db"
+    path.write_text("hello, not a database " * 100)
+    with pytest.raises(StoreError, match="not a usable SQLite store"):
+        Store(path)

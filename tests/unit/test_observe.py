@@ -1,0 +1,120 @@
+"""Self-information and attention mass from the engine, checked against direct computation."""
+
+import pytest
+import torch
+
+from clm_middleware.engine import Observe
+
+
+def prompt_of(length: int, offset: int = 0) -> list[int]:
+    return [(offset + 5 * i) % 250 for i in range(length)]
+
+
+def direct_logprobs(model, tokens):
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return [None] + [float(logprobs[i, tokens[i + 1]]) for i in range(len(tokens) - 1)]
+
+
+def direct_attention(model, tokens, layers, window):
+    """Mean attention of the last ``window`` queries over all positions, via eager attention."""
+    model.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            output = model(torch.tensor([tokens]), output_attentions=True)
+    finally:
+        model.config._attn_implementation = "sdpa"
+    stacked = torch.stack([output.attentions[layer][0, :, -window:, :] for layer in layers])
+    return stacked.float().mean(dim=(0, 1, 2))
+
+
+def test_prompt_logprobs_equal_a_direct_computation_on_a_cold_pool(engine, tiny_model):
+    tokens = prompt_of(300)  # longer than one prefill chunk
+    generation = engine.generate(tokens, max_new_tokens=3, observe=Observe(logprobs=True)).result()
+    expected = direct_logprobs(tiny_model, tokens)
+    assert generation.prompt_logprobs[0] is None
+    diffs = [abs(a - b) for a, b in zip(generation.prompt_logprobs[1:], expected[1:], strict=True)]
+    assert max(diffs) <= 1e-4
+
+
+def test_prompt_logprobs_after_a_pool_hit_cover_every_new_token(engine, tiny_model):
+    first = prompt_of(40)
+    engine.generate(first, max_new_tokens=0).result()
+    tokens = first + prompt_of(20, offset=9)
+    generation = engine.generate(tokens, max_new_tokens=1, observe=Observe(logprobs=True)).result()
+    expected = direct_logprobs(tiny_model, tokens)
+    assert generation.stats.cached_tokens == 31  # one cached token recomputed for its successor's log p
+    assert generation.prompt_logprobs[:32] == [None] * 32
+    for got, want in zip(generation.prompt_logprobs[32:], expected[32:], strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_generated_token_logprobs_match_their_logits(engine):
+    generation = engine.generate(
+        prompt_of(20), max_new_tokens=5, return_logits=True, observe=Observe(logprobs=True)
+    ).result()
+    for token, logits, logprob in zip(generation.token_ids, generation.logits, generation.token_logprobs, strict=True):
+        assert logprob == pytest.approx(float(torch.log_softmax(logits, -1)[token]), abs=1e-5)
+
+
+def test_attention_mass_equals_eager_attention_weights(engine, tiny_model):
+    tokens = prompt_of(70)
+    layers = (0, 1)
+    generation = engine.generate(
+        tokens, max_new_tokens=1, observe=Observe(attention_window=8, attention_layers=layers)
+    ).result()
+    expected = direct_attention(tiny_model, tokens, layers, 8)
+    assert generation.attention is not None
+    assert generation.attention.shape == (70,)
+    assert float(generation.attention.sum()) == pytest.approx(1.0, abs=1e-4)
+    assert (generation.attention - expected).abs().max() <= 1e-5
+
+
+def test_attention_mass_after_a_pool_hit_still_covers_the_whole_prompt(engine, tiny_model):
+    first = prompt_of(64)
+    engine.generate(first, max_new_tokens=0).result()
+    tokens = first + prompt_of(12, offset=3)
+    generation = engine.generate(
+        tokens, max_new_tokens=1, observe=Observe(attention_window=8, attention_layers=(1,))
+    ).result()
+    assert generation.stats.cached_tokens == 64
+    expected = direct_attention(tiny_model, tokens, (1,), 8)
+    assert (generation.attention - expected).abs().max() <= 1e-5
+
+
+def test_chunked_prefill_keeps_reuse_exact(engine, tiny_model):
+    long_prompt = prompt_of(700)
+    generation = engine.generate(long_prompt, max_new_tokens=1, return_logits=True).result()
+    with torch.no_grad():
+        expected = tiny_model(torch.tensor([long_prompt])).logits[0, -1]
+    assert (generation.logits[0] - expected).abs().max() <= 1e-4
+
+
+def test_choose_picks_the_most_likely_choice_after_each_piece(engine, tiny_model):
+    prefix = prompt_of(40)
+    engine.generate(prefix, max_new_tokens=0).result()
+    choices = [10, 20, 30]
+    pieces = [[1, 2, 3], [4, 5]]
+    picked = engine.choose(prefix, pieces, choices)
+    with torch.no_grad():
+        first = tiny_model(torch.tensor([prefix + pieces[0]])).logits[0, -1]
+        index0 = int(torch.argmax(first[choices]))
+        second = tiny_model(torch.tensor([prefix + pieces[0] + [choices[index0]] + pieces[1]])).logits[0, -1]
+        index1 = int(torch.argmax(second[choices]))
+    assert [index for index, _ in picked] == [index0, index1]
+    assert all(abs(sum(probs) - 1) < 1e-5 for _, probs in picked)
+    assert engine.pool.stats().blocks_in_use == 0
+
+
+def test_only_the_requested_positions_are_scored_and_they_match(engine, tiny_model):
+    tokens = prompt_of(300)
+    wanted = frozenset({1, 2, 50, 255, 256, 257, 299})  # 256 sits on a chunk boundary
+    generation = engine.generate(
+        tokens, max_new_tokens=1, observe=Observe(logprobs=True, logprob_positions=wanted)
+    ).result()
+    expected = direct_logprobs(tiny_model, tokens)
+    scored = {i for i, value in enumerate(generation.prompt_logprobs) if value is not None}
+    assert scored == wanted
+    for position in wanted:
+        assert generation.prompt_logprobs[position] == pytest.approx(expected[position], abs=1e-4)
