@@ -128,6 +128,7 @@ class Conversation:
         self.compactor = Compactor(self.config, self.compressor, self._next_prompt_length)
         self.reclaimer = Reclaimer(self.engine.pool, self.config.k)
         self.messages: list[MessageRecord] = []
+        self.fold = 0  # messages before this index are rendered in the digest
         self._segments: dict[SegmentId, Segment] = {}
         self._next_index = 0
         self.turn = 0
@@ -324,7 +325,8 @@ class Conversation:
             decisions += self._restore_referenced(turn, stats)
             stats.phases["restore_s"] = time.perf_counter() - tick
             tick = time.perf_counter()
-            compaction = self.compactor.run(self.segments, turn)
+            compaction = self.compactor.run(self.messages, self._segments, turn, self.fold)
+            self.fold = compaction.fold
             self._after_compaction(compaction, turn, stats, decisions)
             stats.phases["compaction_s"] = time.perf_counter() - tick - stats.phases["compression_s"]
             reply_id = segment_id(self._next_index)
@@ -405,12 +407,15 @@ class Conversation:
         )
 
     def _unscored_positions(self, rendered: RenderedContext) -> frozenset[int]:
-        """Prompt positions of what the model was told (not its replies) with no self-information yet."""
+        """Word-initial prompt positions of segments with no self-information yet (a
+        generated reply has it from decoding; a forced reply or a message gets it from
+        this prefill). See ``ChatFormat.word_initial``."""
         positions: set[int] = set()
         for identifier, (start, end) in rendered.spans.items():
             segment = self._segments[identifier]
-            if segment.role != "assistant" and segment.surprisal is None and segment.status is Status.ACTIVE:
-                positions.update(range(start, end))
+            if segment.surprisal is None and segment.status is Status.ACTIVE:
+                flags = self.chat_format.word_initial(segment.token_ids)
+                positions.update(start + i for i, initial in enumerate(flags) if initial)
         return frozenset(positions)
 
     def _answer(self, forced: str | None, raw: str, generation: Generation) -> tuple[str, list[int]]:
@@ -511,13 +516,16 @@ class Conversation:
         )
 
     def _render(self, reply_id: SegmentId | None, *, for_generation: bool = True) -> RenderedContext:
-        rendered = self.renderer.render(self.messages, self._segments, reply_id=reply_id, for_generation=for_generation)
+        rendered = self.renderer.render(
+            self.messages, self._segments, reply_id=reply_id, for_generation=for_generation, fold=self.fold
+        )
         if for_generation:
             self._last_render = rendered
         return rendered
 
-    def _next_prompt_length(self) -> int:
-        return len(self.renderer.render(self.messages, self._segments, reply_id=segment_id(self._next_index)).token_ids)
+    def _next_prompt_length(self, fold: int) -> int:
+        reply_id = segment_id(self._next_index)
+        return len(self.renderer.render(self.messages, self._segments, reply_id=reply_id, fold=fold).token_ids)
 
     def _new_segment(
         self,

@@ -8,12 +8,13 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    kept and the failure recorded. Fact guard: a drop label on a segment that holds
    distinctive tokens (numbers, codes, names) is applied as a compression, which
    keeps them verbatim; only budget pressure (step 2) can drop such a segment;
-2. if the prompt is still over the budget, candidates (visible, not pinned, older than
-   the last ``protect_turns`` turns) are taken lowest eviction value first, oldest
-   first among equals: a segment worth keeping in substance (distinctive tokens, or
-   labelled compress) and long enough is compressed, anything else dropped, until the
-   prompt is under the low-water mark; then compressed segments are dropped the same
-   way if that was not enough;
+2. if the prompt was over the budget, the oldest messages (older than the last
+   ``protect_turns`` turns) are folded, in order, into the digest (see renderer.py): a
+   segment without facts is dropped, one with facts (distinctive tokens) is condensed
+   by a faithful compression, one the digest already says word for word is dropped,
+   until the prompt is under the low-water mark; if that is not enough, condensed
+   segments are tightened to their distinctive tokens alone, oldest first, and then
+   segments are dropped lowest eviction value first, oldest first among equals;
 3. if even that cannot fit the budget, ``ContextBudgetError`` says by how much.
 """
 
@@ -28,9 +29,14 @@ from clm_middleware.lifecycle.compressor import CompressionResult, Compressor
 from clm_middleware.lifecycle.config import LifecycleConfig
 from clm_middleware.lifecycle.distinctive import has_distinctive
 from clm_middleware.lifecycle.rules import eviction_value
-from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, Segment, Status
+from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Segment, SegmentId, Status
 
 OVERHEAD_TOKENS_PER_SEGMENT = 8  # a marker, a separator, a share of message glue
+MIN_CONDENSE_TOKENS = 8  # shorter fact segments are kept whole: a compression would save next to nothing
+
+
+def _carries_facts(segment: Segment) -> bool:
+    return segment.kind != "ack" and segment.label is not Label.DROP and has_distinctive(segment.text)
 
 
 class ContextBudgetError(ClmError, ValueError):
@@ -47,22 +53,31 @@ class CompactionResult:
     compressed_tokens: int = 0  # tokens saved by compressions
     compressions: list[tuple[Segment, CompressionResult]] = field(default_factory=list)
     compression_s: float = 0.0
+    fold: int = 0  # messages before this index are rendered in the digest
 
 
 class Compactor:
-    def __init__(self, config: LifecycleConfig, compressor: Compressor, prompt_length: Callable[[], int]) -> None:
+    def __init__(self, config: LifecycleConfig, compressor: Compressor, prompt_length: Callable[[int], int]) -> None:
         self.config = config
         self.compressor = compressor
-        self.prompt_length = prompt_length  # renders the next prompt and counts it
+        self._length = prompt_length  # renders the next prompt with a given fold and counts it
+        self._fold = 0
 
-    def run(self, segments: list[Segment], turn: int) -> CompactionResult:
+    def prompt_length(self) -> int:
+        return self._length(self._fold)
+
+    def run(
+        self, messages: list[MessageRecord], segments: dict[SegmentId, Segment], turn: int, fold: int
+    ) -> CompactionResult:
+        self._fold = fold
         budget = self.config.budget
         length = self.prompt_length()
         over = budget is not None and length > budget
-        pending = [s for s in segments if s.pending and not s.pinned]
+        ordered = [segments[s] for m in messages for s in m.segment_ids]
+        pending = [s for s in ordered if s.pending and not s.pinned]
         # what applying them would free: their ids plus marker / separator / glue (estimate)
         pending_saving = sum(len(s.visible_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in pending)
-        result = CompactionResult()
+        result = CompactionResult(fold=fold)
         if not over and (not pending or pending_saving < self.config.min_reclaim_tokens):
             return result
         result.ran, result.reason = True, "budget" if over else "pending"
@@ -76,7 +91,7 @@ class Compactor:
             else:
                 segment.label = Label.KEEP  # already compressed: keep the faithful summary
         if over:  # budget pressure: go down to the low-water mark, so the next turns fit too
-            self._fit_budget(segments, turn, int(budget * self.config.low_water), result)
+            self._fit_budget(messages, segments, turn, int(budget * self.config.low_water), result)
             length = self.prompt_length()
             if length > budget:
                 raise ContextBudgetError(
@@ -85,35 +100,69 @@ class Compactor:
                 )
         return result
 
-    def _fit_budget(self, segments: list[Segment], turn: int, target: int, result: CompactionResult) -> None:
+    def _fit_budget(
+        self,
+        messages: list[MessageRecord],
+        segments: dict[SegmentId, Segment],
+        turn: int,
+        target: int,
+        result: CompactionResult,
+    ) -> None:
         protected_from = turn - self.config.protect_turns + 1
-        candidates = [s for s in segments if s.visible and not s.pinned and s.turn < protected_from]
-        order = sorted(candidates, key=lambda s: (eviction_value(s, s.attention), s.turn, s.index))
-        for segment in order:
-            if self.prompt_length() <= target:
-                return
-            worth_keeping = has_distinctive(segment.text) or segment.label is Label.COMPRESS
-            long_enough = len(segment.token_ids) >= self.config.compress_min_tokens
-            if (
-                segment.status is Status.ACTIVE
-                and worth_keeping
-                and long_enough
-                and self._compress(segment, result, turn)
-            ):
+        body = messages[1:] if messages and messages[0].role == "system" else messages
+        digest_text = " ".join(
+            segments[s].visible_text.casefold()
+            for m in body
+            if m.index < self._fold
+            for s in m.segment_ids
+            if segments[s].visible
+        )
+        # Pass 1, oldest message first: fold it into the digest. What carries no fact is
+        # dropped, what carries facts is condensed by a faithful compression, and what
+        # the digest already says word for word is dropped as a duplicate. Nothing that
+        # matters is lost yet, and the newest turns stay verbatim the longest.
+        for message in body:
+            if message.index < self._fold:
                 continue
-            self._drop(segment, result, turn)
-        for segment in order:
+            if message.turn >= protected_from or self.prompt_length() <= target:
+                break
+            for segment in (segments[s] for s in message.segment_ids):
+                if not segment.visible or segment.pinned:
+                    continue
+                if not _carries_facts(segment):
+                    self._drop(segment, result, turn)
+                    continue
+                if segment.status is Status.ACTIVE and len(segment.token_ids) >= MIN_CONDENSE_TOKENS:
+                    self._compress(segment, result, turn)
+                condensed = segment.visible_text.casefold()
+                if condensed in digest_text:
+                    self._drop(segment, result, turn, reason="duplicate of the digest")
+                else:
+                    digest_text += " " + condensed
+            self._fold = result.fold = message.index + 1
+        candidates = [segments[s] for m in body for s in m.segment_ids]
+        candidates = [s for s in candidates if s.visible and not s.pinned and s.turn < protected_from]
+        # Pass 2, oldest first: tighten condensed segments to their distinctive tokens.
+        for segment in candidates:
             if self.prompt_length() <= target:
                 return
-            if segment.visible:
-                self._drop(segment, result, turn)
+            if segment.status is Status.COMPRESSED:
+                self._tighten(segment, result)
+        # Pass 3: real loss. Lowest eviction value first, oldest first among equals.
+        for segment in sorted(candidates, key=lambda s: (eviction_value(s, s.attention), s.turn, s.index)):
+            if self.prompt_length() <= target:
+                return
+            self._drop(segment, result, turn)
 
-    def _drop(self, segment: Segment, result: CompactionResult, forced_at: int | None = None) -> None:
+    def _drop(
+        self, segment: Segment, result: CompactionResult, forced_at: int | None = None, reason: str = "budget"
+    ) -> None:
         result.dropped_tokens += len(segment.visible_ids)
         segment.status = Status.DROPPED
         if forced_at is not None:
-            self._record(segment, Label.DROP, forced_at, result)
-        result.removed.append(segment)
+            self._record(segment, Label.DROP, forced_at, result, reason)
+        if segment not in result.removed:
+            result.removed.append(segment)
 
     def _compress(self, segment: Segment, result: CompactionResult, forced_at: int | None = None) -> bool:
         tick = time.perf_counter()
@@ -135,7 +184,19 @@ class Compactor:
         result.removed.append(segment)
         return True
 
+    def _tighten(self, segment: Segment, result: CompactionResult) -> None:
+        tick = time.perf_counter()
+        outcome = self.compressor.tighten(segment)
+        result.compression_s += time.perf_counter() - tick
+        if outcome.ok:
+            result.compressed_tokens += outcome.saved_tokens
+            segment.summary, segment.summary_ids, segment.summary_method = (
+                outcome.text,
+                outcome.token_ids,
+                outcome.method,
+            )
+
     @staticmethod
-    def _record(segment: Segment, label: Label, turn: int, result: CompactionResult) -> None:
+    def _record(segment: Segment, label: Label, turn: int, result: CompactionResult, reason: str = "budget") -> None:
         segment.label, segment.decided_by = label, DecidedBy.RULES
-        result.decisions.append(Decision(turn, segment.id, label, DecidedBy.RULES, "budget"))
+        result.decisions.append(Decision(turn, segment.id, label, DecidedBy.RULES, reason))

@@ -25,13 +25,14 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from clm_middleware.engine import Engine, Observe
 from clm_middleware.errors import ConfigError
-from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from, normalise
+from clm_middleware.lifecycle.distinctive import distinctive_spans, distinctive_tokens, missing_from
 from clm_middleware.lifecycle.segments import Segment
 from clm_middleware.render import ChatFormat
 
 METHODS = ("auto", "extractive", "abstractive")
 SMALL_MODEL_PARAMETERS = 1_000_000_000  # below this, "auto" compresses extractively
 _WORD = regex.compile(r"\S+")
+_FACT_WORD = regex.compile(r"[\p{L}\p{N}][\p{L}\p{N}:.,'@/-]*[\p{L}\p{N}]|[\p{L}\p{N}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +63,27 @@ class CompressionCheck:
 
 
 def check_faithful(original: str, summary: str) -> CompressionCheck:
-    """Every distinctive token of ``original`` is in ``summary``, and none is new."""
+    """Every distinctive token of ``original`` is in ``summary``, and ``summary`` adds none.
+
+    Missing is judged per token (a multi-word name must appear whole); invented per
+    word inside the summary's distinctive tokens, so rewording around a fact is fine
+    but a number, code or name the original never said is not.
+    """
     required = distinctive_tokens(original)
     original_folded = original.casefold()
-    invented = {t for t in distinctive_tokens(summary) if normalise(t) not in original_folded}
+    invented = {
+        word
+        for start, end in distinctive_spans(summary)
+        for word in _FACT_WORD.findall(summary[start:end].casefold())
+        if word not in original_folded
+    }
     return CompressionCheck(tuple(sorted(missing_from(required, summary))), tuple(sorted(invented)))
 
 
-def _holds_any(word: str, tokens: set[str]) -> bool:
-    folded = word.casefold()
-    return normalise(folded.lstrip("([{\"'“‘")) in tokens or any(token in folded for token in tokens)
+def _kept_words(text: str, words: list[regex.Match[str]]) -> set[int]:
+    """Indices of the words that overlap a distinctive span of ``text`` (judged in context)."""
+    spans = distinctive_spans(text)
+    return {i for i, w in enumerate(words) if any(start < w.end() and w.start() < end for start, end in spans)}
 
 
 class Compressor:
@@ -100,6 +112,22 @@ class Compressor:
             small = self.summarizer.num_parameters < SMALL_MODEL_PARAMETERS
             method = "extractive" if small else "abstractive"
         self.method = method
+
+    def tighten(self, segment: Segment) -> CompressionResult:
+        """The words of the segment's visible text that hold distinctive tokens, in order.
+
+        The strongest faithful compression: it keeps every number, code and name and
+        nothing else. Fails (not shorter) for a text with no distinctive token.
+        """
+        text = segment.visible_text
+        current = len(segment.visible_ids)
+        matches = list(_WORD.finditer(text))
+        words = [matches[i].group() for i in sorted(_kept_words(text, matches))]
+        tightened = " ".join(words)
+        ids = self.format.encode(tightened)
+        if not words or len(ids) >= current:
+            return CompressionResult(False, "none", original_tokens=current, error="not shorter than the original")
+        return CompressionResult(True, "distinctive", tightened, ids, current)
 
     def compress(self, segment: Segment) -> CompressionResult:
         original_tokens = len(segment.token_ids)
@@ -169,8 +197,7 @@ class Compressor:
         if not words:
             return text
         scores = self._word_scores(text, words, segment)
-        required = distinctive_tokens(text)  # judged in context: a capitalised word mid-sentence is a name
-        keep = {i for i, w in enumerate(words) if _holds_any(w.group(), required)}
+        keep = _kept_words(text, words)
         token_counts = [max(1, len(self.format.encode(" " + w.group()))) for w in words]
         target = math.ceil(sum(token_counts) / self.target_ratio)
         kept = sum(token_counts[i] for i in keep)

@@ -1,26 +1,43 @@
 """Distinctive tokens: the words a compression must never lose or invent.
 
-Numbers, codes, emails, URLs, dates and names carry the facts of a conversation
-("order 88412", "QX7-4821", "April 22", "Casa do Jardim"). They are found by rules,
-not by the model, so the check is the same for every model and cannot be argued with.
+Numbers, codes, times, dates, amounts, emails, URLs and names carry the facts of a
+conversation ("order 88412", "QX7-4821", "6:20 am", "March 1st", "$121", "Casa do
+Jardim"). They are found by rules, not by the model, so the check is the same for
+every model and cannot be argued with. A distinctive *span* may cover several words
+("6:20 am", "New York City", "Abbey Court Hotel (Hyde Park)"); compressions keep
+every word a span touches.
 """
 
 from __future__ import annotations
 
 import regex
 
-_EMAIL = r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
-_URL = r"https?://\S+|www\.\S+"
-# A code mixes letters and digits, or is a digit group with separators (QX7-4821, 10:40, 2,400, 3.5)
-_CODE = r"(?:\p{L}+[-_/]?)*\p{N}+(?:[-_/.:,]?[\p{L}\p{N}]+)*"
 _MONTHS = (
     "january|february|march|april|may|june|july|august|september|october|november|december|"
     "jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec"
 )
-_NAME = r"\p{Lu}[\p{Ll}\p{Lu}'’-]*\p{L}"
-_TOKEN = regex.compile(rf"(?P<email>{_EMAIL})|(?P<url>{_URL})|(?P<code>{_CODE})|(?P<name>{_NAME})", regex.V1)
-_MONTH = regex.compile(rf"^(?:{_MONTHS})$", regex.IGNORECASE)
-_SENTENCE_START = regex.compile(r"(?:^|[.!?…:;\n]\s*|[\"“(]\s*)$")
+_WEEKDAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
+_ORDINAL = r"\d{1,2}(?:st|nd|rd|th)"
+_CAPITALISED = r"\p{Lu}[\p{Ll}\p{Lu}\p{N}'’-]*"
+_CONNECTOR = r"(?:of|de|do|da|del|la|le|du|von|van|by|the|and|&|y)"
+_PATTERNS = [
+    ("email", r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),
+    ("url", r"https?://\S+|www\.\S+"),
+    ("time", r"(?i:\b\d{1,2}(?::\d{2})?\s?(?:[ap]\.?m\b\.?))|\b\d{1,2}:\d{2}\b"),
+    ("money", r"[$€£¥]\s?\d[\d,]*(?:\.\d+)?|(?i:\b\d[\d,]*(?:\.\d+)?\s?(?:euros?|dollars?|usd|eur|gbp)\b)"),
+    (
+        "date",
+        rf"(?i:\b(?:(?:{_MONTHS})\.?\s+{_ORDINAL}|(?:{_MONTHS})\.?\s+\d{{1,2}}\b|{_ORDINAL}\s+(?:of\s+)?(?:{_MONTHS})\b|{_ORDINAL}\b))",
+    ),
+    # a code mixes letters and digits, or is a digit group with separators (QX7-4821, 2,400, 3.5)
+    ("code", r"(?:\p{L}+[-_/]?)*\p{N}+(?:[-_/.:,]?[\p{L}\p{N}]+)*"),
+    ("name", rf"(?:(?:Mr|Mrs|Ms|Dr|Prof|St)\.\s+)?{_CAPITALISED}(?:\s+(?:{_CONNECTOR}\s+)*\(?{_CAPITALISED}\)?)*"),
+]
+_TOKEN = regex.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in _PATTERNS), regex.V1)
+_CONNECTOR_WORD = regex.compile(rf"^{_CONNECTOR}$")
+_LEADING_CONNECTORS = regex.compile(rf"(?:\s+{_CONNECTOR}\b)*\s+\(?")
+_MONTH_OR_DAY = regex.compile(rf"^(?:{_MONTHS}|{_WEEKDAYS})$", regex.IGNORECASE)
+_SENTENCE_START = regex.compile(r"(?:^|[.!?…:;\n]\s*|[.!?…:;\n]\s*[\"“]\s*|^[\"“]\s*)$")
 _COMMON_CAPITALISED = frozenset(
     [
         "I",
@@ -47,28 +64,52 @@ _COMMON_CAPITALISED = frozenset(
 )
 
 
-def distinctive_tokens(text: str) -> set[str]:
-    """The distinctive tokens of ``text``, normalised (case-folded, trailing punctuation cut)."""
-    found: set[str] = set()
+def distinctive_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the distinctive tokens of ``text``, in order."""
+    spans = []
     for match in _TOKEN.finditer(text):
         kind, value = match.lastgroup, match.group()
         if kind == "name":
-            if value in _COMMON_CAPITALISED:
-                continue
-            if _SENTENCE_START.search(text[: match.start()]) and not _MONTH.match(value):
-                continue  # a capitalised first word is grammar, not a name
-        elif kind == "code" and not any(ch.isdigit() for ch in value):
+            span = _name_span(text, match)
+            if span is not None:
+                spans.append(span)
             continue
-        found.add(normalise(value))
-    return found
+        if kind == "code" and not any(ch.isdigit() for ch in value):
+            continue
+        spans.append((match.start(), match.end()))
+    return spans
+
+
+def _name_span(text: str, match: regex.Match[str]) -> tuple[int, int] | None:
+    """A capitalised run is a name unless it is one common word, or one word opening a sentence."""
+    value = match.group()
+    words = value.split()
+    if len(words) == 1:
+        if value in _COMMON_CAPITALISED:
+            return None
+        if _SENTENCE_START.search(text[: match.start()]) and not _MONTH_OR_DAY.match(value.rstrip(".")):
+            return None  # a capitalised first word is grammar, not a name
+        return match.start(), match.end()
+    start = match.start()
+    at_sentence_start = bool(_SENTENCE_START.search(text[:start]))
+    if words[0] in _COMMON_CAPITALISED or (at_sentence_start and _CONNECTOR_WORD.match(words[1])):
+        # "I Paris" keeps "Paris"; "Try the Abbey Court" keeps "Abbey Court" (a verb opened the sentence)
+        rest = _LEADING_CONNECTORS.match(value, len(words[0]))
+        start += rest.end()
+    return (start, match.end()) if start < match.end() else None
+
+
+def distinctive_tokens(text: str) -> set[str]:
+    """The distinctive tokens of ``text``, normalised (case-folded, outer punctuation cut)."""
+    return {normalise(text[start:end]) for start, end in distinctive_spans(text)}
 
 
 def normalise(token: str) -> str:
-    return token.casefold().rstrip(".,;:!?)\"'’”")
+    return token.casefold().strip(".,;:!?)(\"'’”“ ")
 
 
 def has_distinctive(text: str) -> bool:
-    return bool(distinctive_tokens(text))
+    return bool(distinctive_spans(text))
 
 
 def missing_from(required: set[str], text: str) -> set[str]:

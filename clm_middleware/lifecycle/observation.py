@@ -30,8 +30,8 @@ def record_observation(
             if segment.surprisal is not None or span is None or segment.status is not Status.ACTIVE:
                 continue
             values = logprobs[span[0] : span[1]]
-            if values and all(v is not None for v in values):
-                segment.surprisal = [-v for v in values]
+            if values and any(v is not None for v in values):  # word-initial tokens carry values
+                segment.surprisal = [None if v is None else -v for v in values]
     if generated_segment is not None and generation.token_logprobs:
         values = generation.token_logprobs[:generated_tokens]
         if len(values) == len(generated_segment.token_ids):

@@ -3,9 +3,15 @@
 Layout::
 
     system header | protocol prompt ⏎⏎ first system message | system footer
+    system header | Notes from earlier turns: ⏎ line ⏎ line ... | system footer       the digest
     <role> header | [seg_i] ids(seg_i) sep [seg_j] ids(seg_j) ... | <role> footer     per message
     ...
     assistant header [seg_k]                                                          generation prompt
+
+The digest holds the messages before ``fold`` (budget pressure folds the oldest ones,
+condensed): one line per message with visible content, its segments joined by spaces,
+no chat glue and no markers. It only grows at its end, so folding more messages keeps
+the digest's own earlier lines cached.
 
 Prefix stability: every piece is a cached token sequence (glue, separators, markers)
 or a segment's own ids (tokenized once; a generated reply keeps its generated ids).
@@ -25,6 +31,7 @@ from clm_middleware.lifecycle.segments import MessageRecord, Segment, SegmentId
 from clm_middleware.render import ChatFormat
 
 SYSTEM_JOIN = "\n\n"
+DIGEST_TITLE = "Notes from earlier turns:"
 
 
 @dataclass(slots=True)
@@ -58,6 +65,7 @@ class ContextRenderer:
         *,
         reply_id: SegmentId | None = None,
         for_generation: bool = True,
+        fold: int = 0,
     ) -> RenderedContext:
         ids: list[int] = []
         rendered = RenderedContext(token_ids=ids)
@@ -74,7 +82,10 @@ class ContextRenderer:
             ids.extend(glue.footer_ids)
         else:
             ids.extend(self.format.start_ids(None))
-        for message in messages[1:] if system_first else messages:
+        body = messages[1:] if system_first else messages
+        folded = [m for m in body if m.index < fold]
+        self._digest(ids, rendered, folded, segments)
+        for message in body[len(folded) :]:
             visible = [segments[s] for s in message.segment_ids if segments[s].visible]
             if not visible:
                 continue
@@ -91,6 +102,26 @@ class ContextRenderer:
             if reply_id is not None and self.markers:
                 ids.extend(self.marker_ids(reply_id))
         return rendered
+
+    def _digest(
+        self, ids: list[int], rendered: RenderedContext, folded: list[MessageRecord], segments: dict[SegmentId, Segment]
+    ) -> None:
+        lines = [[segments[s] for s in m.segment_ids if segments[s].visible] for m in folded]
+        lines = [line for line in lines if line]
+        if not lines:
+            return
+        glue = self.format.glue["system"]
+        ids.extend(glue.header_ids)
+        ids.extend(self._encoded(DIGEST_TITLE))
+        for line in lines:
+            ids.extend(self._encoded("\n"))
+            for position, segment in enumerate(line):
+                if position:
+                    ids.extend(self._encoded(" "))
+                start = len(ids)
+                ids.extend(segment.visible_ids)
+                rendered.spans[segment.id] = (start, len(ids))
+        ids.extend(glue.footer_ids)
 
     def text(self, token_ids: Iterable[int]) -> str:
         return self.format.tokenizer.decode(list(token_ids), skip_special_tokens=False)

@@ -61,7 +61,7 @@ class Segment:
     summary: str | None = None
     summary_ids: list[int] | None = None
     summary_method: str | None = None
-    surprisal: list[float] | None = None  # -log p per token, from the model, when first computed
+    surprisal: list[float | None] | None = None  # -log p per token (None where not scored), when first computed
     attention: float = 0.0  # decayed attention mass the newest turns paid to it
     removed_round: int | None = None  # round it left the context (for K-round reclamation)
 

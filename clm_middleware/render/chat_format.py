@@ -22,6 +22,7 @@ from typing import Any
 from clm_middleware.errors import ChatTemplateError
 
 ROLES = ("system", "user", "assistant", "tool")
+_SPACE_MARKERS = frozenset({"Ġ", "▁", "Ċ", " ", "\n"})
 _SENTINEL = "\u2063CLM-CONTENT-\u2064"
 _ANCHOR = "\u2063CLM-ANCHOR-\u2064"
 
@@ -84,6 +85,23 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special tokens added."""
         return _encode(self.tokenizer, text)
+
+    def word_initial(self, token_ids: Sequence[int]) -> list[bool]:
+        """Which tokens begin a word: the first, any that starts with a space marker
+        (``Ġ`` / ``▁`` / newline), and the first after a bare space marker (digits).
+
+        Scoring only these is how the lifecycle layer reads self-information cheaply:
+        the rest of a word is mostly predictable from its first token. A tokenizer
+        without space markers marks every token.
+        """
+        tokens = self.tokenizer.convert_ids_to_tokens(list(token_ids))
+        if not any(t and t[0] in _SPACE_MARKERS for t in tokens):
+            return [True] * len(tokens)
+        flags = []
+        for index, token in enumerate(tokens):
+            previous = tokens[index - 1] if index else ""
+            flags.append(index == 0 or (bool(token) and token[0] in _SPACE_MARKERS) or previous in _SPACE_MARKERS)
+        return flags
 
     def supports_role(self, role: str) -> bool:
         return role in self.glue

@@ -51,6 +51,7 @@ def load_conversation(
     conversation._segments = {SegmentId(s["id"]): _segment(s) for s in store.rows("segments", conversation_id, "idx")}
     conversation.turn = row["turn"]
     conversation._next_index = row["next_index"]
+    conversation.fold = row.get("fold") or 0
     conversation.protocol_context = bool(row["protocol_context"])
     conversation.renderer = conversation._make_renderer()
     history = json.loads(row["parse_history"] or "[]")

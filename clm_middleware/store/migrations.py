@@ -134,3 +134,9 @@ def m001_initial(db: Database) -> None:
     )
     db["decisions"].create_index(["conversation_id", "turn"])
     db["summaries"].create_index(["conversation_id", "segment_id"])
+
+
+@migration
+def m002_digest_fold(db: Database) -> None:
+    """Conversations remember how many leading messages are folded into the digest."""
+    db["conversations"].add_column("fold", int, not_null_default=0)

@@ -133,6 +133,7 @@ def _conversation_row(conversation: Conversation, *, created: bool) -> dict[str,
         "settings": json.dumps(conversation.settings()),
         "turn": conversation.turn,
         "next_index": conversation._next_index,
+        "fold": conversation.fold,
         "protocol_context": int(conversation.protocol_context),
         "parse_history": json.dumps(list(conversation.tagger.parse_history)),
     }
