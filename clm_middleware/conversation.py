@@ -411,7 +411,7 @@ class Conversation:
         generated reply has it from decoding; a forced reply or a message gets it from
         this prefill). See ``ChatFormat.word_initial``."""
         positions: set[int] = set()
-        for identifier, (start, end) in rendered.spans.items():
+        for identifier, (start, _) in rendered.spans.items():
             segment = self._segments[identifier]
             if segment.surprisal is None and segment.status is Status.ACTIVE:
                 flags = self.chat_format.word_initial(segment.token_ids)
