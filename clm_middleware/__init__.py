@@ -10,9 +10,20 @@ from clm_middleware.store import Store
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """``clm_middleware.ChatCLM``: imported on first use, so the core never loads LangChain."""
+    if name == "ChatCLM":
+        from clm_middleware.adapters import ChatCLM
+
+        return ChatCLM
+    raise AttributeError(f"module 'clm_middleware' has no attribute {name!r}")
+
+
 __all__ = [
     "BlockPool",
     "CallStats",
+    "ChatCLM",
     "ClmError",
     "Conversation",
     "Decision",

@@ -23,6 +23,8 @@ Invariants:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import time
 import uuid
 from collections.abc import Generator, Iterator, Sequence
@@ -116,6 +118,7 @@ class Conversation:
         self.tagger = Tagger(self.config.tagging, self.engine, self.chat_format)
         self.protocol_text = resolve_prompt(protocol_prompt, PROTOCOL_PROMPT)
         self.protocol_context = self.config.tagging.uses_protocol
+        self.tools_prompt: str | None = None
         self.renderer = self._make_renderer()
         self.compressor = Compressor(
             self.engine,
@@ -181,16 +184,74 @@ class Conversation:
             )
         return created
 
-    def respond(self, forced_reply: str | None = None) -> Reply:
-        """Answer the messages added since the last reply. ``forced_reply`` keeps that text
-        as the answer instead (teacher forcing): the model computes only its first token."""
-        for _ in self.respond_stream(forced_reply):
+    def respond(
+        self,
+        forced_reply: str | None = None,
+        *,
+        reply_prefix: str | None = None,
+        settings: GenerationSettings | None = None,
+    ) -> Reply:
+        """Answer the messages added since the last reply.
+
+        ``forced_reply`` keeps that text as the answer instead (teacher forcing): the
+        model computes only its first token. ``reply_prefix`` makes the answer start
+        with that text (e.g. ``<tool_call>`` to require a tool call, ``{`` for JSON);
+        the model continues from it. ``settings`` override the generation settings for
+        this turn only.
+        """
+        for _ in self.respond_stream(forced_reply, reply_prefix=reply_prefix, settings=settings):
             pass
         assert self.last_reply is not None
         return self.last_reply
 
-    def respond_stream(self, forced_reply: str | None = None) -> Iterator[str]:
-        yield from self._turn_steps(forced_reply)
+    def respond_stream(
+        self,
+        forced_reply: str | None = None,
+        *,
+        reply_prefix: str | None = None,
+        settings: GenerationSettings | None = None,
+    ) -> Iterator[str]:
+        """Like ``respond``, yielding the visible answer as it is generated."""
+        yield from self._turn_steps(forced_reply, reply_prefix or "", settings or self.generation)
+
+    def set_tools_prompt(self, text: str | None) -> None:
+        """The tools section of the system message (see ``adapters/tools.py``); ``None`` removes it.
+
+        Changing it changes the start of the prompt, so the next turn re-prefills.
+        """
+        if text != self.tools_prompt:
+            self.tools_prompt = text
+            self.renderer = self._make_renderer()
+
+    def fork(self, messages: int, conversation_id: str | None = None) -> Conversation:
+        """A new conversation sharing the first ``messages`` messages, with their segments,
+        labels and statuses: it renders that prefix exactly as this one does, so the
+        prefix's blocks still hit. Used when a caller edits or branches a history."""
+        twin = Conversation(
+            self.engine,
+            config=self.config,
+            generation=self.generation,
+            segmenter=self.segmenter,
+            protocol_prompt=self.protocol_text,
+            summarizer=None if self.compressor.summarizer is self.engine else self.compressor.summarizer,
+            summarizer_prompt_text=self.compressor.prompt,
+            cache_salt=self.cache_salt,
+            store=self.store,
+            conversation_id=conversation_id,
+        )
+        copied = [dataclasses.replace(m, segment_ids=list(m.segment_ids)) for m in self.messages[:messages]]
+        twin.messages = copied
+        twin._segments = {s: copy.deepcopy(self._segments[s]) for m in copied for s in m.segment_ids}
+        twin._next_index = self._next_index
+        twin.turn = max((m.turn for m in copied if m.role == "assistant"), default=0)
+        twin.fold = min(self.fold, messages)
+        twin.protocol_context = self.protocol_context
+        twin.tools_prompt = self.tools_prompt
+        twin.renderer = twin._make_renderer()
+        twin.tagger.parse_history.extend(self.tagger.parse_history)
+        twin._unsaved_messages = list(copied)
+        twin._dirty = set(twin._segments)
+        return twin
 
     @property
     def history(self) -> list[MessageRecord]:
@@ -312,7 +373,7 @@ class Conversation:
 
     # ------------------------------------------------------------- one turn
 
-    def _turn_steps(self, forced: str | None) -> Generator[str, None, None]:
+    def _turn_steps(self, forced: str | None, prefix: str, settings: GenerationSettings) -> Generator[str, None, None]:
         started = time.perf_counter()
         if not self.messages:
             raise ConfigError("messages", "there is nothing to answer yet; add a user message first")
@@ -332,27 +393,29 @@ class Conversation:
             reply_id = segment_id(self._next_index)
             stats.protocol_context = self.protocol_context
             rendered = self._render(reply_id)
-            generation = self._generate(rendered, forced)
-            reply_filter = ReplyFilter(protocol=self.protocol_context, stops=self.generation.stop)
+            prefix_ids = self.chat_format.encode(prefix) if forced is None else []
+            generation = self._generate(rendered, prefix_ids, forced, settings)
+            reply_filter = ReplyFilter(protocol=self.protocol_context, stops=settings.stop)
             detok = IncrementalText(self.engine.tokenizer, skip_ids=self.engine.default_stop_ids)
-            answer_cap = self.generation.max_new_tokens
+            answer_cap = settings.max_new_tokens
             for token in generation:
                 detok.push(token)
                 if forced is None:
-                    delta = reply_filter.delta(detok.text)
+                    delta = reply_filter.delta(prefix + detok.text)
                     if delta:
                         yield delta
                     # the block allowance is for a block: an answer that has not opened one
                     # ends at max_new_tokens like any other
-                    if len(generation.token_ids) >= answer_cap and not block_may_follow(detok.text):
+                    extra = len(generation.token_ids) - answer_cap
+                    if extra >= 0 and not block_may_follow(detok.text, extra):
                         generation.close()
                         generation.finish_reason = "length"
                         break
         except BaseException:
             self.turn -= 1
             raise
-        raw_output = detok.text
-        answer_text, answer_ids = self._answer(forced, raw_output, generation)
+        raw_output = prefix + detok.text if forced is None else detok.text
+        answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings)
         if forced is None:
             tail = reply_filter.finish(answer_text)
             if tail:
@@ -374,7 +437,7 @@ class Conversation:
             generation,
             self.segments,
             reply_segment if forced is None else None,
-            len(answer_ids),
+            len(prefix_ids),
         )
         # the engine's own observation work (all-position logits, log-softmax, attention probe) counts too
         stats.phases["observation_s"] = time.perf_counter() - tick + generation.stats.observe_s
@@ -385,8 +448,10 @@ class Conversation:
         self._unsaved_decisions += decisions
         self._persist(stats)
 
-    def _generate(self, rendered: RenderedContext, forced: str | None) -> Generation:
-        settings, prompt = self.generation, rendered.token_ids
+    def _generate(
+        self, rendered: RenderedContext, prefix_ids: list[int], forced: str | None, settings: GenerationSettings
+    ) -> Generation:
+        prompt = rendered.token_ids + prefix_ids
         asks_block = self.protocol_context and self.tagger.asks_for_block(self.turn)
         if forced is not None:
             max_new, stops = 1, ()
@@ -418,12 +483,19 @@ class Conversation:
                 positions.update(start + i for i, initial in enumerate(flags) if initial)
         return frozenset(positions)
 
-    def _answer(self, forced: str | None, raw: str, generation: Generation) -> tuple[str, list[int]]:
-        """The visible answer and the token ids the context keeps for it."""
+    def _answer(
+        self,
+        forced: str | None,
+        raw: str,
+        generation: Generation,
+        prefix_ids: list[int],
+        settings: GenerationSettings,
+    ) -> tuple[str, list[int]]:
+        """The visible answer and the token ids the context keeps for it (prefix included)."""
         if forced is not None:
             return forced, self.chat_format.encode(forced)
-        ids = [t for t in generation.token_ids if t not in self.engine.default_stop_ids]
-        answer = visible_answer(raw, protocol=self.protocol_context, stops=self.generation.stop)
+        ids = prefix_ids + [t for t in generation.token_ids if t not in self.engine.default_stop_ids]
+        answer = visible_answer(raw, protocol=self.protocol_context, stops=settings.stop)
         if answer == raw.rstrip():
             return answer, ids  # the context keeps every generated id: they are cached
         return answer, ids_for_prefix(self.engine.tokenizer, ids, len(answer))
@@ -509,9 +581,10 @@ class Conversation:
     # ------------------------------------------------------------- helpers
 
     def _make_renderer(self) -> ContextRenderer:
+        sections = [self.protocol_text if self.protocol_context else None, self.tools_prompt]
         return ContextRenderer(
             self.chat_format,
-            preamble=self.protocol_text if self.protocol_context else None,
+            preamble="\n\n".join(s for s in sections if s) or None,
             markers=self.protocol_context,
         )
 

@@ -21,8 +21,10 @@ def record_observation(
     generation: Generation,
     segments: Sequence[Segment],
     generated_segment: Segment | None,
-    generated_tokens: int,
+    prefix_tokens: int,
 ) -> None:
+    """``generated_segment`` holds ``prefix_tokens`` forced tokens (no decode log-prob),
+    then the generated ones."""
     logprobs = generation.prompt_logprobs
     if logprobs is not None:
         for segment in segments:
@@ -33,9 +35,10 @@ def record_observation(
             if values and any(v is not None for v in values):  # word-initial tokens carry values
                 segment.surprisal = [None if v is None else -v for v in values]
     if generated_segment is not None and generation.token_logprobs:
-        values = generation.token_logprobs[:generated_tokens]
-        if len(values) == len(generated_segment.token_ids):
-            generated_segment.surprisal = [-v for v in values]
+        decoded = generated_segment.token_ids[prefix_tokens:]
+        values = [-v for v in generation.token_logprobs[: len(decoded)]]
+        if len(values) == len(decoded):
+            generated_segment.surprisal = [None] * prefix_tokens + values
     attention = generation.attention
     if attention is None:
         return

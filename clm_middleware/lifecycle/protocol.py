@@ -20,6 +20,7 @@ import regex
 from clm_middleware.lifecycle.segments import Label, SegmentId
 
 OPEN_TAG = "[LIFECYCLE]"
+BLOCK_GRACE_TOKENS = 4  # past the answer cap, whitespace may precede a block for this many tokens
 CLOSE_TAG = "[/LIFECYCLE]"
 _OPEN = regex.compile(r"\[\s*lifecycle\s*\]", regex.IGNORECASE)
 _CLOSE = regex.compile(r"\[\s*/\s*lifecycle\s*\]", regex.IGNORECASE)
@@ -77,9 +78,13 @@ def could_open_block(text: str) -> bool:
     return "[lifecycle]".startswith(compact) or compact.startswith("[lifecycle]")
 
 
-def block_may_follow(text: str) -> bool:
-    """Whether ``text`` ends inside a block, at the start of one, or in whitespace before one."""
-    if split_reply(text)[1] is not None or not text.strip() or text[-1].isspace():
+def block_may_follow(text: str, extra_tokens: int) -> bool:
+    """Whether generation past the answer cap may still be a block: ``text`` is inside a
+    block, or at the start of one, or (for at most ``BLOCK_GRACE_TOKENS`` extra tokens)
+    in the whitespace a block would follow."""
+    if split_reply(text)[1] is not None:
         return True
     bracket = text.rfind("[")
-    return bracket >= 0 and could_open_block(text[bracket:])
+    if bracket >= 0 and could_open_block(text[bracket:]):
+        return True
+    return extra_tokens < BLOCK_GRACE_TOKENS and (not text.strip() or text[-1].isspace())

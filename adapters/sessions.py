@@ -1,0 +1,125 @@
+"""Map the whole histories LangChain sends onto managed conversations.
+
+LangChain re-sends every message on every call. The router recognises a history by
+its message digests (see ``messages.py``):
+
+- it extends a known conversation → only the new messages are added;
+- it diverges from one (an edited message, a retried answer) → the best match is
+  forked at the common prefix, whose segments and blocks are shared;
+- it is new → a new conversation.
+
+A caller may name the conversation (``session_id``); the name then follows the latest
+branch. A conversation serves one call at a time: a concurrent call with the same
+history forks instead of waiting. Idle conversations beyond ``max_sessions`` are
+closed, least recently used first (their state stays in the store, if one is set).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from clm_middleware.conversation import Conversation
+
+from .messages import Turn
+
+MAX_SESSIONS = 64
+
+
+@dataclass(slots=True)
+class Session:
+    conversation: Conversation
+    digests: list[str] = field(default_factory=list)  # of the messages the conversation holds, in order
+    busy: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    session: Session
+    new_turns: list[Turn]
+    kind: str  # "new" | "extend" | "fork"
+
+
+class SessionRouter:
+    def __init__(self, make_conversation: Callable[[str], Conversation], max_sessions: int = MAX_SESSIONS) -> None:
+        self._make = make_conversation
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._names: dict[str, str] = {}  # session_id → conversation id
+        self._lock = threading.Lock()
+        self.max_sessions = max_sessions
+
+    def route(self, turns: Sequence[Turn], session_id: str | None = None) -> Route:
+        """Pick (and mark busy) the conversation to answer ``turns`` with."""
+        digests = [t.digest for t in turns]
+        with self._lock:
+            if session_id is not None and session_id in self._names:
+                candidates = [self._sessions[self._names[session_id]]]
+            elif session_id is not None:
+                candidates = []
+            else:
+                candidates = list(self._sessions.values())
+            best, common = None, 0
+            for session in candidates:
+                shared = _common_prefix(session.digests, digests)
+                if shared > common or (best is None and shared == common and session_id is not None):
+                    best, common = session, shared
+            if best is not None and not best.busy and common == len(best.digests) and common <= len(digests):
+                route = Route(best, list(turns[common:]), "extend")
+            elif best is not None and common > 0:
+                route = Route(self._fork(best, common, digests[:common]), list(turns[common:]), "fork")
+            else:
+                conversation_id = session_id or uuid.uuid4().hex
+                if conversation_id in self._sessions:
+                    conversation_id = f"{conversation_id}~{uuid.uuid4().hex[:8]}"
+                route = Route(self._add(Session(self._make(conversation_id))), list(turns), "new")
+            if session_id is not None:
+                self._names[session_id] = route.session.conversation.id
+            route.session.busy = True
+            self._sessions.move_to_end(route.session.conversation.id)
+            self._evict_idle()
+            return route
+
+    def done(self, session: Session, digests: Sequence[str]) -> None:
+        """The call finished: ``digests`` are now the conversation's messages."""
+        with self._lock:
+            session.digests = list(digests)
+            session.busy = False
+
+    def close(self) -> None:
+        with self._lock:
+            for session in self._sessions.values():
+                session.conversation.close()
+            self._sessions.clear()
+            self._names.clear()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _fork(self, source: Session, common: int, digests: list[str]) -> Session:
+        twin = source.conversation.fork(common, conversation_id=f"{source.conversation.id}~{uuid.uuid4().hex[:8]}")
+        return self._add(Session(twin, list(digests)))
+
+    def _add(self, session: Session) -> Session:
+        self._sessions[session.conversation.id] = session
+        return session
+
+    def _evict_idle(self) -> None:
+        while len(self._sessions) > self.max_sessions:
+            victim = next((s for s in self._sessions.values() if not s.busy), None)
+            if victim is None:
+                return
+            del self._sessions[victim.conversation.id]
+            self._names = {name: cid for name, cid in self._names.items() if cid != victim.conversation.id}
+            victim.conversation.close()
+
+
+def _common_prefix(left: Sequence[str], right: Sequence[str]) -> int:
+    count = 0
+    for a, b in zip(left, right, strict=False):
+        if a != b:
+            break
+        count += 1
+    return count

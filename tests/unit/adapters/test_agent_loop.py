@@ -1,0 +1,115 @@
+"""ChatCLM in an agent loop, driven by scripted token-level replies through the real adapter and engine."""
+
+import asyncio
+
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import tool
+from pydantic import BaseModel
+
+
+@tool
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    return f"It is sunny in {city}."
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Porto"}}</tool_call>'
+
+
+def test_bind_tools_tool_call_tool_message_final_answer(scripted_llm):
+    llm, script = scripted_llm(CALL, "The weather in Porto is sunny.")
+    agent = llm.bind_tools([get_weather, add])
+    question = HumanMessage("What is the weather in Porto?")
+    call = agent.invoke([question])
+    assert call.content == ""
+    assert [(c["name"], c["args"]) for c in call.tool_calls] == [("get_weather", {"city": "Porto"})]
+    assert call.response_metadata["finish_reason"] == "tool_calls"
+    result = get_weather.invoke(call.tool_calls[0])
+    assert isinstance(result, ToolMessage)
+    final = agent.invoke([question, call, result])
+    assert final.content == "The weather in Porto is sunny."
+    assert not final.tool_calls
+    # the second call extended the same conversation: its whole prefix was served from the pool
+    assert final.response_metadata["conversation_id"] == call.response_metadata["conversation_id"]
+    assert final.usage_metadata["input_token_details"]["cache_read"] > call.usage_metadata["input_tokens"] // 2
+    assert script.remaining == 0
+
+
+def test_streamed_tool_calls_arrive_parsed_and_never_as_text(scripted_llm):
+    llm, _ = scripted_llm("Let me check. " + CALL)
+    chunks = list(llm.bind_tools([get_weather]).stream("Weather in Porto?"))
+    assert "<tool_call>" not in "".join(c.content for c in chunks)
+    full = chunks[0]
+    for chunk in chunks[1:]:
+        full = full + chunk
+    assert full.content == "Let me check."
+    assert [(c["name"], c["args"]) for c in full.tool_calls] == [("get_weather", {"city": "Porto"})]
+    assert chunks[-1].chunk_position == "last" and chunks[-1].usage_metadata["output_tokens"] > 0
+
+
+def test_malformed_or_unknown_calls_become_invalid_tool_calls_not_errors(scripted_llm):
+    broken = '<tool_call>{"name": "get_weather", "arguments": {city: }</tool_call>'
+    unknown = '<tool_call>{"name": "launch", "arguments": {}}</tool_call>'
+    llm, _ = scripted_llm(broken + unknown)
+    message = llm.bind_tools([get_weather]).invoke("Weather?")
+    assert message.tool_calls == []
+    errors = [c["error"] for c in message.invalid_tool_calls]
+    assert len(errors) == 2 and "not valid JSON" in errors[0] and "unknown tool 'launch'" in errors[1]
+
+
+def test_tool_choice_opens_the_reply_with_the_required_call(scripted_llm):
+    llm, _ = scripted_llm('{"city": "Faro"}}</tool_call>')  # the model only writes the arguments
+    message = llm.bind_tools([get_weather, add], tool_choice="get_weather").invoke("Tell me something.")
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Faro"})]
+
+
+def test_structured_output_by_function_calling_and_json_schema(scripted_llm):
+    class City(BaseModel):
+        name: str
+        population: int
+
+    llm, _ = scripted_llm(
+        '{"name": "Lisbon", "population": 545000}}</tool_call>', '"name": "Porto", "population": 232000}'
+    )
+    assert llm.with_structured_output(City).invoke("A city?") == City(name="Lisbon", population=545000)
+    assert llm.with_structured_output(City, method="json_schema").invoke("Another?") == City(
+        name="Porto", population=232000
+    )
+
+
+def test_system_messages_and_usage_metadata_report_pool_hits(scripted_llm):
+    llm, _ = scripted_llm("Hello!", "Bye!")
+    history = [SystemMessage("You are terse."), HumanMessage("Hi")]
+    first = llm.invoke(history)
+    second = llm.invoke([*history, first, HumanMessage("Bye")])
+    usage = second.usage_metadata
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert (
+        usage["input_token_details"]["cache_read"]
+        == second.response_metadata["lifecycle"]["context_tokens"] - second.response_metadata["prefill_tokens"]
+    )
+    assert second.response_metadata["pool"]["blocks_in_use"] > 0
+
+
+def test_async_invoke_and_stream(scripted_llm):
+    llm, _ = scripted_llm("One.", "Two.")
+
+    async def run():
+        first = await llm.ainvoke("Count")
+        pieces = [chunk.content async for chunk in llm.astream("Again")]
+        return first, "".join(pieces)
+
+    first, streamed = asyncio.run(run())
+    assert first.content == "One." and streamed == "Two."
+
+
+def test_an_ai_message_from_the_caller_is_kept_as_said(scripted_llm):
+    llm, _ = scripted_llm("Fine.")
+    reply = llm.invoke([HumanMessage("Hi"), AIMessage("Hello, how can I help?"), HumanMessage("All good?")])
+    assert reply.content == "Fine."

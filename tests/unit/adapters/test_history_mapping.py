@@ -1,0 +1,63 @@
+"""LangChain re-sends whole histories: they extend, fork or name a managed conversation."""
+
+from langchain_core.messages import HumanMessage
+
+
+def conversation_of(message) -> str:
+    return message.response_metadata["conversation_id"]
+
+
+def test_extending_histories_reuse_one_conversation_and_its_cache(scripted_llm):
+    llm, _ = scripted_llm("A1.", "A2.", "A3.")
+    h1, h2, h3 = HumanMessage("First question here."), HumanMessage("Second one."), HumanMessage("Third one.")
+    a1 = llm.invoke([h1])
+    a2 = llm.invoke([h1, a1, h2])
+    a3 = llm.invoke([h1, a1, h2, a2, h3])
+    assert conversation_of(a1) == conversation_of(a2) == conversation_of(a3)
+    assert a3.usage_metadata["input_token_details"]["cache_read"] >= a2.usage_metadata["input_tokens"] - 16
+
+
+def test_editing_the_third_message_forks_from_the_common_prefix(scripted_llm):
+    llm, _ = scripted_llm("A1.", "A2.", "A2 edited.")
+    h1 = HumanMessage("First question here.")
+    a1 = llm.invoke([h1])
+    a2 = llm.invoke([h1, a1, HumanMessage("Second one.")])
+    edited = llm.invoke([h1, a1, HumanMessage("Second one, edited.")])
+    assert conversation_of(edited) != conversation_of(a2)
+    assert edited.content == "A2 edited."
+    prefix_tokens = a1.usage_metadata["input_tokens"]  # the shared prefix was computed before
+    assert edited.usage_metadata["input_token_details"]["cache_read"] >= prefix_tokens - 16
+    router = next(iter(llm._routers.values()))
+    assert len(router) == 2  # the original branch is still there, untouched
+
+
+def test_retrying_the_last_answer_branches_and_keeps_the_first_answer(scripted_llm):
+    llm, _ = scripted_llm("A1.", "A2.", "A2 again.")
+    h1, h2 = HumanMessage("First question here."), HumanMessage("Second one.")
+    a1 = llm.invoke([h1])
+    a2 = llm.invoke([h1, a1, h2])
+    retry = llm.invoke([h1, a1, h2])
+    assert retry.content == "A2 again." and conversation_of(retry) != conversation_of(a2)
+    assert retry.usage_metadata["input_token_details"]["cache_read"] >= a2.usage_metadata["input_tokens"] - 16
+    follow_up = llm.invoke([h1, a1, h2, a2, HumanMessage("Back on the first branch.")])
+    assert conversation_of(follow_up) == conversation_of(a2)
+
+
+def test_a_named_session_follows_its_latest_branch(scripted_llm):
+    llm, _ = scripted_llm("A1.", "B1.", "A2.")
+    config = {"configurable": {"session_id": "user-42"}}
+    a1 = llm.invoke([HumanMessage("Hello there.")], config=config)
+    assert conversation_of(a1) == "user-42"
+    b1 = llm.invoke([HumanMessage("Different opening.")], config=config)
+    assert conversation_of(b1) != "user-42"  # diverged at message 0: a new branch under the name
+    a2 = llm.invoke([HumanMessage("Different opening."), b1, HumanMessage("And then?")], config=config)
+    assert conversation_of(a2) == conversation_of(b1)
+
+
+def test_concurrent_calls_on_the_same_history_fork_instead_of_interleaving(scripted_llm):
+    llm, _ = scripted_llm("A1.", "X.", "Y.")
+    h1 = HumanMessage("First question here.")
+    a1 = llm.invoke([h1])
+    results = llm.batch([[h1, a1, HumanMessage("left")], [h1, a1, HumanMessage("right")]])
+    assert sorted(r.content for r in results) == ["X.", "Y."]
+    assert len({conversation_of(r) for r in results}) == 2
