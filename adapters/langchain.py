@@ -32,7 +32,16 @@ from clm_middleware.models.loading import DEFAULT_MODEL
 
 from .messages import to_turn
 from .sessions import SessionRouter
-from .tools import OPEN, forced_prefix, parse_tool_calls, split_tool_calls, template_tools_section, tools_prompt
+from .tools import (
+    CHOOSE_TOOL,
+    OPEN,
+    call_head,
+    parse_tool_calls,
+    required_tool,
+    split_tool_calls,
+    template_tools_section,
+    tools_prompt,
+)
 
 JSON_INSTRUCTION = "Respond with a single JSON object and nothing else."
 Stops = list[str] | None
@@ -192,7 +201,8 @@ class ChatCLM(BaseChatModel):
         ``tool_choice``: ``"auto"`` (default, the model decides), ``"none"``, ``"any"`` /
         ``"required"`` / ``True`` (some tool must be called), a tool name, or
         ``{"type": "function", "function": {"name": ...}}``. A required call is made
-        certain by opening the reply with the call (see ``tools.forced_prefix``).
+        certain by opening the reply with the call (see ``tools.call_head``); when the model
+        may pick among several tools, its own log-probabilities choose among the bound names.
         """
         formatted = [convert_to_openai_tool(tool) for tool in tools]
         names = [t["function"]["name"] for t in formatted]
@@ -295,7 +305,7 @@ class ChatCLM(BaseChatModel):
             conversation.set_tools_prompt(self._system_sections(engine, tools, response_format))
             for turn in route.new_turns:
                 conversation.add(turn.role, turn.text)
-            prefix = forced_prefix(tool_choice, [t["function"]["name"] for t in tools]) if tools else None
+            prefix = self._tool_call_head(conversation, tool_choice, tools) if tools else None
             if response_format is not None:
                 prefix = "{"
             settings = self._settings(stop, kwargs)
@@ -344,6 +354,19 @@ class ChatCLM(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     # -------------------------------------------------------------- parts
+
+    @staticmethod
+    def _tool_call_head(conversation: Conversation, tool_choice: Any, tools: ToolSpecs) -> str | None:
+        """The reply head a required call starts with; when the choice leaves the tool to
+        the model, the model's own log-probabilities pick it among the bound names."""
+        required = required_tool(tool_choice, tools)
+        if required is None:
+            return None
+        if required is True:
+            names = [t["function"]["name"] for t in tools]
+            scores = conversation.score_continuations(CHOOSE_TOOL, [json.dumps(n)[1:] for n in names])
+            required = names[max(range(len(names)), key=scores.__getitem__)]
+        return call_head(required, tools)
 
     def _router(self, model: str | None, engine: Engine) -> SessionRouter:
         key = f"{model or DEFAULT_MODEL}@{id(engine)}"
@@ -401,7 +424,7 @@ class ChatCLM(BaseChatModel):
         self, reply: Any, conversation: Conversation, engine: Engine, tools: ToolSpecs, model: str | None
     ) -> AIMessageChunk:
         _, payloads = split_tool_calls(reply.text)
-        valid, invalid = parse_tool_calls(payloads, {t["function"]["name"] for t in tools})
+        valid, invalid = parse_tool_calls(payloads, tools)
         stats = reply.stats
         usage = UsageMetadata(
             input_tokens=stats.prompt_tokens,

@@ -25,27 +25,44 @@ CLOSE = "</tool_call>"
 _CALL = regex.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", regex.DOTALL)
 
 PROMPT_HEADER = (
-    "You can call tools. To call one, write exactly one line per call:\n"
-    '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>\n'
+    "You can call tools. To call one, write one line per call, for example:\n"
+    '<tool_call>{"name": "get_time", "arguments": {"city": "Paris"}}</tool_call>\n'
     "Call a tool only when it helps answer; after a tool result arrives, answer the user.\n"
     "Tools:"
 )
+_SIMPLE_TYPES = {"string", "integer", "number", "boolean", "null"}
 
 
 def tools_prompt(tools: Sequence[dict[str, Any]], template_tools: str | None = None) -> str:
-    """The tools section of the system message: the template's own rendering if it has one."""
+    """The tools section of the system message: the template's own rendering if it has one,
+    else one signature line per tool (see ``signature``) under ``PROMPT_HEADER``."""
     if template_tools:
         return template_tools
-    lines = [PROMPT_HEADER]
-    for tool in tools:
-        function = tool.get("function", tool)
-        spec = {
-            "name": function.get("name"),
-            "description": function.get("description", ""),
-            "parameters": function.get("parameters", {}),
-        }
-        lines.append(json.dumps(spec, ensure_ascii=False, sort_keys=True))
-    return "\n".join(lines)
+    return "\n".join([PROMPT_HEADER, *(signature(tool) for tool in tools)])
+
+
+def signature(tool: dict[str, Any]) -> str:
+    """``- name(a: string, b?: integer): description``; a parameter of a complex type
+    shows its JSON schema, and one with a description gets an indented line.
+
+    Compact on purpose: small models copy whatever JSON schema they are shown into
+    their arguments, and a schema costs many tokens of context on every turn.
+    """
+    function = tool.get("function", tool)
+    parameters = function.get("parameters") or {}
+    required = set(parameters.get("required") or ())
+    parts, notes = [], []
+    for name, spec in (parameters.get("properties") or {}).items():
+        kind = spec.get("type")
+        if "enum" in spec:
+            kind = " | ".join(json.dumps(v) for v in spec["enum"])
+        elif kind not in _SIMPLE_TYPES:
+            kind = json.dumps({k: v for k, v in spec.items() if k not in ("title", "description")}, sort_keys=True)
+        parts.append(f"{name}{'' if name in required else '?'}: {kind}")
+        if spec.get("description"):
+            notes.append(f"    {name}: {spec['description']}")
+    description = function.get("description", "")
+    return "\n".join([f"- {function.get('name')}({', '.join(parts)}): {description}".rstrip(": "), *notes])
 
 
 def render_tool_calls(calls: Sequence[dict[str, Any]]) -> str:
@@ -62,15 +79,21 @@ def split_tool_calls(text: str) -> tuple[str, list[str]]:
     return (text[:start].rstrip() if start >= 0 else text), payloads
 
 
-def parse_tool_calls(payloads: Sequence[str], known: set[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """LangChain ``tool_calls`` and ``invalid_tool_calls`` from raw payloads."""
+def parse_tool_calls(
+    payloads: Sequence[str], tools: Sequence[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """LangChain ``tool_calls`` and ``invalid_tool_calls`` from raw payloads.
+
+    Arguments a tool's schema does not declare are dropped: they could never reach
+    the tool (small models copy schema keywords such as ``"type"`` into them).
+    """
+    declared = {t["function"]["name"]: (t["function"].get("parameters") or {}).get("properties") for t in tools}
     valid, invalid = [], []
     for payload in payloads:
         call_id = f"call_{uuid.uuid4().hex[:24]}"
-        try:
-            data = json.loads(payload)
-        except json.JSONDecodeError as error:
-            invalid.append(_invalid(None, payload, call_id, f"not valid JSON: {error.msg}"))
+        data, problem = _load_call(payload)
+        if problem is not None:
+            invalid.append(_invalid(None, payload, call_id, problem))
             continue
         if not isinstance(data, dict):
             invalid.append(_invalid(None, payload, call_id, "a tool call must be a JSON object"))
@@ -80,40 +103,71 @@ def parse_tool_calls(payloads: Sequence[str], known: set[str]) -> tuple[list[dic
         if isinstance(arguments, str):
             with contextlib.suppress(json.JSONDecodeError):  # a string of JSON: use what it holds
                 arguments = json.loads(arguments)
-        if not isinstance(name, str) or (known and name not in known):
+        if not isinstance(name, str) or (declared and name not in declared):
             shown = name if isinstance(name, str) else None
             invalid.append(_invalid(shown, payload, call_id, f"unknown tool {name!r}"))
         elif not isinstance(arguments, dict):
             invalid.append(_invalid(name, payload, call_id, "arguments must be a JSON object"))
         else:
+            properties = declared.get(name)
+            if properties:
+                arguments = {key: value for key, value in arguments.items() if key in properties}
             valid.append({"name": name, "args": arguments, "id": call_id, "type": "tool_call"})
     return valid, invalid
+
+
+def _load_call(payload: str) -> tuple[Any, str | None]:
+    """The call's JSON object: the first one in the payload (text after it, when the
+    closing tag is missing, is not part of the call); a call whose only flaw is missing
+    closing braces (generation stopped right after the arguments) is completed, since
+    nothing else can be meant."""
+    decoder = json.JSONDecoder()
+    text = payload.strip()
+    try:
+        return decoder.raw_decode(text)[0], None
+    except json.JSONDecodeError as error:
+        problem = f"not valid JSON: {error.msg}"
+    for closers in ("}", "}}"):
+        with contextlib.suppress(json.JSONDecodeError):
+            return json.loads(text + closers), None
+    return None, problem
 
 
 def _invalid(name: str | None, payload: str, call_id: str, error: str) -> dict[str, Any]:
     return {"name": name, "args": payload, "id": call_id, "error": error, "type": "invalid_tool_call"}
 
 
-def forced_prefix(tool_choice: Any, tool_names: Sequence[str]) -> str | None:
-    """The start of a reply that makes a tool call certain, for ``tool_choice``.
+CHOOSE_TOOL = OPEN + '{"name": "'  # the reply head before a tool name is chosen
 
-    ``"auto"``/``None``: the model decides (no prefix). ``"any"``/``"required"``/``True``:
-    some tool must be called (the reply opens a call; the model names the tool, or the
-    only tool is named). A tool name, or ``{"type": "function", "function": {"name": ...}}``:
-    that tool must be called. ``"none"``: no prefix (and the adapter binds no tools).
+
+def required_tool(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | bool | None:
+    """Which tool ``tool_choice`` requires: a name; ``True`` when some tool is required
+    but which one is left to the model; ``None`` when no call is required.
+
+    ``"auto"``/``None``/``"none"``: none. ``"any"``/``"required"``/``True``: some tool (the
+    only one, if one is bound). A tool name or ``{"type": "function", "function":
+    {"name": ...}}``: that tool.
     """
     if tool_choice in (None, "auto", "none", False):
         return None
-    name = None
     if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-    elif isinstance(tool_choice, str) and tool_choice not in ("any", "required"):
-        name = tool_choice
-    elif len(tool_names) == 1:
-        name = tool_names[0]
-    if name is None:
-        return OPEN + '{"name": "'
-    return OPEN + json.dumps({"name": name})[:-1] + ', "arguments": '
+        return (tool_choice.get("function") or {}).get("name") or tool_choice.get("name") or True
+    if isinstance(tool_choice, str) and tool_choice not in ("any", "required"):
+        return tool_choice
+    return tools[0]["function"]["name"] if len(tools) == 1 else True
+
+
+def call_head(name: str, tools: Sequence[dict[str, Any]]) -> str:
+    """The start of a call to ``name`` with what its schema fixes already written: the
+    arguments object is opened, a tool with exactly one parameter gets that parameter's
+    key, and a tool with none gets the whole call. The model writes only what the schema
+    leaves open (small models otherwise write a bare value where an object belongs)."""
+    schema = next((t["function"].get("parameters") or {} for t in tools if t["function"]["name"] == name), {})
+    properties = list((schema.get("properties") or {}).keys())
+    head = OPEN + json.dumps({"name": name})[:-1] + ', "arguments": '
+    if not properties:
+        return head + "{}}" + CLOSE
+    return head + (json.dumps({properties[0]: None})[:-5] if len(properties) == 1 else "{")
 
 
 _SENTINEL = "\u2063CLM-SYSTEM\u2064"

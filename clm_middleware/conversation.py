@@ -119,6 +119,7 @@ class Conversation:
         self.protocol_text = resolve_prompt(protocol_prompt, PROTOCOL_PROMPT)
         self.protocol_context = self.config.tagging.uses_protocol
         self.tools_prompt: str | None = None
+        self._format_changed = False  # the system block changed since the last prompt
         self.renderer = self._make_renderer()
         self.compressor = Compressor(
             self.engine,
@@ -222,6 +223,19 @@ class Conversation:
         if text != self.tools_prompt:
             self.tools_prompt = text
             self.renderer = self._make_renderer()
+            self._format_changed = True
+
+    def score_continuations(self, prefix: str, candidates: Sequence[str]) -> list[float]:
+        """Log-probability the model gives each candidate after the next prompt and ``prefix``.
+
+        Scores the prompt as it stands now (before the next turn's compaction); used to
+        let the model pick among fixed options, e.g. which bound tool to call.
+        """
+        rendered = self.renderer.render(
+            self.messages, self._segments, reply_id=segment_id(self._next_index), fold=self.fold
+        )
+        prompt = rendered.token_ids + self.chat_format.encode(prefix)
+        return self.engine.score(prompt, [self.chat_format.encode(c) for c in candidates], cache_salt=self.cache_salt)
 
     def fork(self, messages: int, conversation_id: str | None = None) -> Conversation:
         """A new conversation sharing the first ``messages`` messages, with their segments,
@@ -389,6 +403,9 @@ class Conversation:
             compaction = self.compactor.run(self.messages, self._segments, turn, self.fold)
             self.fold = compaction.fold
             self._after_compaction(compaction, turn, stats, decisions)
+            if self._format_changed and not stats.compaction:
+                stats.compaction = "format"  # protocol left or tools changed: the prompt's start moved
+            self._format_changed = False
             stats.phases["compaction_s"] = time.perf_counter() - tick - stats.phases["compression_s"]
             reply_id = segment_id(self._next_index)
             stats.protocol_context = self.protocol_context
@@ -577,6 +594,7 @@ class Conversation:
         ):
             self.protocol_context = False
             self.renderer = self._make_renderer()
+            self._format_changed = True
 
     # ------------------------------------------------------------- helpers
 

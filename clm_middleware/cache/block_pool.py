@@ -82,7 +82,8 @@ class PoolStats:
         }
 
 
-EvictionListener = Callable[[Block, torch.Tensor, torch.Tensor], None]
+EvictionListener = Callable[[BlockKey, "BlockKey | None", tuple[int, ...], torch.Tensor, torch.Tensor], None]
+"""``f(key, parent_key, token_ids, keys, values)`` for a block leaving memory (see ``DiskTier``)."""
 
 
 class BlockPool:
@@ -152,8 +153,10 @@ class BlockPool:
         """Take ``num_blocks`` empty blocks (ref_count 1), evicting LRU blocks if needed.
 
         Raises :class:`PoolExhaustedError` without changing anything when the blocks
-        held by active requests leave too little room.
+        held by active requests leave too little room. Eviction listeners run after
+        the lock is released, on copies, so a slow listener (disk) never blocks others.
         """
+        evicted: list[tuple[BlockKey, BlockKey | None, tuple[int, ...], torch.Tensor, torch.Tensor]] = []
         with self._lock:
             available = len(self._free) + len(self._lru)
             if num_blocks > available:
@@ -165,10 +168,13 @@ class BlockPool:
                 )
             allocated = []
             for _ in range(num_blocks):
-                block = self._blocks[self._free.pop()] if self._free else self._evict_locked()
+                block = self._blocks[self._free.pop()] if self._free else self._evict_locked(evicted)
                 block.ref_count = 1
                 allocated.append(block.block_id)
-            return allocated
+        for listener in self._eviction_listeners:
+            for record in evicted:
+                listener(*record)
+        return allocated
 
     def commit(
         self,
@@ -255,7 +261,7 @@ class BlockPool:
     # ------------------------------------------------------------ inspection
 
     def add_eviction_listener(self, listener: EvictionListener) -> None:
-        """Call ``listener(block, keys, values)`` just before a cached block is evicted."""
+        """Call ``listener(key, parent_key, token_ids, keys, values)`` for each evicted block."""
         self._eviction_listeners.append(listener)
 
     def block(self, block_id: int) -> Block:
@@ -315,14 +321,22 @@ class BlockPool:
             else:
                 self._lru[block.block_id] = None
 
-    def _evict_locked(self) -> Block:
+    def _evict_locked(self, evicted: list) -> Block:
         block_id, _ = self._lru.popitem(last=False)
         block = self._blocks[block_id]
         if self._eviction_listeners:
             keys, values = self.read_block(block_id)
-            for listener in self._eviction_listeners:
-                listener(block, keys, values)
+            evicted.append((block.key, block.parent_key, block.token_ids, keys, values))
         del self._cached[block.key]
         block.key, block.parent_key, block.token_ids = None, None, ()
         self._evictions += 1
         return block
+
+    def cached_blocks(self) -> list[Block]:
+        """Every block holding a key (in use or cached-free), as snapshots."""
+        with self._lock:
+            return [
+                Block(b.block_id, b.ref_count, b.key, b.parent_key, b.token_ids)
+                for b in self._blocks
+                if b.key is not None
+            ]

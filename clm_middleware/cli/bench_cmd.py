@@ -5,27 +5,35 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import generation_options, lifecycle_options, model_options
+from clm_middleware.cli.options import format_option, generation_options, lifecycle_options, model_options
 
-BENCH_MODES = ("stateless", "prefix", "clm")
+BENCH_MODES = ("stateless", "prefix", "truncate", "clm")
 
 
 @click.command()
 @click.argument("transcript", type=click.Path(path_type=Path))
+@format_option
 @click.option(
     "--modes",
-    default="stateless,prefix",
+    default="stateless,prefix,clm",
     show_default=True,
-    help="Comma-separated modes; the first is the baseline of every ratio.",
+    help=f"Comma-separated modes from {', '.join(BENCH_MODES)}; the first is the baseline of every ratio.",
 )
 @generation_options
 @lifecycle_options
 @model_options
+@click.option(
+    "--probes",
+    "probes_path",
+    type=click.Path(path_type=Path),
+    help="Probes JSON [default: FILE.probes.json beside the transcript].",
+)
 @click.option(
     "--markdown",
     "markdown_path",
@@ -33,12 +41,15 @@ BENCH_MODES = ("stateless", "prefix", "clm")
     help="Write the comparison as a markdown table here.",
 )
 @click.option(
-    "--report-dir",
+    "--plot",
+    "plot_path",
     type=click.Path(path_type=Path),
-    help="Write one JSON report per mode into this folder.",
+    help="Write a PNG of context and prefill tokens per turn, per mode.",
 )
+@click.option("--report-dir", type=click.Path(path_type=Path), help="Write one JSON report per mode into this folder.")
 def bench(
     transcript: Path,
+    transcript_format: str,
     modes: str,
     max_new_tokens: int,
     teacher_force: bool,
@@ -47,63 +58,71 @@ def bench(
     tagging: str,
     compression: str,
     db: Path | None,
-    model: str | None,
-    device: str,
-    dtype: str,
-    block_size: int,
-    max_kv_bytes: int | None,
+    summarizer: str | None,
+    probes_path: Path | None,
     markdown_path: Path | None,
+    plot_path: Path | None,
     report_dir: Path | None,
+    **engine_options: Any,
 ) -> None:
-    """Run TRANSCRIPT through each mode, turn by turn in rotating order, and print ratios."""
+    """Run TRANSCRIPT through each mode, turn by turn in rotating order, and print ratios.
+
+    Each mode has its own pool over the same weights; ratios from one run are
+    comparable on a noisy machine, single times are not.
+    """
     from clm_middleware.cli.output import turn_progress
-    from clm_middleware.cli.setup import (
-        LifecycleOptions,
-        build_engine,
-        driver_factory,
-        final_context_fields,
-        sibling_engine,
-    )
+    from clm_middleware.cli.plot import plot_reports
+    from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes
+    from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory, sibling_engine
     from clm_middleware.replay.bench import comparison_rows, header, to_markdown
+    from clm_middleware.replay.formats import read_transcripts
     from clm_middleware.replay.report import ReplayReport
     from clm_middleware.replay.runner import ReplayOptions, count_turns, replay_interleaved
-    from clm_middleware.replay.transcript import read_jsonl
 
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
     unknown = sorted(set(chosen) - set(BENCH_MODES))
     if unknown or len(chosen) < 2 or len(set(chosen)) != len(chosen):
         raise click.BadParameter(f"give two or more distinct modes from {', '.join(BENCH_MODES)}", param_hint="--modes")
-    transcripts = read_jsonl(transcript)
-    first = build_engine(model, device=device, dtype=dtype, block_size=block_size, max_kv_bytes=max_kv_bytes)
-    lifecycle = LifecycleOptions(
-        budget=budget, k=k, tagging=tagging, compression=compression, db=str(db) if db else None
-    )
-    factories, reports = {}, {}
+    if "truncate" in chosen and budget is None:
+        raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")
+    transcripts = read_transcripts(transcript, transcript_format)
+    probes = load_probes(transcript, probes_path)
+    first = build_engine(**engine_options)
+    factories, reports, lifecycles = {}, {}, {}
     for index, mode in enumerate(chosen):
         engine = first if index == 0 else sibling_engine(first)  # own pool, shared weights
         options = ReplayOptions(mode=mode, max_new_tokens=max_new_tokens, teacher_force=teacher_force)
+        lifecycle = LifecycleOptions(
+            budget=budget, k=k, tagging=tagging, compression=compression, db=str(db) if db and mode == "clm" else None
+        )
+        if summarizer and mode == "clm":
+            lifecycle.summarizer = build_engine(
+                summarizer, device=engine_options["device"], dtype=engine_options["dtype"]
+            )
+        lifecycles[mode] = lifecycle
         factories[mode] = driver_factory(engine, options, lifecycle)
-        settings = {
-            "transcript": str(transcript),
-            **(lifecycle.settings() if mode == "clm" else {}),
-        }
+        settings = {"transcript": str(transcript), **(lifecycle.settings() if mode in ("clm", "truncate") else {})}
         reports[mode] = ReplayReport(mode=mode, model=first.model_name, settings=settings)
     stderr = Console(stderr=True)
-    total = count_turns(transcripts) * len(chosen)
-    try:
-        with turn_progress(total, stderr, enabled=True) as advance:
+    command = "clm " + " ".join(shlex.quote(arg) for arg in sys.argv[1:]) if sys.argv[1:] else "clm bench"
+
+    def save() -> None:
+        first.close()  # spill to the disk tier, if one is set
+        for mode, report in reports.items():
+            add_retention(report, lifecycles[mode].drivers, probes)
+        reports[chosen[0]].disk_stats = first.disk_stats()
+        if report_dir:
+            for mode, report in reports.items():
+                report.write(report_dir / f"{mode}.json")
+
+    def run() -> None:
+        with turn_progress(count_turns(transcripts) * len(chosen), stderr, enabled=True) as advance:
             replay_interleaved(
-                transcripts,
-                factories,
-                reports,
-                teacher_force=teacher_force,
-                on_turn=lambda *_: advance(),
+                transcripts, factories, reports, teacher_force=teacher_force, on_turn=lambda *_: advance()
             )
-    except KeyboardInterrupt:
-        stderr.print("interrupted; nothing written")
-        sys.exit(130)
-    if "clm" in reports:
-        reports["clm"].extra.update(final_context_fields(lifecycle))
+
+    finish_on_failure(run, save, stderr)
+    save()
     baseline = chosen[0]
     table = Table(title=f"{transcript.name} · {first.model_name}", title_justify="left")
     for index, name in enumerate(header(reports, baseline)):
@@ -111,11 +130,13 @@ def bench(
     for row in comparison_rows(reports, baseline):
         table.add_row(*row)
     Console().print(table)
-    command = "clm " + " ".join(shlex.quote(arg) for arg in sys.argv[1:]) if sys.argv[1:] else "clm bench"
+    turns = count_turns(transcripts)
+    notes = [
+        f"Model: {first.model_name}; {len(transcripts)} conversation(s), {turns} turns; "
+        f"teacher-forced: {teacher_force}; budget: {budget}; tagging: {tagging}."
+    ]
     if markdown_path:
         markdown_path.parent.mkdir(parents=True, exist_ok=True)
-        notes = [f"Model: {first.model_name}; {count_turns(transcripts)} turns; teacher-forced: {teacher_force}."]
         markdown_path.write_text(to_markdown(reports, baseline, command, notes), encoding="utf-8")
-    if report_dir:
-        for mode, report in reports.items():
-            report.write(report_dir / f"{mode}.json")
+    if plot_path:
+        plot_reports(reports, plot_path, f"{transcript.name} · {first.model_name}")

@@ -6,6 +6,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -64,17 +65,14 @@ def eval_group() -> None:
 @model_options
 def retention_command(
     transcript: Path,
+    transcript_format: str,
     probes_path: Path,
     budget: int,
     taggings: str,
     compression: str,
     report_path: Path | None,
     markdown_path: Path | None,
-    model: str | None,
-    device: str,
-    dtype: str,
-    block_size: int,
-    max_kv_bytes: int | None,
+    **engine_options: Any,
 ) -> None:
     """Replay TRANSCRIPT teacher-forced under clm (each tagging mode), truncation and keep-all,
     and report the share of probes whose answer is still in the final context."""
@@ -87,7 +85,7 @@ def retention_command(
     from clm_middleware.evaluation.probes import read_probes
     from clm_middleware.evaluation.retention import KEEP_ALL, TRUNCATE, run_variant
     from clm_middleware.lifecycle.tagging import TAGGING_MODES
-    from clm_middleware.replay.transcript import read_jsonl
+    from clm_middleware.replay.formats import read_transcripts
 
     modes = [m.strip() for m in taggings.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(TAGGING_MODES))
@@ -96,9 +94,9 @@ def retention_command(
             f"unknown tagging modes {unknown}; use {', '.join(TAGGING_MODES)}",
             param_hint="--tagging",
         )
-    transcripts = read_jsonl(transcript)
+    transcripts = read_transcripts(transcript, transcript_format)
     probes = read_probes(probes_path)
-    first = build_engine(model, device=device, dtype=dtype, block_size=block_size, max_kv_bytes=max_kv_bytes)
+    first = build_engine(**engine_options)
     variants = [(f"clm:{m}", "clm", LifecycleOptions(budget=budget, tagging=m, compression=compression)) for m in modes]
     variants += [
         (TRUNCATE, "truncate", LifecycleOptions(budget=budget)),

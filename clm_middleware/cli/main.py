@@ -10,8 +10,10 @@ from __future__ import annotations
 import click
 
 from clm_middleware.cli.bench_cmd import bench
+from clm_middleware.cli.chat_cmd import chat
 from clm_middleware.cli.eval_cmd import eval_group
 from clm_middleware.cli.replay_cmd import replay
+from clm_middleware.cli.stats_cmd import stats
 from clm_middleware.errors import ClmError
 
 
@@ -34,6 +36,8 @@ def cli() -> None:
 cli.add_command(replay)
 cli.add_command(bench)
 cli.add_command(eval_group)
+cli.add_command(chat)
+cli.add_command(stats)
 
 
 def main() -> None:

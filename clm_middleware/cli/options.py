@@ -15,7 +15,7 @@ MODEL_HELP = (
 
 
 def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--model, --device, --dtype, --block-size, --max-kv-bytes."""
+    """--model, --device, --dtype, --block-size, --max-kv-bytes, --disk-cache-dir, --min-free-disk-mb."""
     for option in reversed(
         [
             click.option("--model", default=None, help=MODEL_HELP),
@@ -38,6 +38,19 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 type=click.IntRange(min=1),
                 default=None,
                 help="Pool capacity in bytes of K+V [default: 1 GiB].",
+            ),
+            click.option(
+                "--disk-cache-dir",
+                type=click.Path(path_type=Path),
+                default=None,
+                help="Spill evicted KV blocks here (safetensors) and look here before prefilling.",
+            ),
+            click.option(
+                "--min-free-disk-mb",
+                type=click.IntRange(min=0),
+                default=512,
+                show_default=True,
+                help="Skip disk-cache writes that would leave less free space than this.",
             ),
         ]
     ):
@@ -68,7 +81,7 @@ def generation_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--budget, --k, --tagging, --compression, --db (used by the clm mode)."""
+    """--budget, --k, --tagging, --compression, --db, --summarizer (used by the clm mode)."""
     from clm_middleware.lifecycle.tagging import TAGGING_MODES
 
     for option in reversed(
@@ -106,7 +119,26 @@ def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 default=None,
                 help="clm: SQLite store for the conversations.",
             ),
+            click.option(
+                "--summarizer",
+                default=None,
+                help="clm: model for abstractive summaries (local directory or .gguf) [default: the chat model].",
+            ),
         ]
     ):
         command = option(command)
     return command
+
+
+def format_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--format: how to read the transcript file."""
+    from clm_middleware.replay.formats import FORMATS
+
+    return click.option(
+        "--format",
+        "transcript_format",
+        type=click.Choice(FORMATS),
+        default="auto",
+        show_default=True,
+        help="Transcript format: JSONL role/content lines, OpenAI messages, ShareGPT, LangChain dicts.",
+    )(command)

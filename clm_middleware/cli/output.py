@@ -59,6 +59,18 @@ def summary_table(report: ReplayReport) -> Table:
         ("peak KV MiB", f"{totals['peak_kv_bytes'] / 2**20:.1f}"),
         ("final context tokens", totals["final_context_tokens"]),
     ]
+    retention = report.extra.get("retention")
+    if retention:
+        rows.append(("facts retained", f"{retention['retained']}/{retention['probes']}"))
+    if "lifecycle_share" in totals:
+        decisions = totals["decisions"]
+        rows += [
+            ("lifecycle work", f"{totals['lifecycle_share']:.1%} of turn time"),
+            ("decisions keep/compress/drop", f"{decisions['keep']}/{decisions['compress']}/{decisions['drop']}"),
+            ("tagging modes", ", ".join(f"{m} {n}" for m, n in totals["tagging_modes"].items())),
+            ("compactions", ", ".join(f"{m} {n}" for m, n in totals["compactions"].items()) or "none"),
+            ("max context tokens", totals["max_context_tokens"]),
+        ]
     for name, value in rows:
         table.add_row(name, str(value))
     return table

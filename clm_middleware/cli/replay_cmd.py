@@ -1,21 +1,24 @@
-"""``clm replay``: one transcript file, one mode, a per-turn table and a JSON report."""
+"""``clm replay``: one transcript file, one mode, a per-turn table, a JSON report, a plot."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 
-from clm_middleware.cli.options import generation_options, lifecycle_options, model_options
+from clm_middleware.cli.options import format_option, generation_options, lifecycle_options, model_options
+
+MODES = ("stateless", "prefix", "truncate", "clm")
 
 
 @click.command()
 @click.argument("transcript", type=click.Path(path_type=Path))
+@format_option
 @click.option(
     "--mode",
-    type=click.Choice(["stateless", "prefix", "truncate", "clm"]),
+    type=click.Choice(MODES),
     default="prefix",
     show_default=True,
     help="stateless: re-prefill the whole chat every turn; prefix: reuse cached blocks; "
@@ -25,10 +28,20 @@ from clm_middleware.cli.options import generation_options, lifecycle_options, mo
 @generation_options
 @lifecycle_options
 @click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the JSON report here.")
+@click.option(
+    "--plot", "plot_path", type=click.Path(path_type=Path), help="Write a PNG of context and prefill tokens per turn."
+)
+@click.option(
+    "--probes",
+    "probes_path",
+    type=click.Path(path_type=Path),
+    help="Probes JSON [default: FILE.probes.json beside the transcript].",
+)
 @model_options
 @click.option("--quiet", is_flag=True, help="No per-turn table or progress bar; print only the totals.")
 def replay(
     transcript: Path,
+    transcript_format: str,
     mode: str,
     max_new_tokens: int,
     teacher_force: bool,
@@ -37,33 +50,36 @@ def replay(
     tagging: str,
     compression: str,
     db: Path | None,
+    summarizer: str | None,
     report_path: Path | None,
-    model: str | None,
-    device: str,
-    dtype: str,
-    block_size: int,
-    max_kv_bytes: int | None,
+    plot_path: Path | None,
+    probes_path: Path | None,
     quiet: bool,
+    **engine_options: Any,
 ) -> None:
-    """Replay TRANSCRIPT (JSONL of {"role", "content"}) and report cache use per turn."""
+    """Replay TRANSCRIPT and report, turn by turn, what was cached, computed and kept.
+
+    Several conversations in one file replay one after another through one pool, so
+    prefixes they share (a system prompt, a document) are cache hits.
+    """
     from clm_middleware.cli.output import summary_table, turn_progress, turn_table
-    from clm_middleware.cli.setup import (
-        LifecycleOptions,
-        build_engine,
-        driver_factory,
-        final_context_fields,
-    )
+    from clm_middleware.cli.plot import plot_reports
+    from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes
+    from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory
+    from clm_middleware.replay.formats import read_transcripts
     from clm_middleware.replay.report import ReplayReport
     from clm_middleware.replay.runner import ReplayOptions, count_turns
     from clm_middleware.replay.runner import replay as run_replay
-    from clm_middleware.replay.transcript import read_jsonl
 
-    transcripts = read_jsonl(transcript)
+    transcripts = read_transcripts(transcript, transcript_format)
+    probes = load_probes(transcript, probes_path)
     options = ReplayOptions(mode=mode, max_new_tokens=max_new_tokens, teacher_force=teacher_force)
     lifecycle = LifecycleOptions(
         budget=budget, k=k, tagging=tagging, compression=compression, db=str(db) if db else None
     )
-    engine = build_engine(model, device=device, dtype=dtype, block_size=block_size, max_kv_bytes=max_kv_bytes)
+    engine = build_engine(**engine_options)
+    if summarizer and mode == "clm":
+        lifecycle.summarizer = build_engine(summarizer, device=engine_options["device"], dtype=engine_options["dtype"])
     settings = {
         "transcript": str(transcript),
         "max_new_tokens": max_new_tokens,
@@ -74,7 +90,17 @@ def replay(
         settings.update(lifecycle.settings())
     report = ReplayReport(mode=mode, model=engine.model_name, settings=settings)
     stdout, stderr = Console(), Console(stderr=True)
-    try:
+
+    def save() -> None:
+        engine.close()  # spill to the disk tier, if one is set
+        report.disk_stats = engine.disk_stats()
+        add_retention(report, lifecycle.drivers, probes)
+        if report_path:
+            report.write(report_path)
+        if plot_path and report.turns:
+            plot_reports({mode: report}, plot_path, f"{transcript.name} · {mode}")
+
+    def run() -> None:
         with turn_progress(count_turns(transcripts), stderr, enabled=not quiet) as advance:
             run_replay(
                 transcripts,
@@ -83,15 +109,9 @@ def replay(
                 teacher_force=teacher_force,
                 on_turn=lambda _: advance(),
             )
-    except KeyboardInterrupt:
-        report.extra.update(final_context_fields(lifecycle))
-        if report_path:
-            report.write(report_path)
-        stderr.print(f"interrupted after {len(report.turns)} turns")
-        sys.exit(130)
-    report.extra.update(final_context_fields(lifecycle))
-    if report_path:
-        report.write(report_path)
+
+    finish_on_failure(run, save, stderr)
+    save()
     if not quiet:
         stdout.print(turn_table(report))
     stdout.print(summary_table(report))

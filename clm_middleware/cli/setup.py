@@ -17,24 +17,29 @@ TINY_MODEL = "tiny"  # the random test model: exercises every path in millisecon
 
 
 def build_engine(
-    model: str | None,
+    model: str | None = None,
     *,
     device: str = "cpu",
     dtype: str = "float32",
     block_size: int = 16,
     max_kv_bytes: int | None = None,
     max_blocks: int | None = None,
+    disk_cache_dir: str | None = None,
+    min_free_disk_mb: int = 512,
 ) -> Engine:
     pool_config = PoolConfig(block_size=block_size, max_kv_bytes=max_kv_bytes, max_blocks=max_blocks)
+    disk = {"disk_cache_dir": disk_cache_dir, "min_free_disk_mb": min_free_disk_mb}
     if model == TINY_MODEL:
         from clm_middleware.models import tiny_llama, tiny_tokenizer
 
-        return Engine(tiny_llama(), tiny_tokenizer(), pool_config=pool_config)
-    return Engine.from_pretrained(model, device=device, dtype=dtype, pool_config=pool_config)
+        return Engine(tiny_llama(), tiny_tokenizer(), pool_config=pool_config, **disk)
+    from clm_middleware.models.loading import load_model, load_tokenizer
+
+    return Engine(load_model(model, device=device, dtype=dtype), load_tokenizer(model), pool_config=pool_config, **disk)
 
 
 def sibling_engine(engine: Engine) -> Engine:
-    """Same weights and tokenizer, its own pool: modes under comparison never share blocks."""
+    """Same weights and tokenizer, its own pool (and no disk tier): modes under comparison never share blocks."""
     return Engine(engine.model, engine.tokenizer, pool_config=engine.pool.config)
 
 

@@ -27,12 +27,14 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from clm_middleware.cache.arena import ArenaCache, ArenaRecycler
 from clm_middleware.cache.block_pool import BlockPool
+from clm_middleware.cache.disk import DEFAULT_MIN_FREE_DISK_MB, DiskStats, DiskTier
 from clm_middleware.cache.hashing import BlockKey, chain_keys, extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request
@@ -57,6 +59,9 @@ class Engine:
         pool: BlockPool | None = None,
         pool_config: PoolConfig | None = None,
         logits_processors: Sequence[LogitsProcessor] = (),
+        disk_cache_dir: str | Path | None = None,
+        min_free_disk_mb: int = DEFAULT_MIN_FREE_DISK_MB,
+        max_disk_bytes: int | None = None,
     ) -> None:
         self.model = model.eval()
         self.logits_processors = tuple(logits_processors)  # applied to every call, before the call's own
@@ -78,6 +83,12 @@ class Engine:
         head_flops = hidden * self.vocab_size
         self._lm_head_share = head_flops / max(1, self.num_parameters) if hidden else 0.0
         self._arenas = ArenaRecycler(self.layout, self.pool.block_size)
+        self.disk: DiskTier | None = None
+        if disk_cache_dir is not None:
+            self.disk = DiskTier(
+                disk_cache_dir, self.fingerprint, min_free_disk_mb=min_free_disk_mb, max_bytes=max_disk_bytes
+            )
+            self.pool.add_eviction_listener(self.disk.write)
 
     @classmethod
     def from_pretrained(
@@ -96,6 +107,25 @@ class Engine:
             load_tokenizer(model),
             pool_config=pool_config,
         )
+
+    def close(self) -> None:
+        """Spill every cached block to the disk tier (if any), so a restart hits from disk."""
+        if self.disk is None:
+            return
+        for block in self.pool.cached_blocks():
+            if not self.disk.path(block.key).exists():
+                keys, values = self.pool.read_block(block.block_id)
+                self.disk.write(block.key, block.parent_key, block.token_ids, keys, values)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def disk_stats(self) -> dict[str, int]:
+        """``disk_hits``, ``disk_writes``, ``disk_skipped_writes``, ``disk_corrupt`` (zeros without a disk tier)."""
+        return (self.disk.stats if self.disk is not None else DiskStats()).as_dict()
 
     @property
     def model_name(self) -> str:
@@ -171,14 +201,20 @@ class Engine:
         *,
         continuations: Sequence[Sequence[int]] | None = None,
         cache_salt: str | None = None,
+        sequential: bool = True,
     ) -> list[tuple[int, list[float]]]:
         """Constrained continuation: after ``prefix_ids``, feed each piece and pick one of ``choices``.
 
-        ``choices`` are single token ids. After piece ``i`` the most likely choice (by
-        the model's logits, restricted to ``choices``) is fed, followed by
-        ``continuations[choice]`` (the rest of a multi-token label), before piece
-        ``i + 1``. Returns ``(chosen index, probabilities over choices)`` per piece.
-        The prefix is matched in the pool; nothing new is stored (the pieces are transient).
+        ``choices`` are single token ids; ``continuations[choice]`` is the rest of a
+        multi-token choice. Returns ``(chosen index, probabilities over choices)`` per
+        piece. The prefix is matched in the pool; nothing new is stored (the pieces are
+        transient).
+
+        ``sequential=True``: after piece ``i`` the most likely choice is fed before
+        piece ``i + 1``, one forward per piece. ``sequential=False``: the whole text is
+        supplied with the first choice after every piece and scored in one forward;
+        each choice then conditions on that supplied text, not on the model's own
+        earlier choices (much cheaper for many pieces).
         """
         prefix = [int(t) for t in prefix_ids]
         tails = [list(c) for c in continuations] if continuations is not None else [[] for _ in choices]
@@ -187,25 +223,101 @@ class Engine:
         self._validate(prefix, total - len(prefix))
         extra = self.extra_key(cache_salt)
         size = self.block_size
-        capacity = math.ceil(total / size)
-        arena, reusable = self._arenas.take(capacity, prefix, extra)
+        arena, reusable = self._arenas.take(math.ceil(total / size), prefix, extra)
         keys = chain_keys(prefix, size, extra, num_blocks=(len(prefix) - 1) // size)
         chain = self.pool.match(keys, prefix)
         choice_index = torch.tensor(list(choices), device=self.device)
-        picked: list[tuple[int, list[float]]] = []
         try:
             self.pool.gather_into(chain, arena, skip_blocks=min(reusable, len(chain)))
             pending = prefix[len(chain) * size :]
-            for piece in pieces:
-                logits = self._forward_chunks(pending + list(piece), arena)
-                probs = torch.softmax(logits[choice_index].float(), dim=-1)
-                index = int(torch.argmax(probs))
-                picked.append((index, probs.tolist()))
-                pending = [int(choices[index]), *tails[index]]
+            if sequential:
+                rows = []
+                for piece in pieces:
+                    logits = self._forward_chunks(pending + list(piece), arena)
+                    rows.append(logits)
+                    index = int(torch.argmax(logits[choice_index]))
+                    pending = [int(choices[index]), *tails[index]]
+            else:
+                supplied, positions = list(pending), []
+                for piece in pieces:
+                    supplied += list(piece)
+                    positions.append(len(supplied) - 1)
+                    supplied += [int(choices[0]), *tails[0]]
+                rows = self._rows_at(supplied, positions, arena)
         finally:
             self.pool.release(list(reversed(chain)))
             self._arenas.give(arena, [], b"")
+        picked = []
+        for logits in rows:
+            probs = torch.softmax(logits[choice_index].float(), dim=-1)
+            picked.append((int(torch.argmax(probs)), probs.tolist()))
         return picked
+
+    def score(
+        self, prefix_ids: Sequence[int], continuations: Sequence[Sequence[int]], *, cache_salt: str | None = None
+    ) -> list[float]:
+        """Log-probability of each continuation after ``prefix_ids`` (sum over its tokens).
+
+        The prefix is matched in the pool and computed once; each continuation is
+        scored from the same prefix state. Nothing new is stored.
+        """
+        prefix = [int(t) for t in prefix_ids]
+        longest = max((len(c) for c in continuations), default=0)
+        self._validate(prefix, longest)
+        extra = self.extra_key(cache_salt)
+        size = self.block_size
+        arena, reusable = self._arenas.take(math.ceil((len(prefix) + longest) / size), prefix, extra)
+        keys = chain_keys(prefix, size, extra, num_blocks=(len(prefix) - 1) // size)
+        chain = self.pool.match(keys, prefix)
+        scores: list[float] = []
+        try:
+            self.pool.gather_into(chain, arena, skip_blocks=min(reusable, len(chain)))
+            last = torch.log_softmax(self._forward_chunks(prefix[len(chain) * size :], arena).float(), dim=-1)
+            base = arena.num_tokens
+            for continuation in continuations:
+                tokens = [int(t) for t in continuation]
+                arena.reset_to(base)
+                total = float(last[tokens[0]]) if tokens else 0.0
+                if len(tokens) > 1:
+                    rows = torch.log_softmax(self.forward(tokens[:-1], arena, all_logits=True).float(), dim=-1)
+                    total += float(rows.gather(1, torch.tensor(tokens[1:], device=rows.device)[:, None]).sum())
+                scores.append(total)
+        finally:
+            self.pool.release(list(reversed(chain)))
+            self._arenas.give(arena, [], b"")
+        return scores
+
+    def _from_disk(self, prompt: list[int], keys: list[BlockKey], start: int) -> list[int]:
+        """Blocks ``start, start + 1, ...`` of the chain from the disk tier, until one is
+        missing; each is brought into the pool (acquired, one reference) and published."""
+        assert self.disk is not None
+        size, layout = self.block_size, self.layout
+        shape = (layout.num_layers, layout.num_kv_heads, size, layout.head_dim)
+        loaded: list[int] = []
+        for index in range(start, len(keys)):
+            parent = keys[index - 1] if index else None
+            tokens = prompt[index * size : (index + 1) * size]
+            kv = self.disk.read(keys[index], parent, tokens, shape, layout.dtype)
+            if kv is None:
+                break
+            try:
+                [block_id] = self.pool.allocate(1)
+            except PoolExhaustedError:
+                break  # no room to bring it in: compute it instead
+            self.pool.write_block(block_id, kv[0].to(layout.device), kv[1].to(layout.device))
+            loaded.append(self.pool.commit(block_id, keys[index], parent, tokens))
+        return loaded
+
+    def _rows_at(self, token_ids: list[int], positions: list[int], arena: ArenaCache) -> list[torch.Tensor]:
+        """Feed ``token_ids`` in chunks; the logits rows at ``positions`` (relative to ``token_ids``)."""
+        rows: list[torch.Tensor] = []
+        for offset in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
+            chunk = token_ids[offset : offset + PREFILL_CHUNK_TOKENS]
+            wanted = [p - offset for p in positions if offset <= p < offset + len(chunk)]
+            logits = self.forward(chunk, arena, keep=wanted or [len(chunk) - 1])
+            if wanted:
+                rows.extend(logits[i] for i in range(len(wanted)))
+        return rows
 
     def forward(
         self,
@@ -317,6 +429,10 @@ class Engine:
                 tick = time.perf_counter()
                 keys = chain_keys(prompt, size, request.extra_key, num_blocks=(len(prompt) - 1) // size)
                 chain = pool.match(keys, prompt)
+                if self.disk is not None and len(chain) < len(keys):
+                    loaded = self._from_disk(prompt, keys, len(chain))
+                    stats.disk_tokens = len(loaded) * size
+                    chain.extend(loaded)
                 del keys[len(chain) :]
                 try:
                     reserved = pool.allocate(capacity - len(chain))

@@ -16,6 +16,7 @@ callers fall back to the other signals.
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +60,12 @@ class AttentionProbe:
         )
         self._captured: dict[int, list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]] = {}
         self._handles: list[Any] = []
+        self._thread: int | None = None
 
     def __enter__(self) -> AttentionProbe:
+        # Hooks sit on the shared model: every thread's forward passes through them.
+        # Capture only this thread's calls, so concurrent generations never mix.
+        self._thread = threading.get_ident()
         if self.supported:
             for layer in self.layers:
                 self._handles.append(self.modules[layer].register_forward_pre_hook(self._hook(layer), with_kwargs=True))
@@ -73,6 +78,8 @@ class AttentionProbe:
 
     def _hook(self, layer: int):
         def capture(module, args, kwargs):
+            if threading.get_ident() != self._thread:
+                return
             hidden = args[0] if args else kwargs["hidden_states"]
             position = kwargs.get("position_embeddings")
             if position is None and len(args) > 1:

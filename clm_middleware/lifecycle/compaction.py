@@ -13,9 +13,12 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    segment without facts is dropped, one with facts (distinctive tokens) is condensed
    by a faithful compression, one the digest already says word for word is dropped,
    until the prompt is under the low-water mark; if that is not enough, condensed
-   segments are tightened to their distinctive tokens alone, oldest first, and then
-   segments are dropped lowest eviction value first, oldest first among equals;
-3. if even that cannot fit the budget, ``ContextBudgetError`` says by how much.
+   segments are tightened to their distinctive tokens alone (the model's replies
+   first, oldest first), and then segments are dropped lowest eviction value first
+   (replies rank below what the user and tools said), oldest first among equals;
+3. if the newest turn alone still outgrows the budget, its own long segments are
+   condensed (faithfully) as a last resort; if even that cannot fit the budget,
+   ``ContextBudgetError`` says by how much.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class Compactor:
                 segment.label = Label.KEEP  # already compressed: keep the faithful summary
         if over:  # budget pressure: go down to the low-water mark, so the next turns fit too
             self._fit_budget(messages, segments, turn, int(budget * self.config.low_water), result)
+            if self.prompt_length() > budget:
+                self._condense_newest(segments, turn, budget, result)
             length = self.prompt_length()
             if length > budget:
                 raise ContextBudgetError(
@@ -142,8 +147,9 @@ class Compactor:
             self._fold = result.fold = message.index + 1
         candidates = [segments[s] for m in body for s in m.segment_ids]
         candidates = [s for s in candidates if s.visible and not s.pinned and s.turn < protected_from]
-        # Pass 2, oldest first: tighten condensed segments to their distinctive tokens.
-        for segment in candidates:
+        # Pass 2: tighten condensed segments to their distinctive tokens, the model's own
+        # replies first (they restate or invent), oldest first.
+        for segment in sorted(candidates, key=lambda s: (s.role != "assistant", s.turn, s.index)):
             if self.prompt_length() <= target:
                 return
             if segment.status is Status.COMPRESSED:
@@ -153,6 +159,20 @@ class Compactor:
             if self.prompt_length() <= target:
                 return
             self._drop(segment, result, turn)
+
+    def _condense_newest(
+        self, segments: dict[SegmentId, Segment], turn: int, budget: int, result: CompactionResult
+    ) -> None:
+        """Last resort for a new message that alone outgrows the budget: condense it
+        (faithfully: every distinctive token stays), longest segment first."""
+        newest = [
+            s for s in segments.values() if s.turn >= turn and s.visible and s.status is Status.ACTIVE and not s.pinned
+        ]
+        for segment in sorted(newest, key=lambda s: -len(s.token_ids)):
+            if self.prompt_length() <= budget:
+                return
+            if len(segment.token_ids) >= MIN_CONDENSE_TOKENS:
+                self._compress(segment, result, turn)
 
     def _drop(
         self, segment: Segment, result: CompactionResult, forced_at: int | None = None, reason: str = "budget"

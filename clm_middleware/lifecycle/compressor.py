@@ -80,6 +80,10 @@ def check_faithful(original: str, summary: str) -> CompressionCheck:
     return CompressionCheck(tuple(sorted(missing_from(required, summary))), tuple(sorted(invented)))
 
 
+def _bare(word: str) -> str:
+    return word.casefold().strip(".,;:!?()[]\"'’”“")
+
+
 def _kept_words(text: str, words: list[regex.Match[str]]) -> set[int]:
     """Indices of the words that overlap a distinctive span of ``text`` (judged in context)."""
     spans = distinctive_spans(text)
@@ -119,10 +123,12 @@ class Compressor:
         The strongest faithful compression: it keeps every number, code and name and
         nothing else. Fails (not shorter) for a text with no distinctive token.
         """
-        text = segment.visible_text
         current = len(segment.visible_ids)
-        matches = list(_WORD.finditer(text))
-        words = [matches[i].group() for i in sorted(_kept_words(text, matches))]
+        # judged on the original text: in a condensed text, sentence breaks are artifacts
+        # that would make a name look like a sentence's first word
+        original_words = list(_WORD.finditer(segment.text))
+        required = {_bare(original_words[i].group()) for i in _kept_words(segment.text, original_words)}
+        words = [w.group() for w in _WORD.finditer(segment.visible_text) if _bare(w.group()) in required]
         tightened = " ".join(words)
         ids = self.format.encode(tightened)
         if not words or len(ids) >= current:

@@ -10,7 +10,9 @@ Labels (``rule_label``), first rule that applies:
 
 Eviction value (``eviction_value``), lowest evicted first, oldest first among equals:
 labelled drop or content-free 0 · labelled compress 1 · keep 2 · +2 with distinctive
-tokens · +1 when the newest turns attended to it more than to an average token.
+tokens · +1 when the newest turns attended to it more than to an average token ·
++1.5 for what the user or a tool said (a reply restates it, and a small model's
+replies are full of invented numbers and names that must not outlast real facts).
 """
 
 from __future__ import annotations
@@ -61,4 +63,6 @@ def eviction_value(segment: Segment, attention_density: float = 0.0) -> float:
         value += 2.0
     if attention_density > 1.0:
         value += 1.0
+    if segment.role in ("user", "tool", "system"):
+        value += 1.5
     return value

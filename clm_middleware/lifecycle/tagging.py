@@ -180,7 +180,11 @@ class Tagger:
         for position, segment in enumerate(candidates):
             head = f"\n{OPEN_TAG}\n" if position == 0 else "\n"
             pieces.append(self.format.encode(f"{head}{segment.id}:") + shared)
-        picked = self.engine.choose(prefix_ids, pieces, firsts, continuations=tails, cache_salt=cache_salt)
+        # one forward with the block supplied (see Engine.choose): the cost of labelling
+        # stays that of prefilling the block's text
+        picked = self.engine.choose(
+            prefix_ids, pieces, firsts, continuations=tails, cache_salt=cache_salt, sequential=False
+        )
         decisions = [
             Decision(
                 turn,

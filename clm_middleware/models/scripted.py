@@ -4,11 +4,12 @@
 the first step of each generation it takes the next scripted reply, and at step
 ``i`` it leaves only token ``reply[i]`` possible. Everything else (pool, prefill,
 KV, streaming, adapters) runs for real; a script that runs out lets the model's own
-logits through.
+logits through. Concurrent generations each take their own reply (per-thread state).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -18,7 +19,8 @@ import torch
 class ScriptedReplies:
     def __init__(self, replies: Iterable[Sequence[int]] = ()) -> None:
         self._queue: deque[list[int]] = deque(list(reply) for reply in replies)
-        self._current: list[int] | None = None
+        self._lock = threading.Lock()
+        self._local = threading.local()  # the reply in progress, per generating thread
         self.started = 0  # generations that took a scripted reply
 
     def add(self, reply_ids: Sequence[int]) -> None:
@@ -30,10 +32,12 @@ class ScriptedReplies:
 
     def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
         if not generated:
-            self._current = self._queue.popleft() if self._queue else None
-            self.started += self._current is not None
-        if self._current is None or len(generated) >= len(self._current):
+            with self._lock:
+                self._local.current = self._queue.popleft() if self._queue else None
+                self.started += self._local.current is not None
+        current = getattr(self._local, "current", None)
+        if current is None or len(generated) >= len(current):
             return logits
         forced = torch.full_like(logits, float("-inf"))
-        forced[self._current[len(generated)]] = 0.0
+        forced[current[len(generated)]] = 0.0
         return forced

@@ -31,6 +31,7 @@ class TurnRecord:
     pool_blocks_in_use: int = 0
     kv_bytes: int = 0  # pool bytes holding data after the turn (in use + cached)
     working_kv_bytes: int = 0  # the turn's own attention cache at its end
+    live_kv_bytes: int = 0  # pool bytes the conversation needs to continue at full speed
     extra: dict[str, Any] = field(default_factory=dict)  # fields added by other modes
 
     def as_dict(self) -> dict[str, Any]:
@@ -48,6 +49,7 @@ class ReplayReport:
     complete: bool = True  # False when the replay was interrupted
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    disk_stats: dict[str, int] = field(default_factory=dict)  # disk_hits, disk_writes, ... (see DiskStats)
 
     def totals(self) -> dict[str, Any]:
         turns = self.turns
@@ -70,11 +72,13 @@ class ReplayReport:
             "turn_s": turn_s,
             "bookkeeping_s": bookkeeping,
             "bookkeeping_share": bookkeeping / turn_s if turn_s else 0.0,
-            "peak_kv_bytes": max((t.kv_bytes + t.working_kv_bytes for t in turns), default=0),
+            "peak_kv_bytes": max((t.live_kv_bytes + t.working_kv_bytes for t in turns), default=0),
+            "peak_pool_bytes": max((t.kv_bytes for t in turns), default=0),
             "final_context_tokens": turns[-1].context_tokens if turns else 0,
             "max_context_tokens": max((t.context_tokens for t in turns), default=0),
             "max_pool_blocks_in_use": max((t.pool_blocks_in_use for t in turns), default=0),
             "wall_s": self.wall_s,
+            **self.disk_stats,
             **lifecycle_totals(turns),
         }
 

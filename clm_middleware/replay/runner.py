@@ -16,13 +16,23 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clm_middleware.engine import Engine, Generation
-from clm_middleware.errors import ConfigError
+from clm_middleware.errors import ClmError, ConfigError
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.report import ReplayReport, TurnRecord
 from clm_middleware.replay.transcript import Message, Transcript
 from clm_middleware.replay.transcript_text import message_text
 
 PLAIN_MODES = ("stateless", "prefix")
+
+
+class ReplayTurnError(ClmError):
+    """A turn of a replay failed; says which conversation and turn."""
+
+    def __init__(self, conversation_id: str, turn: int, error: ClmError) -> None:
+        super().__init__(f"conversation {conversation_id!r}, turn {turn}: {error.message}", hint=error.hint)
+        self.cause = error
+
+
 MODES = (*PLAIN_MODES, "truncate", "clm")
 
 
@@ -137,6 +147,10 @@ def plain_turn_record(
         pool_blocks_in_use=pool.blocks_in_use,
         kv_bytes=pool.kv_bytes if pooled else 0,
         working_kv_bytes=(stats.prompt_tokens + stats.generated_tokens) * engine.layout.bytes_per_token,
+        # the stored chain of this prompt and reply: what the next turn's hit depends on
+        live_kv_bytes=(stats.prompt_tokens + stats.generated_tokens - 1) // engine.block_size * pool.block_bytes
+        if pooled
+        else 0,
     )
 
 
@@ -201,7 +215,11 @@ def replay_interleaved(
                         driver = drivers[mode]
                         for message in context:
                             driver.add(message)
-                        record = driver.respond(answer if teacher_force else None)
+                        try:
+                            record = driver.respond(answer if teacher_force else None)
+                        except ClmError as error:
+                            turn = len(reports[mode].turns) + 1
+                            raise ReplayTurnError(transcript.conversation_id, turn, error) from error
                         record.turn = len(reports[mode].turns) + 1
                         reports[mode].turns.append(record)
                         if on_turn is not None:

@@ -114,6 +114,8 @@ def test_bench_runs_modes_interleaved_and_writes_markdown_and_reports(tmp_path):
             str(path),
             "--model",
             "tiny",
+            "--modes",
+            "stateless,prefix",
             "--teacher-force",
             "--markdown",
             str(markdown),

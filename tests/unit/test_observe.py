@@ -118,3 +118,42 @@ def test_only_the_requested_positions_are_scored_and_they_match(engine, tiny_mod
     assert scored == wanted
     for position in wanted:
         assert generation.prompt_logprobs[position] == pytest.approx(expected[position], abs=1e-4)
+
+
+def test_choose_in_one_forward_scores_each_piece_after_the_supplied_text(engine, tiny_model):
+    prefix = prompt_of(40)
+    choices, pieces = [10, 20, 30], [[1, 2, 3], [4, 5]]
+    picked = engine.choose(prefix, pieces, choices, sequential=False)
+    supplied = prefix + pieces[0] + [choices[0]] + pieces[1]
+    with torch.no_grad():
+        logits = tiny_model(torch.tensor([supplied])).logits[0]
+    first, second = logits[len(prefix) + 2], logits[-1]
+    expected = [int(torch.argmax(first[choices])), int(torch.argmax(second[choices]))]
+    assert [index for index, _ in picked] == expected
+    assert picked[1][1] == pytest.approx(torch.softmax(second[choices], -1).tolist(), abs=1e-4)
+
+
+def test_attention_probes_of_concurrent_generations_do_not_mix(make_engine):
+    import threading
+
+    engine = make_engine()
+    prompts = [prompt_of(60 + 13 * i, offset=i) for i in range(4)]
+    observe = Observe(attention_window=8, attention_layers=(0, 1))
+
+    def attention_of(prompt: list[int]) -> torch.Tensor:
+        return engine.generate(prompt, max_new_tokens=1, use_pool=False, observe=observe).result().attention
+
+    expected = [attention_of(p) for p in prompts]
+    results: dict[int, torch.Tensor] = {}
+
+    def run(index: int) -> None:
+        for _ in range(3):
+            results[index] = attention_of(prompts[index])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, attention in enumerate(expected):
+        assert (results[index] - attention).abs().max() <= 1e-5

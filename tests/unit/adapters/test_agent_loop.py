@@ -64,7 +64,7 @@ def test_malformed_or_unknown_calls_become_invalid_tool_calls_not_errors(scripte
 
 
 def test_tool_choice_opens_the_reply_with_the_required_call(scripted_llm):
-    llm, _ = scripted_llm('{"city": "Faro"}}</tool_call>')  # the model only writes the arguments
+    llm, _ = scripted_llm('"Faro"}}</tool_call>')  # the call head and the one key are written for it
     message = llm.bind_tools([get_weather, add], tool_choice="get_weather").invoke("Tell me something.")
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Faro"})]
 
@@ -74,9 +74,9 @@ def test_structured_output_by_function_calling_and_json_schema(scripted_llm):
         name: str
         population: int
 
-    llm, _ = scripted_llm(
-        '{"name": "Lisbon", "population": 545000}}</tool_call>', '"name": "Porto", "population": 232000}'
-    )
+    after_call_head = '"name": "Lisbon", "population": 545000}}</tool_call>'  # the head and "{" are forced
+    after_brace = '"name": "Porto", "population": 232000}'  # json_schema forces the opening "{"
+    llm, _ = scripted_llm(after_call_head, after_brace)
     assert llm.with_structured_output(City).invoke("A city?") == City(name="Lisbon", population=545000)
     assert llm.with_structured_output(City, method="json_schema").invoke("Another?") == City(
         name="Porto", population=232000

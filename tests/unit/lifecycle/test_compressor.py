@@ -6,7 +6,7 @@ from clm_middleware.engine import Engine
 from clm_middleware.lifecycle.compressor import Compressor, check_faithful
 from clm_middleware.lifecycle.distinctive import distinctive_tokens
 from clm_middleware.lifecycle.prompts import summarizer_prompt
-from clm_middleware.lifecycle.segments import Segment, SegmentId
+from clm_middleware.lifecycle.segments import Segment, SegmentId, Status
 from clm_middleware.models import ScriptedReplies
 from clm_middleware.render import ChatFormat
 
@@ -115,3 +115,14 @@ def test_an_empty_summary_falls_back_to_extractive(engine, tiny_model, tiny_tok)
     summarizer, _ = scripted_summarizer(tiny_model, tiny_tok, "")
     result = compressor(engine, method="abstractive", summarizer=summarizer).compress(segment(ORIGINAL, chat))
     assert result.method == "extractive" and result.rejected == "empty summary"
+
+
+def test_tightening_keeps_the_distinctive_words_of_the_original(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    original = segment("One more thing. My rental car has the licence plate EJE 873, and it is blue.", chat)
+    original.summary = "thing. EJE 873, blue."  # a condensed form where EJE opens a "sentence"
+    original.summary_ids = chat.encode(original.summary)
+    original.status = Status.COMPRESSED
+    assert original.visible_text == original.summary
+    result = compressor(engine, method="extractive").tighten(original)
+    assert result.ok and result.text == "EJE 873,"

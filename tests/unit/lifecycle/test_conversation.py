@@ -178,3 +178,12 @@ def test_close_gives_every_block_back(converse, engine):
         assert engine.pool.stats().blocks_in_use > 0
     assert engine.pool.stats().blocks_in_use == 0
     engine.pool.check_invariants()
+
+
+def test_a_new_message_over_the_budget_is_condensed_faithfully_when_that_fits(converse):
+    conversation = converse(budget=320, tagging="signals")
+    filler = "the weather was mild and we walked along the river for hours " * 6
+    reply = conversation.send(f"Order QX7-4821 ships on April 22. {filler}")
+    assert reply.stats.prompt_tokens <= 320
+    assert "QX7-4821" in conversation.context and "April 22" in conversation.context
+    assert any(s["ok"] for s in reply.stats.summaries)

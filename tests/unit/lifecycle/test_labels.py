@@ -71,4 +71,11 @@ def test_eviction_value_orders_drop_labels_first_and_facts_last():
     fact = seg("order 88412 ships")
     attended_fact = seg("order 88412 ships", attention=2.5)
     values = [eviction_value(s, s.attention) for s in (ack, labelled_drop, plain, fact, attended_fact)]
-    assert values == sorted(values) and values[0] == values[1] == 0.0 and values[-1] > values[-2]
+    assert values == sorted(values) and values[0] == values[1] and values[-1] > values[-2] > values[2]
+
+
+def test_a_reply_ranks_below_the_same_fact_from_the_user():
+    said = seg("order 88412 ships")
+    replied = seg("order 88412 ships")
+    replied.role = "assistant"
+    assert eviction_value(replied) < eviction_value(said)

@@ -79,3 +79,32 @@ def test_a_file_that_is_not_sqlite_is_a_clear_error(tmp_path):
     path.write_text("hello, not a database " * 100)
     with pytest.raises(StoreError, match="not a usable SQLite store"):
         Store(path)
+
+
+def test_a_store_from_an_older_schema_is_migrated_and_still_loads(converse, engine, tmp_path):
+    from clm_middleware.store.migrations import m001_initial
+
+    path = tmp_path / "old.db"
+    old = Database(path)
+    old[MIGRATIONS_TABLE].create({"name": str, "applied_at": str}, pk="name")
+    m001_initial(old)
+    old[MIGRATIONS_TABLE].insert({"name": "m001_initial", "applied_at": "2026-01-01"})
+    old["conversations"].insert(
+        {
+            "id": "legacy",
+            "created_at": "x",
+            "updated_at": "x",
+            "model": "tiny",
+            "settings": "{}",
+            "turn": 0,
+            "next_index": 0,
+            "protocol_context": 0,
+            "parse_history": "[]",
+        }
+    )
+    old.close()
+    store = Store(path)
+    assert "fold" in store.db["conversations"].columns_dict
+    loaded = Conversation.load(store, "legacy", engine, tagging="signals")
+    assert loaded.fold == 0 and loaded.turn == 0
+    assert loaded.send("hello").turn == 1

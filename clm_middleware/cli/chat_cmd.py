@@ -1,0 +1,173 @@
+"""``clm chat``: an interactive managed conversation that shows its lifecycle decisions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from clm_middleware.cli.options import model_options
+
+COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /quit"
+PREVIEW_CHARS = 60
+
+
+@click.command()
+@click.option(
+    "--db",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="SQLite store: every turn is saved; resume with --session.",
+)
+@click.option(
+    "--session", default=None, help="Conversation id: resumed from --db if it is there, else started under this id."
+)
+@click.option("--system", "system_prompt", default=None, help="System prompt for a new conversation.")
+@click.option("--budget", type=click.IntRange(min=64), default=None, help="Max context tokens per prompt.")
+@click.option(
+    "--k", type=click.IntRange(min=0), default=2, show_default=True, help="Rounds removed segments' blocks are held."
+)
+@click.option("--tagging", default="auto", show_default=True, help="auto, free, constrained, signals or rules.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Reply length cap.")
+@model_options
+def chat(
+    db: Path | None,
+    session: str | None,
+    system_prompt: str | None,
+    budget: int | None,
+    k: int,
+    tagging: str,
+    max_new_tokens: int,
+    **engine_options: Any,
+) -> None:
+    """Chat with a managed model. After each reply it shows what was cached and decided."""
+    from clm_middleware.cli.setup import build_engine
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.store import Store
+
+    console = Console()
+    engine = build_engine(**engine_options)
+    store = Store(db) if db else None
+    if store is not None and session is not None and session in store.conversation_ids():
+        conversation = Conversation.load(store, session, engine)
+        console.print(f"resumed {session}: {len(conversation.history)} messages, turn {conversation.turn}")
+    else:
+        conversation = Conversation(
+            engine,
+            conversation_id=session,
+            system_prompt=system_prompt,
+            tagging=tagging,
+            budget=budget,
+            k=k,
+            max_new_tokens=max_new_tokens,
+            store=store,
+        )
+    console.print(f"[dim]{engine.model_name} · conversation {conversation.id} · {COMMANDS}[/dim]")
+    with conversation:
+        while True:
+            try:
+                text = input("you> ")
+            except EOFError:
+                break
+            text = text.strip()
+            if not text:
+                continue
+            if text.startswith("/"):
+                if not _command(text, conversation, console):
+                    break
+                continue
+            console.print("[bold]model>[/bold] ", end="")
+            for piece in conversation.stream(text):
+                console.print(piece, end="", markup=False, highlight=False)
+            console.print()
+            _report_turn(conversation, console)
+
+
+def _command(text: str, conversation: Any, console: Console) -> bool:
+    """Run a slash command; False means quit."""
+    name, _, argument = text.partition(" ")
+    argument = argument.strip()
+    if name in ("/quit", "/exit", "/q"):
+        return False
+    if name == "/segments":
+        console.print(_segments_table(conversation))
+    elif name in ("/pin", "/forget"):
+        if not argument:
+            console.print(f"usage: {name} N (a segment number, or seg_N)")
+            return True
+        segment_id = argument if argument.startswith("seg_") else f"seg_{argument}"
+        try:
+            segment = conversation.pin(segment_id) if name == "/pin" else conversation.forget(segment_id)
+        except Exception as error:  # a ClmError names the segment; keep the chat going
+            console.print(f"[red]{error}[/red]")
+            return True
+        console.print(f"{segment.id}: {'pinned' if name == '/pin' else 'forgotten'}")
+    elif name == "/stats":
+        stats = conversation.stats()
+        for key in (
+            "turns",
+            "context_tokens",
+            "prompt_tokens",
+            "cached_tokens",
+            "prefill_tokens",
+            "hit_rate",
+            "dropped_tokens",
+            "compressed_tokens",
+            "summaries",
+        ):
+            value = stats[key]
+            console.print(f"{key:>18}: {value:.1%}" if key == "hit_rate" else f"{key:>18}: {value}")
+        console.print(f"{'segments':>18}: {stats['segments_by_status']}")
+    elif name == "/save":
+        _save(conversation, argument, console)
+    else:
+        console.print(f"unknown command {name}; {COMMANDS}")
+    return True
+
+
+def _save(conversation: Any, argument: str, console: Console) -> None:
+    from clm_middleware.store import Store
+
+    if conversation.store is None:
+        path = Path(argument or "clm_chat.db")
+        conversation.store = Store(path)
+        conversation.store.register(conversation)
+        conversation._unsaved_messages = list(conversation.messages)
+        conversation._dirty = {s.id for s in conversation.segments}
+    conversation.store.save(conversation, None)
+    console.print(f"saved to {conversation.store.path} as {conversation.id}; later turns are saved as they happen")
+
+
+def _report_turn(conversation: Any, console: Console) -> None:
+    reply = conversation.last_reply
+    stats = reply.stats
+    decided = [f"{d.segment_id}:{d.label.value}" for d in reply.decisions if d.label.value != "keep"]
+    console.print(
+        f"[dim]turn {stats.turn} · prompt {stats.prompt_tokens} · cached {stats.cached_tokens} · "
+        f"prefilled {stats.prefill_tokens} · by {stats.tagging_mode or '-'}"
+        + (f" · {', '.join(decided)}" if decided else "")
+        + (f" · compaction: {stats.compaction}" if stats.compaction else "")
+        + "[/dim]"
+    )
+
+
+def _segments_table(conversation: Any) -> Table:
+    table = Table(show_lines=False)
+    for column in ("id", "role", "kind", "status", "label", "by", "text"):
+        table.add_column(
+            column, overflow="ellipsis", no_wrap=True, max_width=PREVIEW_CHARS if column == "text" else None
+        )
+    for segment in conversation.segments:
+        table.add_row(
+            segment.id,
+            segment.role,
+            segment.kind,
+            segment.status.value + (" (pinned)" if segment.pinned else ""),
+            segment.label.value,
+            segment.decided_by.value if segment.decided_by else "-",
+            " ".join(segment.visible_text.split()) or " ".join(segment.text.split()),
+        )
+    return table

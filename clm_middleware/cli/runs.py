@@ -1,0 +1,52 @@
+"""What replay-like commands share: building per-mode runs, probes, and finishing cleanly.
+
+A run that fails or is interrupted still writes the report of the turns it finished
+(``complete: false``); a store, if one is used, holds every finished turn (one
+transaction per turn), so nothing finished is lost.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from clm_middleware.errors import ClmError
+from clm_middleware.evaluation.probes import Probe, read_probes, retention
+from clm_middleware.replay.formats import probes_beside
+from clm_middleware.replay.report import ReplayReport
+
+
+def load_probes(transcript: Path, probes_path: Path | None) -> list[Probe]:
+    path = probes_path or probes_beside(transcript)
+    return read_probes(path) if path else []
+
+
+def add_retention(report: ReplayReport, drivers: list[Any], probes: list[Probe]) -> None:
+    """``retention`` (probes whose answer is in the final context) and ``final_context``."""
+    if not drivers:
+        return
+    context = drivers[-1].context
+    report.extra["final_context"] = context
+    if len(drivers) > 1:
+        report.extra["final_contexts"] = {d.conversation_id: d.context for d in drivers}
+    if probes:
+        retained, lost = retention(probes, context)
+        report.extra["retention"] = {"retained": retained, "probes": len(probes), "lost": [p.answer for p in lost]}
+
+
+def finish_on_failure(run: Callable[[], None], on_stop: Callable[[], None], stderr: Console) -> None:
+    """Run; on Ctrl-C or a library error, save what finished, then exit 130 or 1."""
+    try:
+        run()
+    except KeyboardInterrupt:
+        on_stop()
+        stderr.print("interrupted: the report holds the finished turns")
+        sys.exit(130)
+    except ClmError as error:
+        on_stop()
+        raise click.ClickException(str(error)) from None

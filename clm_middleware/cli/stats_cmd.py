@@ -1,0 +1,103 @@
+"""``clm stats``: what a store holds: conversations, turns, context, decisions, summaries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+
+@click.command()
+@click.option("--db", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True, help="SQLite store.")
+@click.option("--conversation", "conversation_id", default=None, help="Show this conversation turn by turn.")
+def stats(db: Path, conversation_id: str | None) -> None:
+    """Summarise the conversations in a store, or one conversation turn by turn."""
+    from clm_middleware.store import Store
+
+    store = Store(db)
+    console = Console()
+    if conversation_id is not None:
+        store.conversation_row(conversation_id)  # a clear error if it is not there
+        console.print(_turns_table(store, conversation_id))
+        return
+    ids = store.conversation_ids()
+    if not ids:
+        console.print(f"{db}: no conversations")
+        return
+    console.print(_conversations_table(store, ids))
+
+
+def _conversations_table(store, ids: list[str]) -> Table:
+    table = Table(title=f"{store.path} · {len(ids)} conversations", title_justify="left")
+    for column in (
+        "conversation",
+        "model",
+        "turns",
+        "messages",
+        "context tokens",
+        "keep/compress/drop",
+        "by source",
+        "summaries",
+    ):
+        table.add_column(column, justify="left" if column in ("conversation", "model", "by source") else "right")
+    db = store.db
+    for cid in ids:
+        row = store.conversation_row(cid)
+        last = list(db["turns"].rows_where("conversation_id = ?", [cid], order_by="turn desc", limit=1))
+        context = json.loads(last[0]["stats"])["context_tokens"] if last else 0
+        labels = {
+            r["label"]: r["n"]
+            for r in db.query("select label, count(*) n from decisions where conversation_id = ? group by label", [cid])
+        }
+        sources = {
+            r["decided_by"]: r["n"]
+            for r in db.query(
+                "select decided_by, count(*) n from decisions where conversation_id = ? group by decided_by", [cid]
+            )
+        }
+        summaries = db["summaries"].count_where("conversation_id = ? and ok = 1", [cid])
+        table.add_row(
+            cid,
+            row["model"] or "",
+            str(row["turn"]),
+            str(db["messages"].count_where("conversation_id = ?", [cid])),
+            str(context),
+            f"{labels.get('keep', 0)}/{labels.get('compress', 0)}/{labels.get('drop', 0)}",
+            ", ".join(f"{k} {v}" for k, v in sorted(sources.items())) or "-",
+            str(summaries),
+        )
+    return table
+
+
+def _turns_table(store, conversation_id: str) -> Table:
+    table = Table(title=f"{conversation_id}", title_justify="left")
+    for column in (
+        "turn",
+        "prompt",
+        "cached",
+        "prefill",
+        "context",
+        "keep/compress/drop",
+        "by",
+        "compaction",
+        "summaries",
+    ):
+        table.add_column(column, justify="right" if column not in ("by", "compaction") else "left")
+    for row in store.rows("turns", conversation_id, "turn"):
+        stats = json.loads(row["stats"])
+        decisions = stats["decisions"]
+        table.add_row(
+            str(stats["turn"]),
+            str(stats["prompt_tokens"]),
+            str(stats["cached_tokens"]),
+            str(stats["prefill_tokens"]),
+            str(stats["context_tokens"]),
+            f"{decisions['keep']}/{decisions['compress']}/{decisions['drop']}",
+            stats["tagging_mode"] or "-",
+            stats["compaction"] or "",
+            str(len(stats["summaries"])),
+        )
+    return table

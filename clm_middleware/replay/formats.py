@@ -1,0 +1,220 @@
+"""Transcript formats: detect them and read them into ``Transcript`` objects.
+
+- ``jsonl``: one ``{"role", "content"}`` object per line; an optional
+  ``conversation_id`` groups lines into conversations.
+- ``openai``: a list of OpenAI chat messages, ``{"messages": [...]}``, or a list of
+  such objects (``traj`` is accepted for ``messages``); tool calls and tool messages
+  included.
+- ``sharegpt``: ``{"conversations": [{"from": "human"|"gpt"|"system", "value": ...}]}``,
+  or a list of them.
+- ``langchain``: ``messages_to_dict`` output, ``[{"type": "human"|"ai"|"system"|"tool",
+  "data": {...}}]``, or ``{"messages": [...]}``.
+
+Errors name the file and where: ``FILE:LINE`` for JSONL and for JSON syntax, a JSON
+path (``conversations[2].from``) for structure. Probes for retention can sit next to
+a transcript as ``<name>.probes.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from clm_middleware.errors import TranscriptError
+from clm_middleware.replay.transcript import Message, Transcript, _read_text, message_from_record, read_jsonl
+
+FORMATS = ("auto", "jsonl", "openai", "sharegpt", "langchain")
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "observation": "tool",
+    "function_response": "tool",
+    "function_call": "assistant",
+}
+_LANGCHAIN_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "chat": "user"}
+
+
+def read_transcripts(path: str | Path, fmt: str = "auto") -> list[Transcript]:
+    """Read ``path`` in format ``fmt`` (``auto`` sniffs it)."""
+    path = Path(path)
+    if fmt not in FORMATS:
+        raise TranscriptError(str(path), None, f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl"):
+        return read_jsonl(path)
+    text = _read_text(path)
+    if not text.strip():
+        raise TranscriptError(str(path), None, "the file is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        if fmt == "auto" and "\n" in text.strip():
+            return read_jsonl(path)  # JSON lines with another extension
+        raise TranscriptError(str(path), error.lineno, f"not valid JSON ({error.msg})") from None
+    reader = _READERS[_detect(data, str(path)) if fmt == "auto" else fmt]
+    transcripts = reader(data, str(path))
+    if not transcripts or not any(t.messages for t in transcripts):
+        raise TranscriptError(str(path), None, "the file holds no messages")
+    return transcripts
+
+
+def _detect(data: Any, path: str) -> str:
+    first = data[0] if isinstance(data, list) and data else data
+    if isinstance(first, dict):
+        if "conversations" in first or ("from" in first and "value" in first):
+            return "sharegpt"
+        if "type" in first and "data" in first:
+            return "langchain"
+        messages = first.get("messages")
+        if (
+            isinstance(messages, list)
+            and messages
+            and isinstance(messages[0], dict)
+            and "type" in messages[0]
+            and "data" in messages[0]
+        ):
+            return "langchain"
+        if "role" in first or "messages" in first or "traj" in first:
+            return "openai"
+    raise TranscriptError(
+        path,
+        None,
+        "cannot tell the format: expected JSONL, OpenAI messages, ShareGPT conversations or "
+        "LangChain message dicts (name one with --format)",
+    )
+
+
+def _openai(data: Any, path: str) -> list[Transcript]:
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise TranscriptError(path, None, "expected a list of messages or of conversations")
+    if data and isinstance(data[0], dict) and "role" in data[0]:
+        return [Transcript(Path(path).stem, _openai_messages(data, path, "$"), path)]
+    transcripts = []
+    for number, item in enumerate(data):
+        where = f"$[{number}]"
+        if not isinstance(item, dict):
+            raise TranscriptError(path, None, f"{where}: expected an object with a messages list")
+        messages = item.get("messages", item.get("traj"))
+        if not isinstance(messages, list):
+            raise TranscriptError(path, None, f'{where}: expected a "messages" list')
+        name = str(item.get("id", item.get("conversation_id", item.get("task_id", number))))
+        transcripts.append(
+            Transcript(f"{Path(path).stem}-{name}", _openai_messages(messages, path, f"{where}.messages"), path)
+        )
+    return transcripts
+
+
+def _openai_messages(messages: list[Any], path: str, where: str) -> tuple[Message, ...]:
+    out = []
+    for number, record in enumerate(messages):
+        if not isinstance(record, dict):
+            raise TranscriptError(path, None, f"{where}[{number}]: expected a message object")
+        out.append(_checked(lambda r=record: message_from_record(r, path, None), path, f"{where}[{number}]"))
+    return tuple(out)
+
+
+def _sharegpt(data: Any, path: str) -> list[Transcript]:
+    items = data if isinstance(data, list) else [data]
+    if items and isinstance(items[0], dict) and "from" in items[0]:
+        items = [{"conversations": items}]
+    transcripts = []
+    for number, item in enumerate(items):
+        where = f"$[{number}]"
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list):
+            raise TranscriptError(path, None, f'{where}: expected {{"conversations": [...]}}')
+        messages = []
+        for index, turn in enumerate(turns):
+            at = f"{where}.conversations[{index}]"
+            if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+                raise TranscriptError(path, None, f'{at}: expected {{"from": ..., "value": "..."}}')
+            source = str(turn.get("from", "")).lower()
+            role = _SHAREGPT_ROLES.get(source)
+            if role is None:
+                raise TranscriptError(
+                    path,
+                    None,
+                    f"{at}.from: unknown speaker {turn.get('from')!r}; expected one of {sorted(_SHAREGPT_ROLES)}",
+                )
+            record: dict[str, Any] = {"role": role, "content": turn["value"]}
+            if source == "function_call":
+                record = {"role": "assistant", "content": "", "tool_calls": [_sharegpt_call(turn["value"])]}
+            messages.append(_checked(lambda r=record: message_from_record(r, path, None), path, at))
+        name = str(item.get("id", number))
+        transcripts.append(Transcript(f"{Path(path).stem}-{name}", tuple(messages), path))
+    return transcripts
+
+
+def _sharegpt_call(value: str) -> dict[str, Any]:
+    try:
+        call = json.loads(value)
+    except json.JSONDecodeError:
+        return {"name": "unknown", "arguments": value}
+    return call if isinstance(call, dict) else {"name": "unknown", "arguments": call}
+
+
+def _langchain(data: Any, path: str) -> list[Transcript]:
+    if isinstance(data, dict):
+        data = data.get("messages")
+    if not isinstance(data, list):
+        raise TranscriptError(path, None, 'expected a list of {"type", "data"} message dicts')
+    messages = []
+    for number, item in enumerate(data):
+        at = f"$[{number}]"
+        if not isinstance(item, dict) or not isinstance(item.get("data"), dict):
+            raise TranscriptError(path, None, f'{at}: expected {{"type": ..., "data": {{...}}}}')
+        role = _LANGCHAIN_ROLES.get(str(item.get("type")))
+        if role is None:
+            raise TranscriptError(
+                path,
+                None,
+                f"{at}.type: unknown message type {item.get('type')!r}; expected one of {sorted(_LANGCHAIN_ROLES)}",
+            )
+        body = item["data"]
+        calls = [
+            {"name": c.get("name"), "arguments": c.get("args", {}), "id": c.get("id")}
+            for c in body.get("tool_calls") or []
+        ]
+        record = {
+            "role": role,
+            "content": body.get("content", ""),
+            "tool_calls": calls,
+            "tool_call_id": body.get("tool_call_id"),
+            "name": body.get("name"),
+        }
+        messages.append(_checked(lambda r=record: message_from_record(r, path, None), path, at))
+    return [Transcript(Path(path).stem, tuple(messages), path)]
+
+
+def _checked(read: Callable[[], Message], path: str, where: str) -> Message:
+    """Re-raise a record error with its JSON path instead of a line number."""
+    try:
+        return read()
+    except TranscriptError as error:
+        problem = error.message.split(": ", 1)[-1]
+        raise TranscriptError(path, None, f"{where}: {problem}") from None
+
+
+_READERS: dict[str, Callable[[Any, str], list[Transcript]]] = {
+    "openai": _openai,
+    "sharegpt": _sharegpt,
+    "langchain": _langchain,
+}
+
+
+def probes_beside(path: str | Path) -> Path | None:
+    """``<name>.probes.json`` next to a transcript, if there is one."""
+    path = Path(path)
+    candidate = path.with_name(f"{path.stem}.probes.json")
+    return candidate if candidate.is_file() else None

@@ -1,0 +1,52 @@
+"""Render ``docs/store.md`` from the store's own schema, so the page cannot drift.
+
+``python -m clm_middleware.store.docs docs/store.md`` rewrites it; a test fails when
+the committed page differs from what this renders.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from sqlite_utils import Database
+
+from clm_middleware.store.migrations import MIGRATIONS, MIGRATIONS_TABLE, migrate
+
+INTRO = """# The conversation store (SQLite)
+
+`Conversation(..., store="chats.db")`, `clm replay --mode clm --db`, `clm chat --db`.
+WAL mode; one transaction per turn; the file is created owner-only (0600). Schema
+changes are ordered migrations recorded in `{table}`
+(`clm_middleware/store/migrations.py`): {names}.
+
+Generated from the schema by `python -m clm_middleware.store.docs docs/store.md`;
+do not edit by hand.
+"""
+
+NOTES = {
+    "conversations": "One row per conversation: settings (JSON) to reload it, the turn counter, the next segment number, the digest fold, whether the protocol context is on, and the recent free-form parse results.",
+    "messages": "Everything said, complete (`content`), whatever the context keeps of it; `raw_output` is the model's full output with any lifecycle block; `segment_ids` (JSON) in order.",
+    "segments": "The units the lifecycle decides about: `token_ids` (JSON) so a reload renders the same prompt, `status` (active, compressed, dropped), the latest `label` and who decided it, the `summary` that replaces a compressed segment (the original `text` always stays), self-information (`surprisal`, JSON) and decayed attention density.",
+    "decisions": "Every label decided, per turn and segment, with `decided_by` (model, constrained, signals, rules) and the reason.",
+    "summaries": "Every compression tried: method (extractive, abstractive, distinctive), token counts, the summary, and why one failed or was rejected.",
+    "turns": "Per-turn stats (JSON): the same fields as a replay report's lifecycle turn.",
+}
+
+
+def render_store_reference() -> str:
+    db = Database(memory=True)
+    migrate(db)
+    lines = [INTRO.format(table=MIGRATIONS_TABLE, names=", ".join(f"`{m.__name__}`" for m in MIGRATIONS))]
+    for name in sorted(n for n in db.table_names() if not n.startswith("_")):
+        table = db[name]
+        lines += [f"## `{name}`", "", NOTES.get(name, ""), "", "| column | type | key |", "| --- | --- | --- |"]
+        keys = set(table.pks)
+        lines += [f"| `{c.name}` | {c.type} | {'primary' if c.name in keys else ''} |" for c in table.columns]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/store.md")
+    target.write_text(render_store_reference(), encoding="utf-8")

@@ -1,0 +1,262 @@
+"""Every CLI command through click's runner: formats, plots, chat, stats, errors, interrupts."""
+
+import json
+
+from click.testing import CliRunner
+
+from clm_middleware.cli.main import cli
+
+CHAT = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "My order number is 88412."},
+    {"role": "assistant", "content": "Noted."},
+    {"role": "user", "content": "ok thanks"},
+    {"role": "assistant", "content": "Welcome."},
+]
+
+
+def run(*args: str, input: str | None = None):
+    return CliRunner().invoke(cli, list(args), input=input)
+
+
+def test_openai_json_with_tool_calls_replays_end_to_end(tmp_path):
+    messages = [
+        {"role": "user", "content": "Weather in Porto?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Porto"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": '{"weather": "sunny"}'},
+        {"role": "assistant", "content": "It is sunny."},
+    ]
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps({"messages": messages}))
+    report = tmp_path / "r.json"
+    result = run("replay", str(path), "--model", "tiny", "--teacher-force", "--quiet", "--report", str(report))
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert [t["reply"] for t in data["turns"]] == [
+        '<tool_call>{"arguments": {"city": "Porto"}, "name": "get_weather"}</tool_call>',
+        "It is sunny.",
+    ]
+
+
+def test_sharegpt_many_conversations_replay_through_one_pool(tmp_path):
+    conversations = [
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "system", "value": "Be brief and kind."},
+                {"from": "human", "value": "Hi there"},
+                {"from": "gpt", "value": "Hello!"},
+            ],
+        },
+        {
+            "id": "b",
+            "conversations": [
+                {"from": "system", "value": "Be brief and kind."},
+                {"from": "human", "value": "Hey"},
+                {"from": "gpt", "value": "Hi!"},
+            ],
+        },
+    ]
+    path = tmp_path / "share.json"
+    path.write_text(json.dumps(conversations))
+    report = tmp_path / "r.json"
+    result = run("replay", str(path), "--model", "tiny", "--teacher-force", "--quiet", "--report", str(report))
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["totals"]["conversations"] == 2
+    assert data["turns"][1]["cached_tokens"] > 0  # the shared system prompt hit across conversations
+
+
+def test_langchain_message_dicts_replay(tmp_path):
+    dumped = [
+        {"type": "human", "data": {"content": "Add 2 and 3."}},
+        {"type": "ai", "data": {"content": "", "tool_calls": [{"name": "add", "args": {"a": 2, "b": 3}, "id": "x"}]}},
+        {"type": "tool", "data": {"content": "5", "tool_call_id": "x"}},
+        {"type": "ai", "data": {"content": "It is 5."}},
+    ]
+    path = tmp_path / "lc.json"
+    path.write_text(json.dumps(dumped))
+    result = run("replay", str(path), "--model", "tiny", "--teacher-force", "--quiet", "--format", "langchain")
+    assert result.exit_code == 0, result.output
+
+
+def test_replay_clm_mode_writes_lifecycle_fields_plot_and_retention(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    (tmp_path / "chat.probes.json").write_text(json.dumps([{"question": "Order?", "answer": "88412"}]))
+    report, plot = tmp_path / "r.json", tmp_path / "p.png"
+    result = run(
+        "replay",
+        str(path),
+        "--model",
+        "tiny",
+        "--mode",
+        "clm",
+        "--tagging",
+        "rules",
+        "--teacher-force",
+        "--report",
+        str(report),
+        "--plot",
+        str(plot),
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert {
+        "decisions",
+        "dropped_tokens",
+        "compressed_tokens",
+        "summaries",
+        "lifecycle_s",
+        "pool_blocks_in_use",
+    } <= set(data["turns"][0])
+    assert data["retention"] == {"retained": 1, "probes": 1, "lost": []}
+    assert "88412" in data["final_context"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "facts retained" in result.output
+
+
+def test_bench_writes_markdown_and_plot_with_clm(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    markdown, plot = tmp_path / "b.md", tmp_path / "b.png"
+    result = run(
+        "bench",
+        str(path),
+        "--model",
+        "tiny",
+        "--teacher-force",
+        "--tagging",
+        "rules",
+        "--markdown",
+        str(markdown),
+        "--plot",
+        str(plot),
+    )
+    assert result.exit_code == 0, result.output
+    assert "stateless ÷ clm" in markdown.read_text()
+    assert plot.exists()
+
+
+def test_errors_are_one_line_with_where_and_what(tmp_path):
+    bad_role = tmp_path / "roles.json"
+    bad_role.write_text(json.dumps({"conversations": [{"from": "robot", "value": "beep"}]}))
+    result = run("replay", str(bad_role), "--model", "tiny")
+    assert result.exit_code == 1 and "conversations[0].from: unknown speaker 'robot'" in result.output
+    empty = tmp_path / "empty.json"
+    empty.write_text("  ")
+    result = run("replay", str(empty), "--model", "tiny")
+    assert result.exit_code == 1 and "empty" in result.output
+    unknown = tmp_path / "x.json"
+    unknown.write_text(json.dumps({"hello": 1}))
+    result = run("replay", str(unknown), "--model", "tiny")
+    assert result.exit_code == 1 and "cannot tell the format" in result.output
+    for output in (result.output,):
+        assert "Traceback" not in output
+
+
+def test_a_message_longer_than_the_context_window_is_a_clear_error_naming_the_turn(tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"role": "user", "content": "word " * 1500}) + "\n")
+    report = tmp_path / "r.json"
+    result = run("replay", str(path), "--model", "tiny", "--mode", "prefix", "--report", str(report))
+    assert result.exit_code == 1
+    assert "turn 1" in result.output and "positions" in result.output
+    assert json.loads(report.read_text())["complete"] is False
+
+
+def test_ctrl_c_writes_the_report_of_finished_turns(tmp_path, monkeypatch):
+    from clm_middleware.replay import runner
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    original = runner.PlainChatDriver.respond
+    calls = []
+
+    def interrupt_second_turn(self, forced):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(self, forced)
+
+    monkeypatch.setattr(runner.PlainChatDriver, "respond", interrupt_second_turn)
+    report = tmp_path / "r.json"
+    result = run("replay", str(path), "--model", "tiny", "--teacher-force", "--report", str(report))
+    assert result.exit_code == 130
+    data = json.loads(report.read_text())
+    assert data["complete"] is False and len(data["turns"]) == 1
+
+
+def test_chat_shows_decisions_and_runs_every_command(tmp_path):
+    db = tmp_path / "chat.db"
+    script = "My order is 88412.\n/segments\n/pin 0\n/forget 99\n/stats\nok thanks\n/quit\n"
+    result = run(
+        "chat",
+        "--model",
+        "tiny",
+        "--max-new-tokens",
+        "4",
+        "--tagging",
+        "signals",
+        "--db",
+        str(db),
+        "--session",
+        "s1",
+        input=script,
+    )
+    assert result.exit_code == 0, result.output
+    assert "cached" in result.output and "seg_0: pinned" in result.output and "no segment 'seg_99'" in result.output
+    resumed = run("chat", "--model", "tiny", "--db", str(db), "--session", "s1", input="/quit\n")
+    assert "resumed s1: 4 messages, turn 2" in resumed.output
+
+
+def test_stats_lists_conversations_and_turns(tmp_path):
+    db = tmp_path / "s.db"
+    run(
+        "chat",
+        "--model",
+        "tiny",
+        "--max-new-tokens",
+        "4",
+        "--tagging",
+        "rules",
+        "--db",
+        str(db),
+        "--session",
+        "c1",
+        input="hello there\nok\n/quit\n",
+    )
+    listing = run("stats", "--db", str(db))
+    assert listing.exit_code == 0 and "c1" in listing.output
+    turns = run("stats", "--db", str(db), "--conversation", "c1")
+    assert turns.exit_code == 0 and "rules" in turns.output  # a row per turn, decided by rules
+    missing = run("stats", "--db", str(db), "--conversation", "nope")
+    assert missing.exit_code == 1 and "no conversation 'nope'" in missing.output
+
+
+def test_replay_with_a_disk_cache_reports_disk_totals_and_hits_after_a_restart(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    args = [
+        "replay",
+        str(path),
+        "--model",
+        "tiny",
+        "--teacher-force",
+        "--quiet",
+        "--disk-cache-dir",
+        str(tmp_path / "kv"),
+    ]
+    first = tmp_path / "first.json"
+    assert run(*args, "--report", str(first)).exit_code == 0
+    assert json.loads(first.read_text())["totals"]["disk_writes"] > 0  # spilled at the end
+    second = tmp_path / "second.json"
+    assert run(*args, "--report", str(second)).exit_code == 0
+    totals = json.loads(second.read_text())["totals"]
+    assert totals["disk_hits"] > 0 and totals["disk_corrupt"] == 0

@@ -1,0 +1,111 @@
+"""Transcript readers: every format detected and read, tool calls kept, errors located."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clm_middleware.errors import TranscriptError
+from clm_middleware.replay.formats import read_transcripts
+
+
+def write(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_openai_list_object_and_many_conversations_with_tool_calls(tmp_path):
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+    ]
+    [single] = read_transcripts(write(tmp_path, "a.json", messages))
+    assert [m.role for m in single.messages] == ["user", "assistant", "tool"]
+    assert single.messages[1].tool_calls[0]["function"]["name"] == "lookup"
+    assert single.messages[2].tool_call_id == "c1"
+    [wrapped] = read_transcripts(write(tmp_path, "b.json", {"messages": messages}))
+    assert len(wrapped.messages) == 3
+    many = read_transcripts(
+        write(tmp_path, "c.json", [{"id": "x", "messages": messages}, {"id": "y", "traj": messages}])
+    )
+    assert [t.conversation_id for t in many] == ["c-x", "c-y"]
+
+
+def test_sharegpt_one_or_many_with_speaker_names_mapped(tmp_path):
+    one = {
+        "conversations": [
+            {"from": "system", "value": "s"},
+            {"from": "human", "value": "h"},
+            {"from": "gpt", "value": "g"},
+        ]
+    }
+    [transcript] = read_transcripts(write(tmp_path, "s.json", one))
+    assert [m.role for m in transcript.messages] == ["system", "user", "assistant"]
+    assert len(read_transcripts(write(tmp_path, "m.json", [one, one]))) == 2
+    calls = {
+        "conversations": [
+            {"from": "human", "value": "h"},
+            {"from": "function_call", "value": '{"name": "f", "arguments": {}}'},
+            {"from": "observation", "value": "ok"},
+        ]
+    }
+    [with_calls] = read_transcripts(write(tmp_path, "f.json", calls))
+    assert with_calls.messages[1].tool_calls == ({"name": "f", "arguments": {}},)
+    assert with_calls.messages[2].role == "tool"
+
+
+def test_langchain_message_dicts(tmp_path):
+    dumped = [
+        {"type": "system", "data": {"content": "s"}},
+        {"type": "human", "data": {"content": "h"}},
+        {"type": "ai", "data": {"content": "", "tool_calls": [{"name": "f", "args": {"a": 1}, "id": "i"}]}},
+    ]
+    [transcript] = read_transcripts(write(tmp_path, "lc.json", {"messages": dumped}))
+    assert [m.role for m in transcript.messages] == ["system", "user", "assistant"]
+    assert transcript.messages[2].tool_calls[0]["arguments"] == {"a": 1}
+
+
+def test_jsonl_with_another_extension_is_still_read(tmp_path):
+    text = '{"role": "user", "content": "a"}\n{"role": "assistant", "content": "b"}\n'
+    [transcript] = read_transcripts(write(tmp_path, "chat.txt", text))
+    assert len(transcript.messages) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("bad.json", "{broken", r"bad\.json:1: not valid JSON"),
+        (
+            "who.json",
+            {"conversations": [{"from": "robot", "value": "x"}]},
+            r"\$\[0\]\.conversations\[0\]\.from: unknown speaker 'robot'",
+        ),
+        ("role.json", [{"role": "narrator", "content": "x"}], r"\$\[0\]: unknown role 'narrator'"),
+        ("type.json", [{"type": "alien", "data": {"content": "x"}}], r"\$\[0\]\.type: unknown message type 'alien'"),
+        ("what.json", {"hello": "world"}, "cannot tell the format"),
+        ("none.json", [], "holds no messages|cannot tell"),
+        ("blank.json", "   ", "empty"),
+    ],
+)
+def test_errors_say_where_and_what(tmp_path, name, data, message):
+    with pytest.raises(TranscriptError, match=message):
+        read_transcripts(write(tmp_path, name, data))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(st.text(max_size=300), st.binary(max_size=300)))
+def test_hostile_input_is_a_transcript_error_or_a_transcript_never_a_crash(tmp_path_factory, payload):
+    path = tmp_path_factory.mktemp("fuzz") / "input.json"
+    if isinstance(payload, bytes):
+        path.write_bytes(payload)
+    else:
+        path.write_text(payload, encoding="utf-8")
+    try:
+        transcripts = read_transcripts(path)
+    except TranscriptError:
+        return
+    assert all(t.messages for t in transcripts)
