@@ -124,6 +124,9 @@ class ChatCLM(BaseChatModel):
     """SQLite file for conversations; None keeps them in memory only."""
     session_id: str | None = None
     """Default conversation name; a call's session_id (kwarg or config["configurable"]) wins."""
+    tenant: str | None = None
+    """Tenant key (like vLLM's cache_salt): conversations of different tenants never share
+    KV blocks, so hit timing cannot tell one tenant what another sent."""
     max_tokens: int = 256
     """Most tokens to generate per reply."""
     temperature: float = 0.0
@@ -369,7 +372,7 @@ class ChatCLM(BaseChatModel):
         return call_head(required, tools)
 
     def _router(self, model: str | None, engine: Engine) -> SessionRouter:
-        key = f"{model or DEFAULT_MODEL}@{id(engine)}"
+        key = f"{model or DEFAULT_MODEL}@{id(engine)}"  # one router per engine; a tenant is one ChatCLM
         with self._lock:
             router = self._routers.get(key)
             if router is None:
@@ -394,6 +397,7 @@ class ChatCLM(BaseChatModel):
             stop=self.stop,
             summarizer=summarizer,
             store=self.store_path,
+            cache_salt=self.tenant,
         )
 
     def _session_id(self, kwargs: dict[str, Any]) -> str | None:

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from clm_middleware.cache import PoolConfig
+from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
-from clm_middleware.models import tiny_llama, tiny_tokenizer
+from clm_middleware.models import ScriptedReplies, tiny_llama, tiny_tokenizer
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -45,3 +46,27 @@ def make_engine(tiny_model, tiny_tok):
 @pytest.fixture
 def engine(make_engine) -> Engine:
     return make_engine()
+
+
+@pytest.fixture
+def converse(engine):
+    """A conversation on the tiny model; protocol modes get a short protocol prompt (byte tokens are many)."""
+
+    def make(**kwargs) -> Conversation:
+        kwargs.setdefault("max_new_tokens", 8)
+        kwargs.setdefault("tagging", "signals")
+        kwargs.setdefault("protocol_prompt", "Label segments in a [LIFECYCLE] block.")
+        return Conversation(kwargs.pop("engine", engine), **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def scripted(tiny_model, tiny_tok):
+    """An engine whose replies follow a script of texts (each ends with EOS)."""
+
+    def make(*texts: str) -> tuple[Engine, ScriptedReplies]:
+        script = ScriptedReplies([*tiny_tok.encode(t, add_special_tokens=False), tiny_tok.eos_token_id] for t in texts)
+        return Engine(tiny_model, tiny_tok, logits_processors=[script]), script
+
+    return make

@@ -58,6 +58,7 @@ def bench(
     tagging: str,
     compression: str,
     db: Path | None,
+    tenant: str | None,
     summarizer: str | None,
     probes_path: Path | None,
     markdown_path: Path | None,
@@ -93,7 +94,12 @@ def bench(
         engine = first if index == 0 else sibling_engine(first)  # own pool, shared weights
         options = ReplayOptions(mode=mode, max_new_tokens=max_new_tokens, teacher_force=teacher_force)
         lifecycle = LifecycleOptions(
-            budget=budget, k=k, tagging=tagging, compression=compression, db=str(db) if db and mode == "clm" else None
+            budget=budget,
+            k=k,
+            tagging=tagging,
+            compression=compression,
+            db=str(db) if db and mode == "clm" else None,
+            tenant=tenant,
         )
         if summarizer and mode == "clm":
             lifecycle.summarizer = build_engine(

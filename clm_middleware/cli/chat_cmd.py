@@ -32,6 +32,7 @@ PREVIEW_CHARS = 60
 )
 @click.option("--tagging", default="auto", show_default=True, help="auto, free, constrained, signals or rules.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Reply length cap.")
+@click.option("--tenant", default=None, help="Tenant key mixed into every KV block key; tenants never share blocks.")
 @model_options
 def chat(
     db: Path | None,
@@ -41,6 +42,7 @@ def chat(
     k: int,
     tagging: str,
     max_new_tokens: int,
+    tenant: str | None,
     **engine_options: Any,
 ) -> None:
     """Chat with a managed model. After each reply it shows what was cached and decided."""
@@ -52,7 +54,7 @@ def chat(
     engine = build_engine(**engine_options)
     store = Store(db) if db else None
     if store is not None and session is not None and session in store.conversation_ids():
-        conversation = Conversation.load(store, session, engine)
+        conversation = Conversation.load(store, session, engine, cache_salt=tenant)
         console.print(f"resumed {session}: {len(conversation.history)} messages, turn {conversation.turn}")
     else:
         conversation = Conversation(
@@ -64,6 +66,7 @@ def chat(
             k=k,
             max_new_tokens=max_new_tokens,
             store=store,
+            cache_salt=tenant,
         )
     console.print(f"[dim]{engine.model_name} · conversation {conversation.id} · {COMMANDS}[/dim]")
     with conversation:

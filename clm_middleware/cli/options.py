@@ -81,7 +81,7 @@ def generation_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--budget, --k, --tagging, --compression, --db, --summarizer (used by the clm mode)."""
+    """--budget, --k, --tagging, --compression, --db, --tenant, --summarizer (used by the clm mode)."""
     from clm_middleware.lifecycle.tagging import TAGGING_MODES
 
     for option in reversed(
@@ -118,6 +118,11 @@ def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 type=click.Path(path_type=Path),
                 default=None,
                 help="clm: SQLite store for the conversations.",
+            ),
+            click.option(
+                "--tenant",
+                default=None,
+                help="clm: tenant key mixed into every KV block key; tenants never share blocks.",
             ),
             click.option(
                 "--summarizer",

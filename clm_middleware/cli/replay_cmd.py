@@ -50,6 +50,7 @@ def replay(
     tagging: str,
     compression: str,
     db: Path | None,
+    tenant: str | None,
     summarizer: str | None,
     report_path: Path | None,
     plot_path: Path | None,
@@ -75,7 +76,7 @@ def replay(
     probes = load_probes(transcript, probes_path)
     options = ReplayOptions(mode=mode, max_new_tokens=max_new_tokens, teacher_force=teacher_force)
     lifecycle = LifecycleOptions(
-        budget=budget, k=k, tagging=tagging, compression=compression, db=str(db) if db else None
+        budget=budget, k=k, tagging=tagging, compression=compression, db=str(db) if db else None, tenant=tenant
     )
     engine = build_engine(**engine_options)
     if summarizer and mode == "clm":

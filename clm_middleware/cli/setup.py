@@ -52,6 +52,7 @@ class LifecycleOptions:
     tagging: str = "auto"
     compression: str = "auto"
     db: str | None = None
+    tenant: str | None = None
     summarizer: Engine | None = None
     drivers: list[Any] = field(default_factory=list)  # every driver created, in order
 
@@ -115,6 +116,7 @@ def _mode_factory(
             summarizer=lifecycle.summarizer,
             store=store,
             conversation_id=_unique_id(store, transcript.conversation_id),
+            cache_salt=lifecycle.tenant,
         )
         return ClmDriver(conversation)
 

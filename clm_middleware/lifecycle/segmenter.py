@@ -190,7 +190,7 @@ class Segmenter:
         position = 0
         for fence in _FENCE.finditer(text):
             spans += _prose_spans(text, position, fence.start())
-            spans.append((fence.start(), fence.end(), "code"))
+            spans.append(_trimmed(text, fence.start(), fence.end(), "code"))
             position = fence.end()
         spans += _prose_spans(text, position, len(text))
         pieces, previous_end = [], None
