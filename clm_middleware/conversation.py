@@ -25,27 +25,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 import uuid
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from clm_middleware.engine import Engine, Generation
+from clm_middleware.engine import Engine
 from clm_middleware.errors import ClmError, ConfigError
-from clm_middleware.lifecycle.compaction import CompactionResult, Compactor
+from clm_middleware.lifecycle.compaction import Compactor
 from clm_middleware.lifecycle.compressor import Compressor
 from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
-from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from
-from clm_middleware.lifecycle.observation import record_observation
 from clm_middleware.lifecycle.prompts import PROTOCOL_PROMPT, resolve_prompt, summarizer_prompt
-from clm_middleware.lifecycle.protocol import CLOSE_TAG, block_may_follow, could_open_block
 from clm_middleware.lifecycle.reclaimer import Reclaimer
 from clm_middleware.lifecycle.renderer import ContextRenderer, RenderedContext
-from clm_middleware.lifecycle.reply import IncrementalText, ids_for_prefix
-from clm_middleware.lifecycle.reply_filter import ReplyFilter, visible_answer
 from clm_middleware.lifecycle.rules import RuleConfig
-from clm_middleware.lifecycle.segmenter import Segmenter, is_ack
+from clm_middleware.lifecycle.segmenter import Segmenter
 from clm_middleware.lifecycle.segments import (
     DecidedBy,
     Decision,
@@ -58,7 +52,8 @@ from clm_middleware.lifecycle.segments import (
 )
 from clm_middleware.lifecycle.signals import SignalThresholds
 from clm_middleware.lifecycle.tagging import Tagger, TaggingConfig
-from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts, sum_decision_counts
+from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts
+from clm_middleware.lifecycle.turn_runner import TurnRunner
 from clm_middleware.render import ChatFormat
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
@@ -143,6 +138,7 @@ class Conversation:
         self._unsaved_decisions: list[Decision] = []
         self._dirty: set[SegmentId] = set()
         self.last_reply: Reply | None = None
+        self._runner = TurnRunner(self)
         self.store = _open_store(store)
         if self.store is not None:
             self.store.register(self)
@@ -213,7 +209,7 @@ class Conversation:
         settings: GenerationSettings | None = None,
     ) -> Iterator[str]:
         """Like ``respond``, yielding the visible answer as it is generated."""
-        yield from self._turn_steps(forced_reply, reply_prefix or "", settings or self.generation)
+        yield from self._runner.turn_steps(forced_reply, reply_prefix or "", settings or self.generation)
 
     def set_tools_prompt(self, text: str | None) -> None:
         """The tools section of the system message (see ``adapters/tools.py``); ``None`` removes it.
@@ -387,217 +383,6 @@ class Conversation:
 
     # ------------------------------------------------------------- one turn
 
-    def _turn_steps(self, forced: str | None, prefix: str, settings: GenerationSettings) -> Generator[str, None, None]:
-        started = time.perf_counter()
-        if not self.messages:
-            raise ConfigError("messages", "there is nothing to answer yet; add a user message first")
-        self.turn += 1
-        turn = self.turn
-        stats = TurnStats(turn=turn)
-        decisions: list[Decision] = []
-        try:
-            tick = time.perf_counter()
-            decisions += self._restore_referenced(turn, stats)
-            stats.phases["restore_s"] = time.perf_counter() - tick
-            tick = time.perf_counter()
-            compaction = self.compactor.run(self.messages, self._segments, turn, self.fold)
-            self.fold = compaction.fold
-            self._after_compaction(compaction, turn, stats, decisions)
-            if self._format_changed and not stats.compaction:
-                stats.compaction = "format"  # protocol left or tools changed: the prompt's start moved
-            self._format_changed = False
-            stats.phases["compaction_s"] = time.perf_counter() - tick - stats.phases["compression_s"]
-            reply_id = segment_id(self._next_index)
-            stats.protocol_context = self.protocol_context
-            rendered = self._render(reply_id)
-            prefix_ids = self.chat_format.encode(prefix) if forced is None else []
-            generation = self._generate(rendered, prefix_ids, forced, settings)
-            reply_filter = ReplyFilter(protocol=self.protocol_context, stops=settings.stop)
-            detok = IncrementalText(self.engine.tokenizer, skip_ids=self.engine.default_stop_ids)
-            answer_cap = settings.max_new_tokens
-            for token in generation:
-                detok.push(token)
-                if forced is None:
-                    delta = reply_filter.delta(prefix + detok.text)
-                    if delta:
-                        yield delta
-                    # the block allowance is for a block: an answer that has not opened one
-                    # ends at max_new_tokens like any other
-                    extra = len(generation.token_ids) - answer_cap
-                    if extra >= 0 and not block_may_follow(detok.text, extra):
-                        generation.close()
-                        generation.finish_reason = "length"
-                        break
-        except BaseException:
-            self.turn -= 1
-            raise
-        raw_output = prefix + detok.text if forced is None else detok.text
-        answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings)
-        if forced is None:
-            tail = reply_filter.finish(answer_text)
-            if tail:
-                yield tail
-        else:
-            yield answer_text
-        self._hand_over_chain(generation)
-        asks_block = self.protocol_context and self.tagger.asks_for_block(turn)
-        if forced is not None and asks_block:
-            raw_output = answer_text + "\n" + self._probe_block(rendered.token_ids + answer_ids, stats)
-        reply_message = MessageRecord(len(self.messages), "assistant", answer_text, turn, raw_output=raw_output)
-        self.messages.append(reply_message)
-        self._unsaved_messages.append(reply_message)
-        kind = "ack" if is_ack(answer_text) else "reply"
-        reply_segment = self._new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)
-        tick = time.perf_counter()
-        record_observation(
-            rendered,
-            generation,
-            self.segments,
-            reply_segment if forced is None else None,
-            len(prefix_ids),
-        )
-        # the engine's own observation work (all-position logits, log-softmax, attention probe) counts too
-        stats.phases["observation_s"] = time.perf_counter() - tick + generation.stats.observe_s
-        decisions += self._tag(turn, rendered, answer_ids, raw_output if asks_block else None, generation, stats)
-        self.reclaimer.release_due(turn)
-        self._finish_stats(stats, rendered, generation, decisions, started)
-        self.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)
-        self._unsaved_decisions += decisions
-        self._persist(stats)
-
-    def _generate(
-        self, rendered: RenderedContext, prefix_ids: list[int], forced: str | None, settings: GenerationSettings
-    ) -> Generation:
-        prompt = rendered.token_ids + prefix_ids
-        asks_block = self.protocol_context and self.tagger.asks_for_block(self.turn)
-        if forced is not None:
-            max_new, stops = 1, ()
-        else:
-            max_new = settings.max_new_tokens + (settings.block_tokens if asks_block else 0)
-            stops = settings.stop + ((CLOSE_TAG,) if self.protocol_context else ())
-        budget_room = self.engine.max_positions - len(prompt) if self.engine.max_positions else max_new
-        return self.engine.generate(
-            prompt,
-            max_new_tokens=max(1, min(max_new, budget_room)),
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            seed=settings.seed,
-            stop=stops or None,
-            hold_blocks=True,
-            observe=self.tagger.observe(self._unscored_positions(rendered)),
-            cache_salt=self.cache_salt,
-        )
-
-    def _unscored_positions(self, rendered: RenderedContext) -> frozenset[int]:
-        """Word-initial prompt positions of segments with no self-information yet (a
-        generated reply has it from decoding; a forced reply or a message gets it from
-        this prefill). See ``ChatFormat.word_initial``."""
-        positions: set[int] = set()
-        for identifier, (start, _) in rendered.spans.items():
-            segment = self._segments[identifier]
-            if segment.surprisal is None and segment.status is Status.ACTIVE:
-                flags = self.chat_format.word_initial(segment.token_ids)
-                positions.update(start + i for i, initial in enumerate(flags) if initial)
-        return frozenset(positions)
-
-    def _answer(
-        self,
-        forced: str | None,
-        raw: str,
-        generation: Generation,
-        prefix_ids: list[int],
-        settings: GenerationSettings,
-    ) -> tuple[str, list[int]]:
-        """The visible answer and the token ids the context keeps for it (prefix included)."""
-        if forced is not None:
-            return forced, self.chat_format.encode(forced)
-        ids = prefix_ids + [t for t in generation.token_ids if t not in self.engine.default_stop_ids]
-        answer = visible_answer(raw, protocol=self.protocol_context, stops=settings.stop)
-        if answer == raw.rstrip():
-            return answer, ids  # the context keeps every generated id: they are cached
-        return answer, ids_for_prefix(self.engine.tokenizer, ids, len(answer))
-
-    def _probe_block(self, prefix: list[int], stats: TurnStats) -> str:
-        """After a forced reply, let the model continue and see whether it writes a block.
-
-        The probe stops at the first token that cannot begin an opening tag, so a
-        model that does not follow the protocol costs about one decoded token.
-        """
-        tick = time.perf_counter()
-        probe = self.engine.generate(
-            prefix,
-            max_new_tokens=self.generation.block_tokens,
-            stop=[CLOSE_TAG],
-            cache_salt=self.cache_salt,
-        )
-        detok = IncrementalText(self.engine.tokenizer, skip_ids=self.engine.default_stop_ids)
-        for token in probe:
-            detok.push(token)
-            if not could_open_block(detok.text):
-                probe.close()
-                break
-        stats.extra_calls += 1
-        stats.phases["tagging_s"] += time.perf_counter() - tick
-        return detok.text
-
-    def _tag(
-        self,
-        turn: int,
-        rendered: RenderedContext,
-        answer_ids: list[int],
-        model_output: str | None,
-        generation: Generation,
-        stats: TurnStats,
-    ) -> list[Decision]:
-        tick = time.perf_counter()
-        candidates = self.tagger.candidates(self.segments, turn)
-        valid = {s.id for s in self.segments if s.visible or self._recently_removed(s, turn)}
-        outcome = self.tagger.label(
-            turn=turn,
-            candidates=candidates,
-            valid_ids=valid,
-            model_output=model_output,
-            prefix_ids=rendered.token_ids + answer_ids if self.config.tagging.mode == "constrained" else None,
-            signals_ready=generation.attention is not None or generation.prompt_logprobs is not None,
-            cache_salt=self.cache_salt,
-        )
-        if self.config.tagging.mode == "constrained" and candidates:
-            stats.extra_calls += 1
-        stats.tagging_mode, stats.parse_ok = outcome.mode, outcome.parse_ok
-        applied = []
-        for decision in outcome.decisions:
-            segment = self._segments[decision.segment_id]
-            if segment.pinned:
-                continue
-            if not segment.visible:
-                if decision.label is Label.KEEP and decision.decided_by is DecidedBy.MODEL:
-                    self._restore(segment)  # the model relabelled a removed segment keep
-                else:
-                    continue
-            segment.label, segment.decided_by = decision.label, decision.decided_by
-            self._dirty.add(segment.id)
-            applied.append(decision)
-        self._maybe_leave_protocol(stats)
-        elapsed = time.perf_counter() - tick
-        stats.phases["parsing_s" if outcome.mode == "free" else "tagging_s"] += elapsed
-        return applied
-
-    def _maybe_leave_protocol(self, stats: TurnStats) -> None:
-        """``auto``: a model that failed every probe is not asked again; the context drops
-        the protocol prompt and markers (one re-prefill, then a smaller context for good)."""
-        history = self.tagger.parse_history
-        if (
-            self.config.tagging.mode == "auto"
-            and self.protocol_context
-            and len(history) == history.maxlen
-            and not any(history)
-        ):
-            self.protocol_context = False
-            self.renderer = self._make_renderer()
-            self._format_changed = True
-
-    # ------------------------------------------------------------- helpers
-
     def _make_renderer(self) -> ContextRenderer:
         sections = [self.protocol_text if self.protocol_context else None, self.tools_prompt]
         return ContextRenderer(
@@ -653,69 +438,6 @@ class Conversation:
         size = self.engine.block_size
         return [self._chain[i] for i in self._last_render.segment_blocks(segment, size) if i < len(self._chain)]
 
-    def _after_compaction(
-        self, compaction: CompactionResult, turn: int, stats: TurnStats, decisions: list[Decision]
-    ) -> None:
-        stats.compaction = compaction.reason
-        stats.dropped_tokens, stats.compressed_tokens = (
-            compaction.dropped_tokens,
-            compaction.compressed_tokens,
-        )
-        stats.phases["compression_s"] = compaction.compression_s
-        for segment in compaction.removed:
-            self.reclaimer.hold(segment.id, self._blocks_of(segment.id), turn)
-            segment.removed_round = turn
-            self._dirty.add(segment.id)
-        for segment, outcome in compaction.compressions:
-            stats.summaries.append(
-                {
-                    "segment_id": segment.id,
-                    "ok": outcome.ok,
-                    "method": outcome.method,
-                    "original_tokens": outcome.original_tokens,
-                    "summary_tokens": len(outcome.token_ids),
-                    "error": outcome.error,
-                    "rejected": outcome.rejected,
-                    "summary": outcome.text,
-                }
-            )
-            self._dirty.add(segment.id)
-        decisions += compaction.decisions
-
-    def _restore_referenced(self, turn: int, stats: TurnStats) -> list[Decision]:
-        """Segments the new messages clearly refer to come back (the reference test:
-        they share a distinctive token) if removed within the last K rounds, and a
-        pending drop or compression of them is cancelled."""
-        new_text = " ".join(m.content for m in self.messages if m.turn == turn and m.role in ("user", "tool"))
-        wanted = distinctive_tokens(new_text)
-        if not wanted:
-            return []
-        decisions = []
-        for segment in self.segments:
-            if segment.pinned or segment.role == "system":
-                continue
-            removed = segment.status is Status.DROPPED and self._recently_removed(segment, turn)
-            if not (removed or segment.pending):
-                continue
-            shared = wanted - missing_from(wanted, segment.text)
-            if not shared:
-                continue
-            if removed:
-                self._restore(segment)
-                stats.restored.append(segment.id)
-            segment.label, segment.decided_by = Label.KEEP, DecidedBy.RULES
-            self._dirty.add(segment.id)
-            decisions.append(
-                Decision(
-                    turn,
-                    segment.id,
-                    Label.KEEP,
-                    DecidedBy.RULES,
-                    f"referenced again: {sorted(shared)[:3]}",
-                )
-            )
-        return decisions
-
     def _recently_removed(self, segment: Segment, turn: int) -> bool:
         return segment.removed_round is not None and turn - segment.removed_round <= self.config.k
 
@@ -729,35 +451,6 @@ class Conversation:
         self._unsaved_decisions.append(Decision(self.turn, segment.id, label, DecidedBy.RULES, reason))
         if self.store is not None:
             self.store.save(self, None)
-
-    def _hand_over_chain(self, generation: Generation) -> None:
-        """Hold the new prompt + reply chain, then let the previous one go (tail first)."""
-        previous, self._chain = self._chain, generation.block_ids
-        self.engine.pool.release(list(reversed(previous)))
-
-    def _finish_stats(
-        self,
-        stats: TurnStats,
-        rendered: RenderedContext,
-        generation: Generation,
-        decisions: list[Decision],
-        started: float,
-    ) -> None:
-        call = generation.stats
-        stats.prompt_tokens, stats.context_tokens = call.prompt_tokens, call.prompt_tokens
-        stats.cached_tokens, stats.prefill_tokens = call.cached_tokens, call.prefill_tokens
-        stats.generated_tokens, stats.ttft_s, stats.bookkeeping_s = (
-            call.generated_tokens,
-            call.ttft_s,
-            call.bookkeeping_s,
-        )
-        stats.decisions = decision_counts(decisions)
-        stats.lifecycle_s = sum(stats.phases.values())
-        stats.pool_blocks_in_use = self.engine.pool.stats().blocks_in_use
-        stats.conversation_blocks = len(self._chain)
-        stats.reclaimer_blocks = self.reclaimer.held_blocks
-        stats.turn_s = time.perf_counter() - started
-        self._turn_log.append(stats)
 
     def _persist(self, stats: TurnStats | None) -> None:
         if self.store is not None:

@@ -4,7 +4,7 @@
 the first step of each generation it takes the next scripted reply, and at step
 ``i`` it leaves only token ``reply[i]`` possible. Everything else (pool, prefill,
 KV, streaming, adapters) runs for real; a script that runs out lets the model's own
-logits through. Concurrent generations each take their own reply (per-thread state).
+logits through. Concurrent generations each take their own reply.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ class ScriptedReplies:
     def __init__(self, replies: Iterable[Sequence[int]] = ()) -> None:
         self._queue: deque[list[int]] = deque(list(reply) for reply in replies)
         self._lock = threading.Lock()
-        self._local = threading.local()  # the reply in progress, per generating thread
+        # the reply in progress, per generation: keyed by the generation's own token list,
+        # since one generation may be advanced from several threads (async executors)
+        self._current: dict[int, list[int]] = {}
         self.started = 0  # generations that took a scripted reply
 
     def add(self, reply_ids: Sequence[int]) -> None:
@@ -31,11 +33,16 @@ class ScriptedReplies:
         return len(self._queue)
 
     def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
-        if not generated:
-            with self._lock:
-                self._local.current = self._queue.popleft() if self._queue else None
-                self.started += self._local.current is not None
-        current = getattr(self._local, "current", None)
+        key = id(generated)
+        with self._lock:
+            if not generated:
+                self._current.pop(key, None)
+                if self._queue:
+                    self._current[key] = self._queue.popleft()
+                    self.started += 1
+            current = self._current.get(key)
+            if current is not None and len(generated) >= len(current) - 1:
+                del self._current[key]  # its last token is chosen now
         if current is None or len(generated) >= len(current):
             return logits
         forced = torch.full_like(logits, float("-inf"))

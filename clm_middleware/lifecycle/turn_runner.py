@@ -1,0 +1,351 @@
+"""One turn of a managed conversation, step by step (``Conversation`` holds the state).
+
+Steps, in order: restore what the new turn refers to; compaction (if due); render;
+generate (streaming the visible answer); keep the reply's ids; record what the prefill
+observed; label the window; release what waited K rounds; persist. See
+``conversation.py`` for the invariants a turn keeps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import TYPE_CHECKING
+
+from clm_middleware.engine import Generation
+from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.compaction import CompactionResult
+from clm_middleware.lifecycle.config import GenerationSettings
+from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from
+from clm_middleware.lifecycle.observation import record_observation
+from clm_middleware.lifecycle.protocol import CLOSE_TAG, block_may_follow, could_open_block
+from clm_middleware.lifecycle.renderer import RenderedContext
+from clm_middleware.lifecycle.reply import IncrementalText, ids_for_prefix
+from clm_middleware.lifecycle.reply_filter import ReplyFilter, visible_answer
+from clm_middleware.lifecycle.segmenter import is_ack
+from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Status, segment_id
+from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
+
+if TYPE_CHECKING:
+    from clm_middleware.conversation import Conversation
+
+
+class TurnRunner:
+    """Runs turns for one conversation; holds no state of its own."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+
+    def turn_steps(self, forced: str | None, prefix: str, settings: GenerationSettings) -> Generator[str, None, None]:
+        c = self.conversation
+        started = time.perf_counter()
+        if not c.messages:
+            raise ConfigError("messages", "there is nothing to answer yet; add a user message first")
+        c.turn += 1
+        turn = c.turn
+        stats = TurnStats(turn=turn)
+        decisions: list[Decision] = []
+        try:
+            tick = time.perf_counter()
+            decisions += self._restore_referenced(turn, stats)
+            stats.phases["restore_s"] = time.perf_counter() - tick
+            tick = time.perf_counter()
+            compaction = c.compactor.run(c.messages, c._segments, turn, c.fold)
+            c.fold = compaction.fold
+            self._after_compaction(compaction, turn, stats, decisions)
+            if c._format_changed and not stats.compaction:
+                stats.compaction = "format"  # protocol left or tools changed: the prompt's start moved
+            c._format_changed = False
+            stats.phases["compaction_s"] = time.perf_counter() - tick - stats.phases["compression_s"]
+            reply_id = segment_id(c._next_index)
+            stats.protocol_context = c.protocol_context
+            rendered = c._render(reply_id)
+            prefix_ids = c.chat_format.encode(prefix) if forced is None else []
+            generation = self._generate(rendered, prefix_ids, forced, settings)
+            reply_filter = ReplyFilter(protocol=c.protocol_context, stops=settings.stop)
+            detok = IncrementalText(c.engine.tokenizer, skip_ids=c.engine.default_stop_ids)
+            answer_cap = settings.max_new_tokens
+            for token in generation:
+                detok.push(token)
+                if forced is None:
+                    delta = reply_filter.delta(prefix + detok.text)
+                    if delta:
+                        yield delta
+                    # the block allowance is for a block: an answer that has not opened one
+                    # ends at max_new_tokens like any other
+                    extra = len(generation.token_ids) - answer_cap
+                    if extra >= 0 and not block_may_follow(detok.text, extra):
+                        generation.close()
+                        generation.finish_reason = "length"
+                        break
+        except BaseException:
+            c.turn -= 1
+            raise
+        raw_output = prefix + detok.text if forced is None else detok.text
+        answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings)
+        if forced is None:
+            tail = reply_filter.finish(answer_text)
+            if tail:
+                yield tail
+        else:
+            yield answer_text
+        self._hand_over_chain(generation)
+        asks_block = c.protocol_context and c.tagger.asks_for_block(turn)
+        if forced is not None and asks_block:
+            raw_output = answer_text + "\n" + self._probe_block(rendered.token_ids + answer_ids, stats)
+        reply_message = MessageRecord(len(c.messages), "assistant", answer_text, turn, raw_output=raw_output)
+        c.messages.append(reply_message)
+        c._unsaved_messages.append(reply_message)
+        kind = "ack" if is_ack(answer_text) else "reply"
+        reply_segment = c._new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)
+        tick = time.perf_counter()
+        record_observation(
+            rendered,
+            generation,
+            c.segments,
+            reply_segment if forced is None else None,
+            len(prefix_ids),
+        )
+        # the engine's own observation work (all-position logits, log-softmax, attention probe) counts too
+        stats.phases["observation_s"] = time.perf_counter() - tick + generation.stats.observe_s
+        decisions += self._tag(turn, rendered, answer_ids, raw_output if asks_block else None, generation, stats)
+        c.reclaimer.release_due(turn)
+        self._finish_stats(stats, rendered, generation, decisions, started)
+        c.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)
+        c._unsaved_decisions += decisions
+        c._persist(stats)
+
+    def _generate(
+        self, rendered: RenderedContext, prefix_ids: list[int], forced: str | None, settings: GenerationSettings
+    ) -> Generation:
+        c = self.conversation
+        prompt = rendered.token_ids + prefix_ids
+        asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn)
+        if forced is not None:
+            max_new, stops = 1, ()
+        else:
+            max_new = settings.max_new_tokens + (settings.block_tokens if asks_block else 0)
+            stops = settings.stop + ((CLOSE_TAG,) if c.protocol_context else ())
+        budget_room = c.engine.max_positions - len(prompt) if c.engine.max_positions else max_new
+        return c.engine.generate(
+            prompt,
+            max_new_tokens=max(1, min(max_new, budget_room)),
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=settings.seed,
+            stop=stops or None,
+            hold_blocks=True,
+            observe=c.tagger.observe(self._unscored_positions(rendered)),
+            cache_salt=c.cache_salt,
+        )
+
+    def _unscored_positions(self, rendered: RenderedContext) -> frozenset[int]:
+        """Word-initial prompt positions of segments with no self-information yet (a
+        generated reply has it from decoding; a forced reply or a message gets it from
+        this prefill). See ``ChatFormat.word_initial``."""
+        c = self.conversation
+        positions: set[int] = set()
+        for identifier, (start, _) in rendered.spans.items():
+            segment = c._segments[identifier]
+            if segment.surprisal is None and segment.status is Status.ACTIVE:
+                flags = c.chat_format.word_initial(segment.token_ids)
+                positions.update(start + i for i, initial in enumerate(flags) if initial)
+        return frozenset(positions)
+
+    def _answer(
+        self,
+        forced: str | None,
+        raw: str,
+        generation: Generation,
+        prefix_ids: list[int],
+        settings: GenerationSettings,
+    ) -> tuple[str, list[int]]:
+        """The visible answer and the token ids the context keeps for it (prefix included)."""
+        c = self.conversation
+        if forced is not None:
+            return forced, c.chat_format.encode(forced)
+        ids = prefix_ids + [t for t in generation.token_ids if t not in c.engine.default_stop_ids]
+        answer = visible_answer(raw, protocol=c.protocol_context, stops=settings.stop)
+        if answer == raw.rstrip():
+            return answer, ids  # the context keeps every generated id: they are cached
+        return answer, ids_for_prefix(c.engine.tokenizer, ids, len(answer))
+
+    def _probe_block(self, prefix: list[int], stats: TurnStats) -> str:
+        """After a forced reply, let the model continue and see whether it writes a block.
+
+        The probe stops at the first token that cannot begin an opening tag, so a
+        model that does not follow the protocol costs about one decoded token.
+        """
+        c = self.conversation
+        tick = time.perf_counter()
+        probe = c.engine.generate(
+            prefix,
+            max_new_tokens=c.generation.block_tokens,
+            stop=[CLOSE_TAG],
+            cache_salt=c.cache_salt,
+        )
+        detok = IncrementalText(c.engine.tokenizer, skip_ids=c.engine.default_stop_ids)
+        for token in probe:
+            detok.push(token)
+            if not could_open_block(detok.text):
+                probe.close()
+                break
+        stats.extra_calls += 1
+        stats.phases["tagging_s"] += time.perf_counter() - tick
+        return detok.text
+
+    def _tag(
+        self,
+        turn: int,
+        rendered: RenderedContext,
+        answer_ids: list[int],
+        model_output: str | None,
+        generation: Generation,
+        stats: TurnStats,
+    ) -> list[Decision]:
+        c = self.conversation
+        tick = time.perf_counter()
+        candidates = c.tagger.candidates(c.segments, turn)
+        valid = {s.id for s in c.segments if s.visible or c._recently_removed(s, turn)}
+        outcome = c.tagger.label(
+            turn=turn,
+            candidates=candidates,
+            valid_ids=valid,
+            model_output=model_output,
+            prefix_ids=rendered.token_ids + answer_ids if c.config.tagging.mode == "constrained" else None,
+            signals_ready=generation.attention is not None or generation.prompt_logprobs is not None,
+            cache_salt=c.cache_salt,
+        )
+        if c.config.tagging.mode == "constrained" and candidates:
+            stats.extra_calls += 1
+        stats.tagging_mode, stats.parse_ok = outcome.mode, outcome.parse_ok
+        applied = []
+        for decision in outcome.decisions:
+            segment = c._segments[decision.segment_id]
+            if segment.pinned:
+                continue
+            if not segment.visible:
+                if decision.label is Label.KEEP and decision.decided_by is DecidedBy.MODEL:
+                    c._restore(segment)  # the model relabelled a removed segment keep
+                else:
+                    continue
+            segment.label, segment.decided_by = decision.label, decision.decided_by
+            c._dirty.add(segment.id)
+            applied.append(decision)
+        self._maybe_leave_protocol(stats)
+        elapsed = time.perf_counter() - tick
+        stats.phases["parsing_s" if outcome.mode == "free" else "tagging_s"] += elapsed
+        return applied
+
+    def _maybe_leave_protocol(self, stats: TurnStats) -> None:
+        """``auto``: a model that failed every probe is not asked again; the context drops
+        the protocol prompt and markers (one re-prefill, then a smaller context for good)."""
+        c = self.conversation
+        history = c.tagger.parse_history
+        if (
+            c.config.tagging.mode == "auto"
+            and c.protocol_context
+            and len(history) == history.maxlen
+            and not any(history)
+        ):
+            c.protocol_context = False
+            c.renderer = c._make_renderer()
+            c._format_changed = True
+
+    # ------------------------------------------------------------- helpers
+
+    def _after_compaction(
+        self, compaction: CompactionResult, turn: int, stats: TurnStats, decisions: list[Decision]
+    ) -> None:
+        c = self.conversation
+        stats.compaction = compaction.reason
+        stats.dropped_tokens, stats.compressed_tokens = (
+            compaction.dropped_tokens,
+            compaction.compressed_tokens,
+        )
+        stats.phases["compression_s"] = compaction.compression_s
+        for segment in compaction.removed:
+            c.reclaimer.hold(segment.id, c._blocks_of(segment.id), turn)
+            segment.removed_round = turn
+            c._dirty.add(segment.id)
+        for segment, outcome in compaction.compressions:
+            stats.summaries.append(
+                {
+                    "segment_id": segment.id,
+                    "ok": outcome.ok,
+                    "method": outcome.method,
+                    "original_tokens": outcome.original_tokens,
+                    "summary_tokens": len(outcome.token_ids),
+                    "error": outcome.error,
+                    "rejected": outcome.rejected,
+                    "summary": outcome.text,
+                }
+            )
+            c._dirty.add(segment.id)
+        decisions += compaction.decisions
+
+    def _restore_referenced(self, turn: int, stats: TurnStats) -> list[Decision]:
+        """Segments the new messages clearly refer to come back (the reference test:
+        they share a distinctive token) if removed within the last K rounds, and a
+        pending drop or compression of them is cancelled."""
+        c = self.conversation
+        new_text = " ".join(m.content for m in c.messages if m.turn == turn and m.role in ("user", "tool"))
+        wanted = distinctive_tokens(new_text)
+        if not wanted:
+            return []
+        decisions = []
+        for segment in c.segments:
+            if segment.pinned or segment.role == "system":
+                continue
+            removed = segment.status is Status.DROPPED and c._recently_removed(segment, turn)
+            if not (removed or segment.pending):
+                continue
+            shared = wanted - missing_from(wanted, segment.text)
+            if not shared:
+                continue
+            if removed:
+                c._restore(segment)
+                stats.restored.append(segment.id)
+            segment.label, segment.decided_by = Label.KEEP, DecidedBy.RULES
+            c._dirty.add(segment.id)
+            decisions.append(
+                Decision(
+                    turn,
+                    segment.id,
+                    Label.KEEP,
+                    DecidedBy.RULES,
+                    f"referenced again: {sorted(shared)[:3]}",
+                )
+            )
+        return decisions
+
+    def _hand_over_chain(self, generation: Generation) -> None:
+        """Hold the new prompt + reply chain, then let the previous one go (tail first)."""
+        c = self.conversation
+        previous, c._chain = c._chain, generation.block_ids
+        c.engine.pool.release(list(reversed(previous)))
+
+    def _finish_stats(
+        self,
+        stats: TurnStats,
+        rendered: RenderedContext,
+        generation: Generation,
+        decisions: list[Decision],
+        started: float,
+    ) -> None:
+        c = self.conversation
+        call = generation.stats
+        stats.prompt_tokens, stats.context_tokens = call.prompt_tokens, call.prompt_tokens
+        stats.cached_tokens, stats.prefill_tokens = call.cached_tokens, call.prefill_tokens
+        stats.generated_tokens, stats.ttft_s, stats.bookkeeping_s = (
+            call.generated_tokens,
+            call.ttft_s,
+            call.bookkeeping_s,
+        )
+        stats.decisions = decision_counts(decisions)
+        stats.lifecycle_s = sum(stats.phases.values())
+        stats.pool_blocks_in_use = c.engine.pool.stats().blocks_in_use
+        stats.conversation_blocks = len(c._chain)
+        stats.reclaimer_blocks = c.reclaimer.held_blocks
+        stats.turn_s = time.perf_counter() - started
+        c._turn_log.append(stats)
