@@ -160,14 +160,18 @@ def required_tool(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | bo
 def call_head(name: str, tools: Sequence[dict[str, Any]]) -> str:
     """The start of a call to ``name`` with what its schema fixes already written: the
     arguments object is opened, a tool with exactly one parameter gets that parameter's
-    key, and a tool with none gets the whole call. The model writes only what the schema
-    leaves open (small models otherwise write a bare value where an object belongs)."""
+    key (and the opening quote when it is a string), and a tool with none gets the whole
+    call. The model writes only what the schema leaves open (small models otherwise write
+    a bare value where an object belongs, or a number where a string belongs)."""
     schema = next((t["function"].get("parameters") or {} for t in tools if t["function"]["name"] == name), {})
-    properties = list((schema.get("properties") or {}).keys())
+    properties = schema.get("properties") or {}
     head = OPEN + json.dumps({"name": name})[:-1] + ', "arguments": '
     if not properties:
         return head + "{}}" + CLOSE
-    return head + (json.dumps({properties[0]: None})[:-5] if len(properties) == 1 else "{")
+    if len(properties) > 1:
+        return head + "{"
+    ((key, spec),) = properties.items()
+    return head + json.dumps({key: ""})[:-3] + ('"' if spec.get("type") == "string" else "")
 
 
 _SENTINEL = "\u2063CLM-SYSTEM\u2064"

@@ -112,7 +112,7 @@ class Conversation:
         self.segmenter = segmenter or Segmenter()
         self.tagger = Tagger(self.config.tagging, self.engine, self.chat_format)
         self.protocol_text = resolve_prompt(protocol_prompt, PROTOCOL_PROMPT)
-        self.protocol_context = self.config.tagging.uses_protocol
+        self.protocol_context = self.config.tagging.uses_protocol and not self.tagger.model_failed_protocol
         self.tools_prompt: str | None = None
         self._format_changed = False  # the system block changed since the last prompt
         self.renderer = self._make_renderer()

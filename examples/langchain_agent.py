@@ -10,6 +10,7 @@ agents do; ChatCLM recognises it and prefills only the new messages.
 
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
+from pydantic import ValidationError
 
 from clm_middleware.adapters import ChatCLM
 
@@ -27,6 +28,19 @@ def get_time(city: str) -> str:
 
 
 TOOLS = {t.name: t for t in (get_weather, get_time)}
+
+
+def run_tool(call: dict) -> ToolMessage:
+    """The tool's result, or an error result the model can read and correct (as agent
+    frameworks do: a bad call must not end the run)."""
+    if call["name"] not in TOOLS:
+        return ToolMessage(f"Error: unknown tool {call['name']!r}", tool_call_id=call["id"], status="error")
+    try:
+        return TOOLS[call["name"]].invoke(call)
+    except ValidationError as error:
+        return ToolMessage(f"Error: {error.errors()[0]['msg']}", tool_call_id=call["id"], status="error")
+
+
 llm = ChatCLM(max_tokens=48, tagging="signals")
 history = [
     SystemMessage("You are a travel assistant. Use the tools to answer."),
@@ -43,8 +57,7 @@ for step in range(4):
         print("answer:", reply.content)
         break
     for call in reply.tool_calls:
-        known = call["name"] in TOOLS
-        result = TOOLS[call["name"]].invoke(call) if known else ToolMessage("unknown tool", tool_call_id=call["id"])
+        result = run_tool(call)
         print(f"  {call['name']}({call['args']}) -> {result.content}")
         history.append(result)
     for bad in reply.invalid_tool_calls:

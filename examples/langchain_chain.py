@@ -13,7 +13,9 @@ from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from clm_middleware.adapters import ChatCLM
 
-llm = ChatCLM(max_tokens=48, budget=1024)
+# SmolLM2-135M cannot follow the [LIFECYCLE] protocol in words; "auto" (the default) finds
+# that out over five turns, "signals" starts there (labels from the model's own computation).
+llm = ChatCLM(max_tokens=48, budget=1024, tagging="signals")
 prompt = ChatPromptTemplate.from_messages(
     [("system", "You are a concise assistant."), MessagesPlaceholder("history"), ("human", "{question}")]
 )

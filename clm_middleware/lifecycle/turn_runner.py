@@ -241,13 +241,8 @@ class TurnRunner:
         """``auto``: a model that failed every probe is not asked again; the context drops
         the protocol prompt and markers (one re-prefill, then a smaller context for good)."""
         c = self.conversation
-        history = c.tagger.parse_history
-        if (
-            c.config.tagging.mode == "auto"
-            and c.protocol_context
-            and len(history) == history.maxlen
-            and not any(history)
-        ):
+        if c.protocol_context and c.tagger.model_failed_protocol:
+            c.tagger.remember_protocol_failure()
             c.protocol_context = False
             c.renderer = c._make_renderer()
             c._format_changed = True

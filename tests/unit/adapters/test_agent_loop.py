@@ -64,7 +64,7 @@ def test_malformed_or_unknown_calls_become_invalid_tool_calls_not_errors(scripte
 
 
 def test_tool_choice_opens_the_reply_with_the_required_call(scripted_llm):
-    llm, _ = scripted_llm('"Faro"}}</tool_call>')  # the call head and the one key are written for it
+    llm, _ = scripted_llm('Faro"}}</tool_call>')  # the call head, the one key and its opening quote are forced
     message = llm.bind_tools([get_weather, add], tool_choice="get_weather").invoke("Tell me something.")
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Faro"})]
 

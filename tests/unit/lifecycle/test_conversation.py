@@ -153,6 +153,20 @@ def test_auto_switches_to_signals_after_a_parse_failure_streak(converse, scripte
     assert "[seg_" not in conversation.context
 
 
+def test_a_model_that_failed_the_protocol_starts_later_auto_conversations_in_signals(converse, scripted):
+    engine, _ = scripted(*["No block here."] * 7)
+    first = converse(engine=engine, tagging="auto")
+    for i in range(5):
+        first.send(f"message number {i} here")
+    assert not first.protocol_context
+    second = converse(engine=engine, tagging="auto")
+    assert not second.protocol_context and "[seg_" not in second.context
+    stats = [second.send(f"again {i}").stats for i in range(2)]
+    assert [(s.protocol_context, s.tagging_mode) for s in stats] == [(False, "signals")] * 2
+    other_engine, _ = scripted("No block here.")
+    assert converse(engine=other_engine, tagging="auto").protocol_context  # the verdict is per engine
+
+
 def test_constrained_mode_always_parses(converse):
     conversation = converse(tagging="constrained")
     replies = [conversation.send(text) for text in FILLER[:3]]
