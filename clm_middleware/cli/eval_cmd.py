@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import model_options
+from clm_middleware.cli.options import format_option, model_options
 
 DEFAULT_TAGGINGS = "auto,signals,constrained,free,rules"
 
@@ -24,6 +24,7 @@ def eval_group() -> None:
 
 @eval_group.command(name="retention")
 @click.argument("transcript", type=click.Path(path_type=Path))
+@format_option
 @click.option(
     "--probes",
     "probes_path",
@@ -117,6 +118,7 @@ def retention_command(
         "context tokens",
         "prefill tokens",
         "lifecycle share",
+        "signals share",
         "invented",
     ):
         table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=True)
@@ -144,10 +146,12 @@ def retention_command(
             "",
         ]
         lines += [
-            "| variant | retained | context tokens | prefill tokens | lifecycle share | invented |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| variant | retained | context tokens | prefill tokens | lifecycle share | signals share | invented |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         lines += ["| " + " | ".join(row) + " |" for row in _rows(results)]
+        lines += ["", "Lost (answers not in the final context):", ""]
+        lines += [f"- {r.name}: " + (", ".join(f"`{a}`" for a in r.lost) or "none") for r in results]
         markdown_path.parent.mkdir(parents=True, exist_ok=True)
         markdown_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -156,6 +160,7 @@ def _rows(results) -> list[list[str]]:
     rows = []
     for r in results:
         share = "" if r.lifecycle_share is None else f"{r.lifecycle_share:.1%}"
+        signals = "" if r.observation_share is None else f"{r.observation_share:.1%}"
         invented = "" if r.lifecycle_share is None else f"{r.invented} in {r.compressed_segments} compressed"
         rows.append(
             [
@@ -164,6 +169,7 @@ def _rows(results) -> list[list[str]]:
                 f"{r.context_tokens:,}",
                 f"{r.prefill_tokens:,}",
                 share,
+                signals,
                 invented,
             ]
         )

@@ -10,12 +10,15 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    keeps them verbatim; only budget pressure (step 2) can drop such a segment;
 2. if the prompt was over the budget, the oldest messages (older than the last
    ``protect_turns`` turns) are folded, in order, into the digest (see renderer.py): a
-   segment without facts is dropped, one with facts (distinctive tokens) is condensed
-   by a faithful compression, one the digest already says word for word is dropped,
-   until the prompt is under the low-water mark; if that is not enough, condensed
-   segments are tightened to their distinctive tokens alone (the model's replies
-   first, oldest first), and then segments are dropped lowest eviction value first
-   (replies rank below what the user and tools said), oldest first among equals;
+   segment with facts (distinctive tokens), or a request of the user or a tool in
+   plain words ("a cheap place in the north"), is condensed by a faithful compression;
+   any other segment is dropped, and one the digest already says word for word is
+   dropped as a duplicate, until the prompt is under the low-water mark; if that is
+   not enough, condensed segments are tightened to their distinctive tokens alone (the
+   model's replies first, oldest first), and then segments are dropped lowest eviction
+   value first (replies rank below what the user and tools said), oldest first among
+   equals; a segment with facts, or a condensed request, is dropped only down to
+   halfway between the low-water mark and the budget;
 3. if the newest turn alone still outgrows the budget, its own long segments are
    condensed (faithfully) as a last resort; if even that cannot fit the budget,
    ``ContextBudgetError`` says by how much.
@@ -40,6 +43,18 @@ MIN_CONDENSE_TOKENS = 8  # shorter fact segments are kept whole: a compression w
 
 def _carries_facts(segment: Segment) -> bool:
     return segment.kind != "ack" and segment.label is not Label.DROP and has_distinctive(segment.text)
+
+
+def _states_a_request(segment: Segment) -> bool:
+    """What the user or a tool said in words of substance, with no distinctive token
+    ("a cheap place in the north"): condensed to its most informative words (or kept,
+    when short) rather than dropped. Acknowledgements and what the labeller dropped
+    as short and predictable are not requests."""
+    return segment.role in ("user", "tool") and segment.kind != "ack" and segment.label is not Label.DROP
+
+
+def _condensed_request(segment: Segment) -> bool:
+    return segment.status is Status.COMPRESSED and segment.role in ("user", "tool")
 
 
 class ContextBudgetError(ClmError, ValueError):
@@ -94,7 +109,7 @@ class Compactor:
             else:
                 segment.label = Label.KEEP  # already compressed: keep the faithful summary
         if over:  # budget pressure: go down to the low-water mark, so the next turns fit too
-            self._fit_budget(messages, segments, turn, int(budget * self.config.low_water), result)
+            self._fit_budget(messages, segments, turn, budget, result)
             if self.prompt_length() > budget:
                 self._condense_newest(segments, turn, budget, result)
             length = self.prompt_length()
@@ -110,9 +125,10 @@ class Compactor:
         messages: list[MessageRecord],
         segments: dict[SegmentId, Segment],
         turn: int,
-        target: int,
+        budget: int,
         result: CompactionResult,
     ) -> None:
+        target = int(budget * self.config.low_water)
         protected_from = turn - self.config.protect_turns + 1
         body = messages[1:] if messages and messages[0].role == "system" else messages
         digest_text = " ".join(
@@ -122,10 +138,11 @@ class Compactor:
             for s in m.segment_ids
             if segments[s].visible
         )
-        # Pass 1, oldest message first: fold it into the digest. What carries no fact is
-        # dropped, what carries facts is condensed by a faithful compression, and what
-        # the digest already says word for word is dropped as a duplicate. Nothing that
-        # matters is lost yet, and the newest turns stay verbatim the longest.
+        # Pass 1, oldest message first: fold it into the digest. What carries facts, and
+        # what the user or a tool asked for, is condensed by a faithful compression; the
+        # rest is dropped, and what the digest already says word for word is dropped as a
+        # duplicate. Nothing that matters is lost yet, and the newest turns stay verbatim
+        # the longest.
         for message in body:
             if message.index < self._fold:
                 continue
@@ -134,7 +151,7 @@ class Compactor:
             for segment in (segments[s] for s in message.segment_ids):
                 if not segment.visible or segment.pinned:
                     continue
-                if not _carries_facts(segment):
+                if not _carries_facts(segment) and not _states_a_request(segment):
                     self._drop(segment, result, turn)
                     continue
                 if segment.status is Status.ACTIVE and len(segment.token_ids) >= MIN_CONDENSE_TOKENS:
@@ -154,10 +171,18 @@ class Compactor:
                 return
             if segment.status is Status.COMPRESSED:
                 self._tighten(segment, result)
-        # Pass 3: real loss. Lowest eviction value first, oldest first among equals.
+        # Pass 3: real loss. Lowest eviction value first, oldest first among equals. A
+        # segment that carries facts, or a condensed request, is dropped only down to
+        # halfway between the low-water mark and the budget: some slack is kept, so the
+        # re-prefill after a compaction does not come back every turn, but not at the
+        # price of every fact the low-water mark would cost.
+        fact_target = (target + budget) // 2
         for segment in sorted(candidates, key=lambda s: (eviction_value(s, s.attention), s.turn, s.index)):
-            if self.prompt_length() <= target:
+            length = self.prompt_length()
+            if length <= target:
                 return
+            if length <= fact_target and (_carries_facts(segment) or _condensed_request(segment)):
+                continue
             self._drop(segment, result, turn)
 
     def _condense_newest(

@@ -32,6 +32,18 @@ from clm_middleware.render import ChatFormat
 METHODS = ("auto", "extractive", "abstractive")
 SMALL_MODEL_PARAMETERS = 1_000_000_000  # below this, "auto" compresses extractively
 _WORD = regex.compile(r"\S+")
+# English function words: high surprisal after a typo or an odd turn of phrase, but
+# they carry no fact, so the extractive compression takes them last
+_FUNCTION_WORDS_TEXT = """a about above after again all also am an and any are as at be been before being below
+    between both but by can could did do does doing down during each else few for from
+    further had has have having he her here hers him his how i i'd i'll i'm i've if in into
+    is it it's its just let me might more most must my no nor not now of off on once only or
+    other our ours out over own please same shall she should so some such than that that's
+    the their theirs them then there these they this those through to too under until up
+    very was we were what when where which while who whom why will with would yes you your
+    yours okay ok oh well actually really thanks thank sure great maybe also need want like
+    get got find looking look tell know think sounds sound"""
+_FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 _FACT_WORD = regex.compile(r"[\p{L}\p{N}][\p{L}\p{N}:.,'@/-]*[\p{L}\p{N}]|[\p{L}\p{N}]")
 
 
@@ -207,7 +219,10 @@ class Compressor:
         token_counts = [max(1, len(self.format.encode(" " + w.group()))) for w in words]
         target = math.ceil(sum(token_counts) / self.target_ratio)
         kept = sum(token_counts[i] for i in keep)
-        for index in sorted(range(len(words)), key=lambda i: (-scores[i], i)):
+        # content words first, highest self-information first; function words only after
+        for index in sorted(
+            range(len(words)), key=lambda i: (_bare(words[i].group()) in _FUNCTION_WORDS, -scores[i], i)
+        ):
             if kept >= target:
                 break
             if index not in keep:

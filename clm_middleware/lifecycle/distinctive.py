@@ -27,13 +27,16 @@ _PATTERNS = [
     ("money", r"[$€£¥]\s?\d[\d,]*(?:\.\d+)?|(?i:\b\d[\d,]*(?:\.\d+)?\s?(?:euros?|dollars?|usd|eur|gbp)\b)"),
     (
         "date",
-        rf"(?i:\b(?:(?:{_MONTHS})\.?\s+{_ORDINAL}|(?:{_MONTHS})\.?\s+\d{{1,2}}\b|{_ORDINAL}\s+(?:of\s+)?(?:{_MONTHS})\b|{_ORDINAL}\b))",
+        rf"(?i:\b(?:(?:{_MONTHS})\.?\s+{_ORDINAL}|(?:{_MONTHS})\.?\s+\d{{1,2}}\b|{_ORDINAL}\s+(?:of\s+)?(?:{_MONTHS})\b"
+        rf"|{_ORDINAL}(?:\s+of\s+(?:this|next)\s+month)?\b"
+        rf"|(?:(?:this|next|last)\s+)?(?:{_WEEKDAYS})\b(?:\s+(?:this|next|last)\s+week\b)?))",
     ),
     # a code mixes letters and digits, or is a digit group with separators (QX7-4821, 2,400, 3.5)
     ("code", r"(?:\p{L}+[-_/]?)*\p{N}+(?:[-_/.:,]?[\p{L}\p{N}]+)*"),
     ("name", rf"(?:(?:Mr|Mrs|Ms|Dr|Prof|St)\.\s+)?{_CAPITALISED}(?:\s+(?:{_CONNECTOR}\s+)*\(?{_CAPITALISED}\)?)*"),
 ]
 _TOKEN = regex.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in _PATTERNS), regex.V1)
+_RUN_WORD = regex.compile(r"\S+")
 _CONNECTOR_WORD = regex.compile(rf"^{_CONNECTOR}$")
 _LEADING_CONNECTORS = regex.compile(rf"(?:\s+{_CONNECTOR}\b)*\s+\(?")
 _MONTH_OR_DAY = regex.compile(rf"^(?:{_MONTHS}|{_WEEKDAYS})$", regex.IGNORECASE)
@@ -60,6 +63,13 @@ _COMMON_CAPITALISED = frozenset(
         "The",
         "A",
         "An",
+        "Oh",
+        "Bye",
+        "Goodbye",
+        "Thank",
+        "Great",
+        "Perfect",
+        "Awesome",
     ]
 )
 
@@ -81,22 +91,32 @@ def distinctive_spans(text: str) -> list[tuple[int, int]]:
 
 
 def _name_span(text: str, match: regex.Match[str]) -> tuple[int, int] | None:
-    """A capitalised run is a name unless it is one common word, or one word opening a sentence."""
-    value = match.group()
-    words = value.split()
-    if len(words) == 1:
-        if value in _COMMON_CAPITALISED:
-            return None
-        if _SENTENCE_START.search(text[: match.start()]) and not _MONTH_OR_DAY.match(value.rstrip(".")):
+    """A capitalised run is a name once common words ("I", "Thanks") are cut from its
+    ends, unless what is left is one word opening a sentence ("Can I" is grammar)."""
+    words = list(_RUN_WORD.finditer(match.group()))
+    first, last = 0, len(words)
+    while first < last and _bare_word(words[first].group()) in _COMMON_CAPITALISED:
+        first += 1
+    while last > first and _bare_word(words[last - 1].group()) in _COMMON_CAPITALISED:
+        last -= 1
+    if first == last:
+        return None
+    base = match.start()
+    start, end = base + words[first].start(), base + words[last - 1].end()
+    opens_sentence = bool(_SENTENCE_START.search(text[:start]))
+    if last - first == 1:
+        if opens_sentence and not _MONTH_OR_DAY.match(_bare_word(words[first].group())):
             return None  # a capitalised first word is grammar, not a name
-        return match.start(), match.end()
-    start = match.start()
-    at_sentence_start = bool(_SENTENCE_START.search(text[:start]))
-    if words[0] in _COMMON_CAPITALISED or (at_sentence_start and _CONNECTOR_WORD.match(words[1])):
-        # "I Paris" keeps "Paris"; "Try the Abbey Court" keeps "Abbey Court" (a verb opened the sentence)
-        rest = _LEADING_CONNECTORS.match(value, len(words[0]))
-        start += rest.end()
-    return (start, match.end()) if start < match.end() else None
+        return start, end
+    if opens_sentence and _CONNECTOR_WORD.match(words[first + 1].group()):
+        # "Try the Abbey Court" keeps "Abbey Court" (a verb opened the sentence)
+        rest = _LEADING_CONNECTORS.match(text, start + len(words[first].group()))
+        start = rest.end() if rest else start
+    return (start, end) if start < end else None
+
+
+def _bare_word(word: str) -> str:
+    return word.strip(".,;:!?()\"'’”“")
 
 
 def distinctive_tokens(text: str) -> set[str]:

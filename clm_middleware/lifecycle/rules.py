@@ -9,9 +9,10 @@ Labels (``rule_label``), first rule that applies:
 6. otherwise → keep.
 
 Eviction value (``eviction_value``), lowest evicted first, oldest first among equals:
-labelled drop or content-free 0 · labelled compress 1 · keep 2 · +2 with distinctive
-tokens · +1 when the newest turns attended to it more than to an average token ·
-+1.5 for what the user or a tool said (a reply restates it, and a small model's
+labelled drop or content-free 0 · labelled compress, not yet condensed 1 · otherwise 2
+· +2 with distinctive tokens, else +1 for what a user or tool said once condensed to
+its content words · +1 when the newest turns attended to it more than to an average token
+· +1.5 for what the user or a tool said (a reply restates it, and a small model's
 replies are full of invented numbers and names that must not outlast real facts).
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.distinctive import has_distinctive
-from clm_middleware.lifecycle.segments import Label, Segment
+from clm_middleware.lifecycle.segments import Label, Segment, Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +56,14 @@ def rule_label(segment: Segment, current_turn: int, config: RuleConfig) -> tuple
 def eviction_value(segment: Segment, attention_density: float = 0.0) -> float:
     if segment.label is Label.DROP or segment.kind == "ack":
         value = 0.0
-    elif segment.label is Label.COMPRESS:
-        value = 1.0
+    elif segment.label is Label.COMPRESS and segment.status is not Status.COMPRESSED:
+        value = 1.0  # judged worth less than its length, and not condensed yet
     else:
         value = 2.0
     if segment.kind != "ack" and has_distinctive(segment.text):
         value += 2.0
+    elif segment.status is Status.COMPRESSED and segment.role in ("user", "tool"):
+        value += 1.0  # a request condensed to its content words: below a fact, above a reply
     if attention_density > 1.0:
         value += 1.0
     if segment.role in ("user", "tool", "system"):

@@ -260,3 +260,44 @@ def test_replay_with_a_disk_cache_reports_disk_totals_and_hits_after_a_restart(t
     assert run(*args, "--report", str(second)).exit_code == 0
     totals = json.loads(second.read_text())["totals"]
     assert totals["disk_hits"] > 0 and totals["disk_corrupt"] == 0
+
+
+def test_eval_retention_reports_every_variant_in_json_and_markdown(tmp_path):
+    filler = "we talked about the weather and how nice the walk along the river was."
+    messages = [{"from": "human", "value": "My order number is 88412."}, {"from": "gpt", "value": "Noted."}]
+    for _ in range(6):
+        messages += [{"from": "human", "value": filler}, {"from": "gpt", "value": filler}]
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps({"conversations": messages}))
+    probes = tmp_path / "probes.json"
+    probes.write_text(json.dumps([{"question": "Order?", "answer": "88412"}]))
+    report, markdown = tmp_path / "r.json", tmp_path / "r.md"
+    result = run(
+        "eval",
+        "retention",
+        str(path),
+        "--format",
+        "sharegpt",
+        "--probes",
+        str(probes),
+        "--budget",
+        "160",
+        "--tagging",
+        "rules,signals",
+        "--model",
+        "tiny",
+        "--report",
+        str(report),
+        "--markdown",
+        str(markdown),
+    )
+    assert result.exit_code == 0, result.output
+    variants = {v["variant"]: v for v in json.loads(report.read_text())["variants"]}
+    assert list(variants) == ["clm:rules", "clm:signals", "truncate", "keep-all"]
+    assert variants["keep-all"]["retained"] == 1
+    assert variants["truncate"]["lost"] == ["88412"]  # the fact is older than the newest messages that fit
+    # the lifecycle keeps the order number: a fact is not dropped to reach the low-water mark
+    assert variants["clm:rules"]["retained"] == 1
+    assert variants["clm:rules"]["context_tokens"] < variants["keep-all"]["context_tokens"]
+    text = markdown.read_text()
+    assert "| variant | retained |" in text and "- truncate: `88412`" in text
