@@ -79,8 +79,11 @@ class ArenaCache(Cache):
             block_size,
             layout.head_dim,
         )
-        self.keys = torch.empty(shape, dtype=layout.dtype, device=layout.device)
-        self.values = torch.empty(shape, dtype=layout.dtype, device=layout.device)
+        # zero-filled so the OS maps every page now, once, in one pass: faulting them in
+        # later, inside a block gather or a prefill, costs several times more (measured
+        # on CPU: ~120 ms to zero a 74 MB arena, ~140-260 ms to gather into it untouched)
+        self.keys = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
+        self.values = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
         self.capacity_tokens = capacity_blocks * block_size

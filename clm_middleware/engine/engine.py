@@ -422,7 +422,9 @@ class Engine:
         keys: list[BlockKey] = []
         reserved: list[int] = []
         capacity = math.ceil((len(prompt) + sampling.max_new_tokens) / size)
+        tick = time.perf_counter()
         arena, reusable_blocks = self._arenas.take(capacity, prompt if request.use_pool else [], request.extra_key)
+        stats.arena_s = time.perf_counter() - tick
         store = False
         try:
             if request.use_pool:

@@ -22,6 +22,7 @@ class CallStats:
     decode_s: float = 0.0
     total_s: float = 0.0
     bookkeeping_s: float = 0.0  # hash + match + gather + store: the pool's own overhead
+    arena_s: float = 0.0  # allocating a working cache (0 when a spare one was reused)
     observe_s: float = 0.0  # extra work for Observe: logits of every prompt position, log-softmax, attention probe
     stored_blocks: int = 0
     finish_reason: str | None = None

@@ -44,6 +44,7 @@ class TurnStats:
     ttft_s: float = 0.0
     turn_s: float = 0.0
     bookkeeping_s: float = 0.0
+    arena_s: float = 0.0
     tagging_mode: str = ""  # which source decided: free | constrained | signals | rules
     protocol_context: bool = False  # the prompt carried the protocol and segment markers
     parse_ok: bool | None = None

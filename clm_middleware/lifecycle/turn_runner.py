@@ -332,10 +332,11 @@ class TurnRunner:
         call = generation.stats
         stats.prompt_tokens, stats.context_tokens = call.prompt_tokens, call.prompt_tokens
         stats.cached_tokens, stats.prefill_tokens = call.cached_tokens, call.prefill_tokens
-        stats.generated_tokens, stats.ttft_s, stats.bookkeeping_s = (
+        stats.generated_tokens, stats.ttft_s, stats.bookkeeping_s, stats.arena_s = (
             call.generated_tokens,
             call.ttft_s,
             call.bookkeeping_s,
+            call.arena_s,
         )
         stats.decisions = decision_counts(decisions)
         stats.lifecycle_s = sum(stats.phases.values())

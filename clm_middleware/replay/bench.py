@@ -41,6 +41,12 @@ METRICS: tuple[Metric, ...] = (
         lambda r: 100 * r.totals()["bookkeeping_share"],
         ratio=False,
     ),
+    Metric(
+        "working-cache allocation share of turn time",
+        "%",
+        lambda r: 100 * r.totals()["arena_share"],
+        ratio=False,
+    ),
 )
 
 

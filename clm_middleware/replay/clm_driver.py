@@ -34,6 +34,7 @@ class ClmDriver:
             ttft_s=stats.ttft_s,
             turn_s=time.perf_counter() - started,
             bookkeeping_s=stats.bookkeeping_s,
+            arena_s=stats.arena_s,
             reply=reply.text,
             pool_blocks_in_use=stats.pool_blocks_in_use,
             kv_bytes=pool.kv_bytes,

@@ -28,6 +28,7 @@ class TurnRecord:
     turn_s: float
     bookkeeping_s: float  # pool overhead: hash + match + gather + store
     reply: str  # assistant text of the turn, generated or forced
+    arena_s: float = 0.0  # allocating the turn's working cache (0 when a spare was reused)
     pool_blocks_in_use: int = 0
     kv_bytes: int = 0  # pool bytes holding data after the turn (in use + cached)
     working_kv_bytes: int = 0  # the turn's own attention cache at its end
@@ -72,6 +73,8 @@ class ReplayReport:
             "turn_s": turn_s,
             "bookkeeping_s": bookkeeping,
             "bookkeeping_share": bookkeeping / turn_s if turn_s else 0.0,
+            "arena_s": sum(t.arena_s for t in turns),
+            "arena_share": sum(t.arena_s for t in turns) / turn_s if turn_s else 0.0,
             "peak_kv_bytes": max((t.live_kv_bytes + t.working_kv_bytes for t in turns), default=0),
             "peak_pool_bytes": max((t.kv_bytes for t in turns), default=0),
             "final_context_tokens": turns[-1].context_tokens if turns else 0,

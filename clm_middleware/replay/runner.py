@@ -143,6 +143,7 @@ def plain_turn_record(
         ttft_s=stats.ttft_s,
         turn_s=time.perf_counter() - started,
         bookkeeping_s=stats.bookkeeping_s,
+        arena_s=stats.arena_s,
         reply=reply,
         pool_blocks_in_use=pool.blocks_in_use,
         kv_bytes=pool.kv_bytes if pooled else 0,
