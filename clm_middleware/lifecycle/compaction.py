@@ -12,8 +12,9 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    ``protect_turns`` turns) are folded, in order, into the digest (see renderer.py): a
    segment with facts (distinctive tokens), or a request of the user or a tool in
    plain words ("a cheap place in the north"), is condensed by a faithful compression;
-   any other segment is dropped, and one the digest already says word for word is
-   dropped as a duplicate, until the prompt is under the low-water mark; if that is
+   any other segment is dropped, and so is one the digest already says word for word,
+   a condensed request left with no content word ("perfect, that works"), and a reply
+   whose facts the digest already holds, until the prompt is under the low-water mark; if that is
    not enough, condensed segments are tightened to their distinctive tokens alone (the
    model's replies first, oldest first), and then segments are dropped lowest eviction
    value first (replies rank below what the user and tools said), oldest first among
@@ -31,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clm_middleware.errors import ClmError
-from clm_middleware.lifecycle.compressor import CompressionResult, Compressor
+from clm_middleware.lifecycle.compressor import CompressionResult, Compressor, has_content_words
 from clm_middleware.lifecycle.config import LifecycleConfig
-from clm_middleware.lifecycle.distinctive import has_distinctive
+from clm_middleware.lifecycle.distinctive import distinctive_tokens, has_distinctive, missing_from
 from clm_middleware.lifecycle.rules import eviction_value
 from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Segment, SegmentId, Status
 
@@ -159,6 +160,13 @@ class Compactor:
                 condensed = segment.visible_text.casefold()
                 if condensed in digest_text:
                     self._drop(segment, result, turn, reason="duplicate of the digest")
+                elif not _carries_facts(segment) and not has_content_words(segment.visible_text):
+                    self._drop(segment, result, turn, reason="no content words")
+                elif segment.role == "assistant" and not missing_from(
+                    distinctive_tokens(segment.visible_text), digest_text
+                ):
+                    # a reply that only repeats facts the digest already holds
+                    self._drop(segment, result, turn, reason="facts already in the digest")
                 else:
                     digest_text += " " + condensed
             self._fold = result.fold = message.index + 1

@@ -42,8 +42,18 @@ _FUNCTION_WORDS_TEXT = """a about above after again all also am an and any are a
     the their theirs them then there these they this those through to too under until up
     very was we were what when where which while who whom why will with would yes you your
     yours okay ok oh well actually really thanks thank sure great maybe also need want like
-    get got find looking look tell know think sounds sound"""
+    get got find looking look tell know think sounds sound perfect good nice fine cool
+    alright right awesome wonderful excellent works work let's you've you're you'll that'll
+    there's it'll we'll we're they're don't can't won't didn't isn't what's anything
+    something everything nothing done moment"""
 _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
+
+
+def has_content_words(text: str) -> bool:
+    """Whether ``text`` says anything beyond function and filler words ("perfect, that works")."""
+    return any(_bare(w) not in _FUNCTION_WORDS for w in _WORD.findall(text) if any(c.isalnum() for c in w))
+
+
 _FACT_WORD = regex.compile(r"[\p{L}\p{N}][\p{L}\p{N}:.,'@/-]*[\p{L}\p{N}]|[\p{L}\p{N}]")
 
 

@@ -201,3 +201,28 @@ def test_a_new_message_over_the_budget_is_condensed_faithfully_when_that_fits(co
     assert reply.stats.prompt_tokens <= 320
     assert "QX7-4821" in conversation.context and "April 22" in conversation.context
     assert any(s["ok"] for s in reply.stats.summaries)
+
+
+def _forced_turns(conversation, pairs):
+    for user, reply in pairs:
+        conversation.add("user", user)
+        conversation.respond(reply)
+
+
+def test_a_plain_word_request_is_condensed_into_the_digest_not_dropped(converse):
+    conversation = converse(budget=420, tagging="rules")
+    request = "Okay then, can you look for it in the north instead then, please?"
+    _forced_turns(conversation, [(request, "Sure.")] + [(text, "we talked about that.") for text in FILLER])
+    folded = next(s for s in conversation.segments if s.text == request)
+    assert folded.status is Status.COMPRESSED
+    assert "north" in folded.visible_text  # its one content word
+    assert "north" in conversation.context
+
+
+def test_a_reply_that_repeats_facts_already_in_the_digest_is_dropped(converse):
+    conversation = converse(budget=420, tagging="rules")
+    pairs = [("My order number is 88412, shipping to Porto.", "Order 88412 to Porto, noted.")]
+    _forced_turns(conversation, pairs + [(text, "we talked about that.") for text in FILLER])
+    reply = next(s for s in conversation.segments if s.text == "Order 88412 to Porto, noted.")
+    assert reply.status is Status.DROPPED
+    assert "88412" in conversation.context and "Porto" in conversation.context
