@@ -12,14 +12,14 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    ``protect_turns`` turns) are folded, in order, into the digest (see renderer.py): a
    segment with facts (distinctive tokens), or a request of the user or a tool in
    plain words ("a cheap place in the north"), is condensed by a faithful compression;
-   any other segment is dropped, and so is one the digest already says word for word,
-   a condensed request left with no content word ("perfect, that works"), and a reply
-   whose facts the digest already holds, until the prompt is under the low-water mark; if that is
-   not enough, condensed segments are tightened to their distinctive tokens alone (the
-   model's replies first, oldest first), and then segments are dropped lowest eviction
-   value first (replies rank below what the user and tools said), oldest first among
-   equals; a segment with facts, or a condensed request, is dropped only down to
-   halfway between the low-water mark and the budget;
+   any other segment is dropped, and so is one the digest already says word for
+   word, a condensed request left with no content word ("perfect, that works"), and a
+   reply whose facts the digest already holds, until the prompt is under the
+   low-water mark; if that is not enough, condensed segments are tightened to their
+   distinctive tokens alone (the model's replies first, oldest first), and then
+   segments are dropped lowest eviction value first (replies rank below what the user
+   and tools said), oldest first among equals; a segment with facts, or a condensed
+   request, is dropped only down to halfway between the low-water mark and the budget;
 3. if the newest turn alone still outgrows the budget, its own long segments are
    condensed (faithfully) as a last resort; if even that cannot fit the budget,
    ``ContextBudgetError`` says by how much.
@@ -35,7 +35,7 @@ from clm_middleware.errors import ClmError
 from clm_middleware.lifecycle.compressor import CompressionResult, Compressor, has_content_words
 from clm_middleware.lifecycle.config import LifecycleConfig
 from clm_middleware.lifecycle.distinctive import distinctive_tokens, has_distinctive, missing_from
-from clm_middleware.lifecycle.rules import eviction_value
+from clm_middleware.lifecycle.rules import eviction_value, is_condensed_request
 from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Segment, SegmentId, Status
 
 OVERHEAD_TOKENS_PER_SEGMENT = 8  # a marker, a separator, a share of message glue
@@ -52,10 +52,6 @@ def _states_a_request(segment: Segment) -> bool:
     when short) rather than dropped. Acknowledgements and what the labeller dropped
     as short and predictable are not requests."""
     return segment.role in ("user", "tool") and segment.kind != "ack" and segment.label is not Label.DROP
-
-
-def _condensed_request(segment: Segment) -> bool:
-    return segment.status is Status.COMPRESSED and segment.role in ("user", "tool")
 
 
 class ContextBudgetError(ClmError, ValueError):
@@ -189,7 +185,7 @@ class Compactor:
             length = self.prompt_length()
             if length <= target:
                 return
-            if length <= fact_target and (_carries_facts(segment) or _condensed_request(segment)):
+            if length <= fact_target and (_carries_facts(segment) or is_condensed_request(segment)):
                 continue
             self._drop(segment, result, turn)
 

@@ -25,7 +25,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from clm_middleware.engine import Engine, Observe
 from clm_middleware.errors import ConfigError
-from clm_middleware.lifecycle.distinctive import distinctive_spans, distinctive_tokens, missing_from
+from clm_middleware.lifecycle.distinctive import bare_word, distinctive_spans, distinctive_tokens, missing_from
 from clm_middleware.lifecycle.segments import Segment
 from clm_middleware.render import ChatFormat
 
@@ -103,7 +103,7 @@ def check_faithful(original: str, summary: str) -> CompressionCheck:
 
 
 def _bare(word: str) -> str:
-    return word.casefold().strip(".,;:!?()[]\"'’”“")
+    return bare_word(word).casefold()
 
 
 def _kept_words(text: str, words: list[regex.Match[str]]) -> set[int]:

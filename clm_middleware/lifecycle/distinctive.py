@@ -95,9 +95,9 @@ def _name_span(text: str, match: regex.Match[str]) -> tuple[int, int] | None:
     ends, unless what is left is one word opening a sentence ("Can I" is grammar)."""
     words = list(_RUN_WORD.finditer(match.group()))
     first, last = 0, len(words)
-    while first < last and _bare_word(words[first].group()) in _COMMON_CAPITALISED:
+    while first < last and bare_word(words[first].group()) in _COMMON_CAPITALISED:
         first += 1
-    while last > first and _bare_word(words[last - 1].group()) in _COMMON_CAPITALISED:
+    while last > first and bare_word(words[last - 1].group()) in _COMMON_CAPITALISED:
         last -= 1
     if first == last:
         return None
@@ -105,7 +105,7 @@ def _name_span(text: str, match: regex.Match[str]) -> tuple[int, int] | None:
     start, end = base + words[first].start(), base + words[last - 1].end()
     opens_sentence = bool(_SENTENCE_START.search(text[:start]))
     if last - first == 1:
-        if opens_sentence and not _MONTH_OR_DAY.match(_bare_word(words[first].group())):
+        if opens_sentence and not _MONTH_OR_DAY.match(bare_word(words[first].group())):
             return None  # a capitalised first word is grammar, not a name
         return start, end
     if opens_sentence and _CONNECTOR_WORD.match(words[first + 1].group()):
@@ -115,8 +115,9 @@ def _name_span(text: str, match: regex.Match[str]) -> tuple[int, int] | None:
     return (start, end) if start < end else None
 
 
-def _bare_word(word: str) -> str:
-    return word.strip(".,;:!?()\"'’”“")
+def bare_word(word: str) -> str:
+    """``word`` without the punctuation around it (case kept)."""
+    return word.strip(".,;:!?()[]\"'’”“")
 
 
 def distinctive_tokens(text: str) -> set[str]:

@@ -53,6 +53,11 @@ def rule_label(segment: Segment, current_turn: int, config: RuleConfig) -> tuple
     return Label.KEEP, "default"
 
 
+def is_condensed_request(segment: Segment) -> bool:
+    """What a user or tool said, condensed to its content words (or its facts)."""
+    return segment.status is Status.COMPRESSED and segment.role in ("user", "tool")
+
+
 def eviction_value(segment: Segment, attention_density: float = 0.0) -> float:
     if segment.label is Label.DROP or segment.kind == "ack":
         value = 0.0
@@ -62,7 +67,7 @@ def eviction_value(segment: Segment, attention_density: float = 0.0) -> float:
         value = 2.0
     if segment.kind != "ack" and has_distinctive(segment.text):
         value += 2.0
-    elif segment.status is Status.COMPRESSED and segment.role in ("user", "tool"):
+    elif is_condensed_request(segment):
         value += 1.0  # a request condensed to its content words: below a fact, above a reply
     if attention_density > 1.0:
         value += 1.0
