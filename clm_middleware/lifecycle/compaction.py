@@ -148,7 +148,8 @@ class Compactor:
             for segment in (segments[s] for s in message.segment_ids):
                 if not segment.visible or segment.pinned:
                     continue
-                if not _carries_facts(segment) and not _states_a_request(segment):
+                facts = _carries_facts(segment)
+                if not facts and not _states_a_request(segment):
                     self._drop(segment, result, turn)
                     continue
                 if segment.status is Status.ACTIVE and len(segment.token_ids) >= MIN_CONDENSE_TOKENS:
@@ -156,7 +157,7 @@ class Compactor:
                 condensed = segment.visible_text.casefold()
                 if condensed in digest_text:
                     self._drop(segment, result, turn, reason="duplicate of the digest")
-                elif not _carries_facts(segment) and not has_content_words(segment.visible_text):
+                elif not facts and not has_content_words(segment.visible_text):
                     self._drop(segment, result, turn, reason="no content words")
                 elif segment.role == "assistant" and not missing_from(
                     distinctive_tokens(segment.visible_text), digest_text
