@@ -14,12 +14,16 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    plain words ("a cheap place in the north"), is condensed by a faithful compression;
    any other segment is dropped, and so is one the digest already says word for
    word, a condensed request left with no content word ("perfect, that works"), and a
-   reply whose facts the digest already holds, until the prompt is under the
-   low-water mark; if that is not enough, condensed segments are tightened to their
-   distinctive tokens alone (the model's replies first, oldest first), and then
-   segments are dropped lowest eviction value first (replies rank below what the user
-   and tools said), oldest first among equals; a segment with facts, or a condensed
-   request, is dropped only down to halfway between the low-water mark and the budget;
+   reply whose facts the digest already holds (unless the user accepted that reply,
+   see acceptance.py), until the prompt is under the low-water mark; if that is not
+   enough, a segment all of whose facts segments of no lower eviction value state is
+   dropped (no fact is lost), then condensed segments are tightened to their facts
+   (distinctive tokens and words the model found rare; the model's replies first,
+   oldest first), and then segments are dropped lowest eviction value first (replies
+   rank below what the user and tools said, and the replies the user did not accept
+   below those they did), oldest first among equals; a segment with facts, or a
+   condensed request, is dropped only down to halfway between the low-water mark and
+   the budget;
 3. if the newest turn alone still outgrows the budget, its own long segments are
    condensed (faithfully) as a last resort; if even that cannot fit the budget,
    ``ContextBudgetError`` says by how much.
@@ -32,7 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from clm_middleware.errors import ClmError
-from clm_middleware.lifecycle.compressor import CompressionResult, Compressor, has_content_words
+from clm_middleware.lifecycle.acceptance import accepted_replies
+from clm_middleware.lifecycle.compressor import TIGHTENED, CompressionResult, Compressor, has_content_words
 from clm_middleware.lifecycle.config import LifecycleConfig
 from clm_middleware.lifecycle.distinctive import distinctive_tokens, has_distinctive, missing_from
 from clm_middleware.lifecycle.rules import eviction_value, is_condensed_request
@@ -128,6 +133,58 @@ class Compactor:
         target = int(budget * self.config.low_water)
         protected_from = turn - self.config.protect_turns + 1
         body = messages[1:] if messages and messages[0].role == "system" else messages
+        accepted = accepted_replies(messages)
+        self._fold_oldest(body, segments, accepted, protected_from, target, turn, result)
+        if self.prompt_length() <= target:
+            return
+        candidates = [segments[s] for m in body for s in m.segment_ids]
+        candidates = [s for s in candidates if s.visible and not s.pinned and s.turn < protected_from]
+        visible = [segments[s] for m in messages for s in m.segment_ids if segments[s].visible]
+        values = {
+            s.id: (
+                float("inf")  # stays whatever happens
+                if s.turn >= protected_from or s.pinned
+                else eviction_value(s, s.attention, accepted=s.message_index in accepted)
+            )
+            for s in visible
+        }
+        if self._drop_restated(candidates, visible, values, target, turn, result):
+            return
+        # Pass 3: tighten condensed segments to their facts, the model's own replies
+        # first (they restate or invent), oldest first.
+        for segment in sorted(candidates, key=lambda s: (s.role != "assistant", s.turn, s.index)):
+            if self.prompt_length() <= target:
+                return
+            if segment.status is Status.COMPRESSED and segment.summary_method != TIGHTENED:
+                self._tighten(segment, result)
+        # Pass 4: real loss. Lowest eviction value first, oldest first among equals. A
+        # segment that carries facts, or a condensed request, is dropped only down to
+        # halfway between the low-water mark and the budget: some slack is kept, so the
+        # re-prefill after a compaction does not come back every turn, but not at the
+        # price of every fact the low-water mark would cost.
+        fact_target = (target + budget) // 2
+        for segment in sorted(candidates, key=lambda s: (values[s.id], s.turn, s.index)):
+            length = self.prompt_length()
+            if length <= target:
+                return
+            if length <= fact_target and (_carries_facts(segment) or is_condensed_request(segment)):
+                continue
+            self._drop(segment, result, turn)
+
+    def _fold_oldest(
+        self,
+        body: list[MessageRecord],
+        segments: dict[SegmentId, Segment],
+        accepted: frozenset[int],
+        protected_from: int,
+        target: int,
+        turn: int,
+        result: CompactionResult,
+    ) -> None:
+        """Pass 1, oldest message first: fold it into the digest. What carries facts, and
+        what the user or a tool asked for, is condensed by a faithful compression; the
+        rest is dropped, and so is what the digest already says. Nothing that matters is
+        lost yet, and the newest turns stay verbatim the longest."""
         digest_text = " ".join(
             segments[s].visible_text.casefold()
             for m in body
@@ -135,11 +192,6 @@ class Compactor:
             for s in m.segment_ids
             if segments[s].visible
         )
-        # Pass 1, oldest message first: fold it into the digest. What carries facts, and
-        # what the user or a tool asked for, is condensed by a faithful compression; the
-        # rest is dropped, and what the digest already says word for word is dropped as a
-        # duplicate. Nothing that matters is lost yet, and the newest turns stay verbatim
-        # the longest.
         for message in body:
             if message.index < self._fold:
                 continue
@@ -155,7 +207,9 @@ class Compactor:
                 if segment.status is Status.ACTIVE and len(segment.token_ids) >= MIN_CONDENSE_TOKENS:
                     self._compress(segment, result, turn)
                 condensed = segment.visible_text.casefold()
-                if condensed in digest_text:
+                if segment.message_index in accepted:
+                    digest_text += " " + condensed  # the agreed state: what it restates goes first
+                elif condensed in digest_text:
                     self._drop(segment, result, turn, reason="duplicate of the digest")
                 elif not facts and not has_content_words(segment.visible_text):
                     self._drop(segment, result, turn, reason="no content words")
@@ -167,28 +221,30 @@ class Compactor:
                 else:
                     digest_text += " " + condensed
             self._fold = result.fold = message.index + 1
-        candidates = [segments[s] for m in body for s in m.segment_ids]
-        candidates = [s for s in candidates if s.visible and not s.pinned and s.turn < protected_from]
-        # Pass 2: tighten condensed segments to their distinctive tokens, the model's own
-        # replies first (they restate or invent), oldest first.
-        for segment in sorted(candidates, key=lambda s: (s.role != "assistant", s.turn, s.index)):
-            if self.prompt_length() <= target:
-                return
-            if segment.status is Status.COMPRESSED:
-                self._tighten(segment, result)
-        # Pass 3: real loss. Lowest eviction value first, oldest first among equals. A
-        # segment that carries facts, or a condensed request, is dropped only down to
-        # halfway between the low-water mark and the budget: some slack is kept, so the
-        # re-prefill after a compaction does not come back every turn, but not at the
-        # price of every fact the low-water mark would cost.
-        fact_target = (target + budget) // 2
-        for segment in sorted(candidates, key=lambda s: (eviction_value(s, s.attention), s.turn, s.index)):
-            length = self.prompt_length()
-            if length <= target:
-                return
-            if length <= fact_target and (_carries_facts(segment) or is_condensed_request(segment)):
-                continue
-            self._drop(segment, result, turn)
+
+    def _drop_restated(
+        self,
+        candidates: list[Segment],
+        visible: list[Segment],
+        values: dict[SegmentId, float],
+        target: int,
+        turn: int,
+        result: CompactionResult,
+    ) -> bool:
+        """Pass 2: drop what the rest of the context says already: a segment every fact of
+        which segments of no lower eviction value state (an offer its confirmation
+        repeats), oldest first. No fact is lost, now or when pass 4 goes on. True once
+        the prompt is under ``target``; dropped segments leave ``candidates``."""
+        for segment in list(candidates):
+            facts = distinctive_tokens(segment.visible_text)
+            floor = values[segment.id]
+            rest = " ".join(s.visible_text for s in visible if s is not segment and s.visible and values[s.id] >= floor)
+            if facts and not missing_from(facts, rest):
+                self._drop(segment, result, turn, reason="facts stated elsewhere in the context")
+                candidates.remove(segment)
+                if self.prompt_length() <= target:
+                    return True
+        return False
 
     def _condense_newest(
         self, segments: dict[SegmentId, Segment], turn: int, budget: int, result: CompactionResult

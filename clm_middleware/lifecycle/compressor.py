@@ -1,11 +1,12 @@
 """Faithful compression of a segment: it may say less, never something else.
 
 Two methods:
-- ``extractive`` (the default for small models): keep the words with the highest
+- ``extractive`` (the default for small models): keep every distinctive token
+  (numbers, codes, names) verbatim, and of the other words those with the highest
   self-information (mean ``-log p`` of their tokens, from the model's own prefill,
-  as in Selective-Context / LLMLingua) until ``1 / target_ratio`` of the tokens are
-  kept, always keeping every distinctive token (numbers, codes, names) verbatim. It
-  can only delete, so it cannot invent a fact.
+  as in Selective-Context / LLMLingua) until ``1 / target_ratio`` of their tokens are
+  kept; function and filler words ("the", "great", "please") only when nothing else
+  would be. It can only delete, so it cannot invent a fact.
 - ``abstractive``: the summarizer model rewrites the text with the summarizer prompt.
   Accepted only if shorter, containing every distinctive token of the original and
   no distinctive token the original lacks; otherwise the extractive result is used.
@@ -17,6 +18,7 @@ original: nothing is ever lost (the original always stays in the store).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,11 @@ from clm_middleware.render import ChatFormat
 
 METHODS = ("auto", "extractive", "abstractive")
 SMALL_MODEL_PARAMETERS = 1_000_000_000  # below this, "auto" compresses extractively
+# a word this surprising where it was said (p < 1/3000) is kept by ``tighten`` as a fact
+# the rules cannot see ("comedysportz", "rittenhouse"); ordinary words score 0-6 nats
+RARE_WORD_NATS = 8.0
+TIGHTENED = "distinctive"  # the method ``tighten`` records: applying it again changes nothing
+SCORE_CACHE_SEGMENTS = 1024  # word scores kept per compressor (a segment's text never changes)
 _WORD = regex.compile(r"\S+")
 # English function words: high surprisal after a typo or an odd turn of phrase, but
 # they carry no fact, so the extractive compression takes them last
@@ -45,7 +52,7 @@ _FUNCTION_WORDS_TEXT = """a about above after again all also am an and any are a
     get got find looking look tell know think sounds sound perfect good nice fine cool
     alright right awesome wonderful excellent works work let's you've you're you'll that'll
     there's it'll we'll we're they're don't can't won't didn't isn't what's anything
-    something everything nothing done moment"""
+    something everything nothing done moment yeah yep yup hmm"""
 _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 
 
@@ -134,28 +141,40 @@ class Compressor:
         self.prompt = summarizer_prompt
         self.target_ratio = target_ratio
         self.retries = max(1, retries)
+        self._score_cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
         if method == "auto":
             small = self.summarizer.num_parameters < SMALL_MODEL_PARAMETERS
             method = "extractive" if small else "abstractive"
         self.method = method
 
     def tighten(self, segment: Segment) -> CompressionResult:
-        """The words of the segment's visible text that hold distinctive tokens, in order.
+        """The words of the segment's visible text that hold its facts, in order.
 
-        The strongest faithful compression: it keeps every number, code and name and
-        nothing else. Fails (not shorter) for a text with no distinctive token.
+        The strongest faithful compression: it keeps every number, code and name, and
+        every content word the model found rare where it was said (self-information ≥
+        ``RARE_WORD_NATS``: a name in lowercase, an odd value, that no rule sees), and
+        nothing else. Fails for a text with no distinctive token (a request in plain
+        words is already its content words) and when the result is not shorter.
         """
         current = len(segment.visible_ids)
         # judged on the original text: in a condensed text, sentence breaks are artifacts
         # that would make a name look like a sentence's first word
         original_words = list(_WORD.finditer(segment.text))
         required = {_bare(original_words[i].group()) for i in _kept_words(segment.text, original_words)}
+        if not required:  # a request in plain words: its condensed form is all it says
+            return CompressionResult(False, "none", original_tokens=current, error="no distinctive token")
+        scores = self._word_scores(segment.text, original_words, segment)
+        required |= {
+            bare
+            for word, score in zip(original_words, scores, strict=True)
+            if score >= RARE_WORD_NATS and (bare := _bare(word.group())) not in _FUNCTION_WORDS
+        }
         words = [w.group() for w in _WORD.finditer(segment.visible_text) if _bare(w.group()) in required]
         tightened = " ".join(words)
         ids = self.format.encode(tightened)
         if not words or len(ids) >= current:
             return CompressionResult(False, "none", original_tokens=current, error="not shorter than the original")
-        return CompressionResult(True, "distinctive", tightened, ids, current)
+        return CompressionResult(True, TIGHTENED, tightened, ids, current)
 
     def compress(self, segment: Segment) -> CompressionResult:
         original_tokens = len(segment.token_ids)
@@ -227,13 +246,15 @@ class Compressor:
         scores = self._word_scores(text, words, segment)
         keep = _kept_words(text, words)
         token_counts = [max(1, len(self.format.encode(" " + w.group()))) for w in words]
-        target = math.ceil(sum(token_counts) / self.target_ratio)
-        kept = sum(token_counts[i] for i in keep)
-        # content words first, highest self-information first; function words only after
-        for index in sorted(
-            range(len(words)), key=lambda i: (_bare(words[i].group()) in _FUNCTION_WORDS, -scores[i], i)
-        ):
-            if kept >= target:
+        # the ratio applies to what is not kept verbatim: a name or a date does not use
+        # up the room of the words that say what it is about
+        target = math.ceil(sum(c for i, c in enumerate(token_counts) if i not in keep) / self.target_ratio)
+        function = [_bare(w.group()) in _FUNCTION_WORDS for w in words]
+        kept = 0
+        # content words, highest self-information first; a function word only for a
+        # text that has nothing else to keep
+        for index in sorted(range(len(words)), key=lambda i: (function[i], -scores[i], i)):
+            if kept >= target or (function[index] and (keep or kept)):
                 break
             if index not in keep:
                 keep.add(index)
@@ -241,7 +262,16 @@ class Compressor:
         return " ".join(words[i].group() for i in sorted(keep))
 
     def _word_scores(self, text: str, words: list[regex.Match[str]], segment: Segment) -> list[float]:
-        """Mean self-information of each word's tokens."""
+        """Mean self-information of each word's tokens (cached per segment and text)."""
+        key = (segment.id, text)
+        cached = self._score_cache.get(key)
+        if cached is None:
+            cached = self._score_cache[key] = self._compute_word_scores(text, words, segment)
+            if len(self._score_cache) > SCORE_CACHE_SEGMENTS:
+                self._score_cache.popitem(last=False)
+        return cached
+
+    def _compute_word_scores(self, text: str, words: list[regex.Match[str]], segment: Segment) -> list[float]:
         ids, surprisal = self._token_surprisal(text, segment)
         offsets = self._offsets(text, ids)
         scores = []

@@ -13,7 +13,9 @@ labelled drop or content-free 0 · labelled compress, not yet condensed 1 · oth
 · +2 with distinctive tokens, else +1 for what a user or tool said once condensed to
 its content words · +1 when the newest turns attended to it more than to an average token
 · +1.5 for what the user or a tool said (a reply restates it, and a small model's
-replies are full of invented numbers and names that must not outlast real facts).
+replies are full of invented numbers and names that must not outlast real facts)
+· +1 for a reply the user accepted (see acceptance.py): the agreed state, in the
+assistant's words, ranks above the model's other replies and below the user's facts.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def is_condensed_request(segment: Segment) -> bool:
     return segment.status is Status.COMPRESSED and segment.role in ("user", "tool")
 
 
-def eviction_value(segment: Segment, attention_density: float = 0.0) -> float:
+def eviction_value(segment: Segment, attention_density: float = 0.0, *, accepted: bool = False) -> float:
     if segment.label is Label.DROP or segment.kind == "ack":
         value = 0.0
     elif segment.label is Label.COMPRESS and segment.status is not Status.COMPRESSED:
@@ -73,4 +75,6 @@ def eviction_value(segment: Segment, attention_density: float = 0.0) -> float:
         value += 1.0
     if segment.role in ("user", "tool", "system"):
         value += 1.5
+    elif accepted:
+        value += 1.0
     return value

@@ -58,6 +58,59 @@ def test_extractive_respects_the_target_ratio_when_facts_allow(engine):
     assert original_tokens / len(result.token_ids) >= 3.0  # 4x target; word boundaries round up
 
 
+CONFIRMATION = "please confirm your booking for 3 tickets to comedysportz in philadelphia on march 11th"
+
+
+def scored(text: str, chat: ChatFormat, rare: dict[str, float]) -> Segment:
+    """A segment whose recorded self-information is 1 nat per token, or ``rare[word]`` on that word."""
+    encoded = chat.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans = {word: (text.index(word), text.index(word) + len(word)) for word in rare}
+    surprisal = [
+        next((rare[w] for w, (a, b) in spans.items() if start < b and end > a), 1.0)
+        for start, end in encoded["offset_mapping"]
+    ]
+    made = segment(text, chat)
+    assert made.token_ids == list(encoded["input_ids"])
+    made.surprisal = surprisal
+    return made
+
+
+def test_extractive_ratio_applies_to_the_words_not_kept_verbatim(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    text = "confirm 3 tickets for comedysportz, order QX7-4821 on March 11th at 6:30 pm, gate B12, row 14"
+    dense = scored(text, chat, {"comedysportz": 12.0, "tickets": 6.0})
+    result = compressor(engine, method="extractive").compress(dense)
+    # the facts do not use up the room of the most informative other word
+    assert result.ok and "comedysportz" in result.text
+    assert all(fact in result.text for fact in ("QX7-4821", "March 11th", "6:30 pm", "B12", "14"))
+
+
+def test_extractive_takes_function_words_only_when_nothing_else_is_there(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    request = "okay then, could you please look for one in the north instead for me, thanks"
+    result = compressor(engine, method="extractive").compress(segment(request, chat))
+    assert result.ok and "north" in result.text
+    assert not any(word in result.text.split() for word in ("the", "for", "me", "you", "okay"))
+
+
+def test_tighten_keeps_the_facts_and_the_words_the_model_found_rare(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    condensed = scored(CONFIRMATION, chat, {"comedysportz": 12.0, "tickets": 9.0, "booking": 3.0})
+    condensed.status, condensed.summary = Status.COMPRESSED, "confirm booking 3 tickets comedysportz march 11th"
+    condensed.summary_ids = chat.encode(condensed.summary)
+    result = compressor(engine, method="extractive").tighten(condensed)
+    assert result.ok and result.text == "3 tickets comedysportz march 11th"
+
+
+def test_tighten_leaves_a_plain_word_request_as_it_is(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    request = scored("could you look for a cheap place in the north", chat, {"cheap": 9.0})
+    request.status, request.summary = Status.COMPRESSED, "look cheap place north"
+    request.summary_ids = chat.encode(request.summary)
+    result = compressor(engine, method="extractive").tighten(request)
+    assert not result.ok and result.error == "no distinctive token"
+
+
 def test_extractive_output_only_deletes_words(engine):
     chat = ChatFormat.from_tokenizer(engine.tokenizer)
     result = compressor(engine, method="extractive").compress(segment(ORIGINAL, chat))

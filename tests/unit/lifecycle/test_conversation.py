@@ -226,3 +226,20 @@ def test_a_reply_that_repeats_facts_already_in_the_digest_is_dropped(converse):
     reply = next(s for s in conversation.segments if s.text == "Order 88412 to Porto, noted.")
     assert reply.status is Status.DROPPED
     assert "88412" in conversation.context and "Porto" in conversation.context
+
+
+def test_an_offer_that_an_accepted_confirmation_repeats_leaves_first_and_no_fact_is_lost(converse):
+    conversation = converse(budget=320, tagging="rules")
+    offer = "How about Casa Azul at $85 a night?"
+    confirmation = "Booking Casa Azul at $85 a night from May 3rd. Is that right?"
+    pairs = [
+        ("Find me a guesthouse in Porto.", offer),
+        ("Does it have parking?", "It does."),
+        ("Then book it from May 3rd.", confirmation),
+        ("Yes, that's right.", "Done."),
+    ]
+    _forced_turns(conversation, pairs + [(text, "we talked about that.") for text in FILLER])
+    by_text = {s.text: s for s in conversation.segments}
+    assert by_text[offer].status is Status.DROPPED  # everything it says, the confirmation says
+    assert by_text[confirmation].visible  # accepted: not dropped as a repeat of the digest
+    assert all(fact in conversation.context for fact in ("Casa Azul", "$85", "May 3rd"))

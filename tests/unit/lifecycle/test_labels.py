@@ -79,3 +79,11 @@ def test_a_reply_ranks_below_the_same_fact_from_the_user():
     replied = seg("order 88412 ships")
     replied.role = "assistant"
     assert eviction_value(replied) < eviction_value(said)
+
+
+def test_a_reply_the_user_accepted_ranks_between_other_replies_and_what_the_user_said():
+    said = seg("booked Casa do Rio for May 3rd")
+    replied = seg("booked Casa do Rio for May 3rd")
+    replied.role = "assistant"
+    assert eviction_value(replied) < eviction_value(replied, accepted=True) < eviction_value(said)
+    assert eviction_value(said, accepted=True) == eviction_value(said)  # acceptance is about replies
