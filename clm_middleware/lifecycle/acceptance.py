@@ -19,10 +19,10 @@ from itertools import pairwise
 
 import regex
 
+from clm_middleware.lifecycle.segmenter import casefolded_words
 from clm_middleware.lifecycle.segments import MessageRecord
 
 _CLAUSE_END = regex.compile(r"[.,!?;:\n…]")
-_WORD = regex.compile(r"[\p{L}']+")
 _ACCEPTING_TEXT = """yes yeah yep yup ya sure ok okay k great perfect good fine correct right exactly works
     absolutely definitely alright awesome excellent wonderful nice cool lovely brilliant agreed
     deal thanks thank thx appreciate fantastic splendid ideal"""
@@ -35,16 +35,12 @@ _FILLER_WORDS = frozenset(_FILLER_TEXT.split())
 REJECTING_WORDS = frozenset(_REJECTING_TEXT.split())
 
 
-def _words(text: str) -> list[str]:
-    return _WORD.findall(text.casefold().replace("’", "'"))
-
-
 def opens_with_acceptance(text: str, reply: str = "") -> bool:
     """Whether a user message opens by accepting ``reply``, the message before it."""
-    words = _words(_CLAUSE_END.split(text.strip(), maxsplit=1)[0])
+    words = casefolded_words(_CLAUSE_END.split(text.strip(), maxsplit=1)[0])
     if not words or any(w in REJECTING_WORDS for w in words):
         return False
-    named = set(_words(reply))
+    named = set(casefolded_words(reply))
     if not all(w in ACCEPTING_WORDS or w in _FILLER_WORDS or w in named for w in words):
         return False
     return any(w in ACCEPTING_WORDS for w in words)

@@ -254,7 +254,7 @@ class Compressor:
         # content words, highest self-information first; a function word only for a
         # text that has nothing else to keep
         for index in sorted(range(len(words)), key=lambda i: (function[i], -scores[i], i)):
-            if kept >= target or (function[index] and (keep or kept)):
+            if kept >= target or (function[index] and keep):
                 break
             if index not in keep:
                 keep.add(index)

@@ -263,9 +263,14 @@ def _trimmed(text: str, begin: int, end: int, kind: str) -> tuple[int, int, str]
     return begin, end, kind
 
 
+def casefolded_words(text: str) -> list[str]:
+    """The words of ``text``, casefolded, apostrophes kept and made straight ("that's")."""
+    return regex.findall(r"[\p{L}']+", text.casefold().replace("’", "'"))
+
+
 def is_ack(text: str) -> bool:
     """True for a content-free message: a few words, all of them acknowledgements."""
-    words = regex.findall(r"[\p{L}']+", text.casefold().replace("’", "'"))
+    words = casefolded_words(text)
     if not words or len(words) > MAX_ACK_WORDS or regex.search(r"\p{N}", text):
         return False
     return all(word in ACK_WORDS or word.replace("'", "") in ACK_WORDS for word in words)
