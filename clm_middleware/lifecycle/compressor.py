@@ -153,8 +153,9 @@ class Compressor:
         The strongest faithful compression: it keeps every number, code and name, and
         every content word the model found rare where it was said (self-information ≥
         ``RARE_WORD_NATS``: a name in lowercase, an odd value, that no rule sees), and
-        nothing else. Fails for a text with no distinctive token (a request in plain
-        words is already its content words) and when the result is not shorter.
+        nothing else (the distinctive tokens alone when the words cannot be scored).
+        Fails for a text with no distinctive token (a request in plain words is already
+        its content words) and when the result is not shorter.
         """
         current = len(segment.visible_ids)
         # judged on the original text: in a condensed text, sentence breaks are artifacts
@@ -163,7 +164,10 @@ class Compressor:
         required = {_bare(original_words[i].group()) for i in _kept_words(segment.text, original_words)}
         if not required:  # a request in plain words: its condensed form is all it says
             return CompressionResult(False, "none", original_tokens=current, error="no distinctive token")
-        scores = self._word_scores(segment.text, original_words, segment)
+        try:
+            scores = self._word_scores(segment.text, original_words, segment)
+        except Exception:  # no scores (the engine failed): the distinctive tokens alone
+            scores = [0.0] * len(original_words)
         required |= {
             bare
             for word, score in zip(original_words, scores, strict=True)

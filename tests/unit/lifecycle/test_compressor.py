@@ -102,6 +102,21 @@ def test_tighten_keeps_the_facts_and_the_words_the_model_found_rare(engine):
     assert result.ok and result.text == "3 tickets comedysportz march 11th"
 
 
+def test_tighten_without_scores_keeps_the_distinctive_tokens_alone(engine, monkeypatch):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    condensed = segment(CONFIRMATION, chat)  # no recorded self-information: scoring needs the engine
+    condensed.status, condensed.summary = Status.COMPRESSED, "confirm booking 3 tickets comedysportz march 11th"
+    condensed.summary_ids = chat.encode(condensed.summary)
+    tightener = compressor(engine, method="extractive")
+
+    def engine_down(*args):
+        raise RuntimeError("engine down")
+
+    monkeypatch.setattr(tightener, "_compute_word_scores", engine_down)
+    result = tightener.tighten(condensed)
+    assert result.ok and result.text == "3 march 11th"
+
+
 def test_tighten_leaves_a_plain_word_request_as_it_is(engine):
     chat = ChatFormat.from_tokenizer(engine.tokenizer)
     request = scored("could you look for a cheap place in the north", chat, {"cheap": 9.0})
