@@ -58,6 +58,7 @@ class ReplayReport:
         cached = sum(t.cached_tokens for t in turns)
         turn_s = sum(t.turn_s for t in turns)
         bookkeeping = sum(t.bookkeeping_s for t in turns)
+        arena = sum(t.arena_s for t in turns)
         ttfts = [t.ttft_s for t in turns]
         return {
             "turns": len(turns),
@@ -73,8 +74,8 @@ class ReplayReport:
             "turn_s": turn_s,
             "bookkeeping_s": bookkeeping,
             "bookkeeping_share": bookkeeping / turn_s if turn_s else 0.0,
-            "arena_s": sum(t.arena_s for t in turns),
-            "arena_share": sum(t.arena_s for t in turns) / turn_s if turn_s else 0.0,
+            "arena_s": arena,
+            "arena_share": arena / turn_s if turn_s else 0.0,
             "peak_kv_bytes": max((t.live_kv_bytes + t.working_kv_bytes for t in turns), default=0),
             "peak_pool_bytes": max((t.kv_bytes for t in turns), default=0),
             "final_context_tokens": turns[-1].context_tokens if turns else 0,
