@@ -137,6 +137,16 @@ class ChatCLM(BaseChatModel):
     """Stop strings: the reply ends before the first one."""
     seed: int | None = None
     """Sampling seed, for reproducible sampled replies."""
+    repetition_penalty: float | None = None
+    """Divides positive (multiplies negative) logits of tokens already in the reply; 1.0 is
+    off; None uses the model's generation config. The prompt is never penalised."""
+    frequency_penalty: float = 0.0
+    """OpenAI semantics, in [-2, 2]: subtracted from a token's logit once per time it is in the reply."""
+    presence_penalty: float = 0.0
+    """OpenAI semantics, in [-2, 2]: subtracted from the logit of any token already in the reply."""
+    no_repeat_ngram_size: int | None = None
+    """Bans tokens that would repeat an n-gram of the reply; 0 is off; None uses the model's
+    generation config. Small sizes can also block tool-call JSON."""
     streaming: bool = False
     """Accepted for compatibility: stream() always streams, invoke() never does."""
     engine: Any = Field(default=None, exclude=True)
@@ -161,6 +171,10 @@ class ChatCLM(BaseChatModel):
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "repetition_penalty": self.repetition_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "no_repeat_ngram_size": self.no_repeat_ngram_size,
         }
 
     @property
@@ -395,6 +409,10 @@ class ChatCLM(BaseChatModel):
             top_p=self.top_p,
             seed=self.seed,
             stop=self.stop,
+            repetition_penalty=self.repetition_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            no_repeat_ngram_size=self.no_repeat_ngram_size,
             summarizer=summarizer,
             store=self.store_path,
             cache_salt=self.tenant,
@@ -411,6 +429,10 @@ class ChatCLM(BaseChatModel):
             top_p=float(kwargs.get("top_p", self.top_p)),
             seed=kwargs.get("seed", self.seed),
             stop=tuple(dict.fromkeys(stops)),
+            repetition_penalty=kwargs.get("repetition_penalty", self.repetition_penalty),
+            frequency_penalty=float(kwargs.get("frequency_penalty", self.frequency_penalty)),
+            presence_penalty=float(kwargs.get("presence_penalty", self.presence_penalty)),
+            no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", self.no_repeat_ngram_size),
         )
 
     @staticmethod
@@ -439,7 +461,8 @@ class ChatCLM(BaseChatModel):
         metadata = {
             "model_name": model or self.model_name,
             "model_provider": "clm_middleware",
-            "finish_reason": "tool_calls" if valid else (reply.finish_reason or "stop"),
+            # a reply cut at a repeated sentence ended as the model's own stop would
+            "finish_reason": "tool_calls" if valid else ("length" if reply.finish_reason == "length" else "stop"),
             "conversation_id": conversation.id,
             "turn": reply.turn,
             "lifecycle": {

@@ -26,12 +26,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from clm_middleware.engine import Engine
 from clm_middleware.errors import ClmError, ConfigError
+from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdict
 from clm_middleware.lifecycle.compaction import Compactor
 from clm_middleware.lifecycle.compressor import Compressor
 from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
@@ -77,6 +79,10 @@ class Conversation:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] | None = None,
+        repetition_penalty: float | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        no_repeat_ngram_size: int | None = None,
         summarizer: Engine | None = None,
         store: Any = None,
         conversation_id: str | None = None,
@@ -105,6 +111,10 @@ class Conversation:
             top_p=top_p,
             seed=seed,
             stop=tuple(stop or ()),
+            repetition_penalty=repetition_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
         )
         self.id = conversation_id or uuid.uuid4().hex
         self.cache_salt = cache_salt
@@ -112,6 +122,13 @@ class Conversation:
         self.segmenter = segmenter or Segmenter()
         self.tagger = Tagger(self.config.tagging, self.engine, self.chat_format)
         self.protocol_text = resolve_prompt(protocol_prompt, PROTOCOL_PROMPT)
+        self.calibration: ProtocolVerdict | None = None  # auto: whether the model follows the protocol
+        if self.config.tagging.mode == "auto":
+            self.calibration = protocol_verdict(
+                self.engine, self.protocol_text, threshold=self.config.tagging.auto_parse_rate
+            )
+            if not self.calibration.follows:
+                self.tagger.assume_protocol_failed()
         self.protocol_context = self.config.tagging.uses_protocol and not self.tagger.model_failed_protocol
         self.tools_prompt: str | None = None
         self._format_changed = False  # the system block changed since the last prompt
@@ -279,6 +296,11 @@ class Conversation:
         return self.renderer.text(rendered.token_ids)
 
     @property
+    def context_ids(self) -> list[int]:
+        """The token ids of ``context``: what the next turn's prompt starts with."""
+        return list(self._render(None, for_generation=False).token_ids)
+
+    @property
     def context_tokens(self) -> int:
         return len(self._render(None, for_generation=False).token_ids)
 
@@ -336,7 +358,10 @@ class Conversation:
             "turn_s": sum(t.turn_s for t in log),
             "tagging": self.config.tagging.mode,
             "protocol_context": self.protocol_context,
+            "protocol_calibration": self.calibration.as_dict() if self.calibration else None,
             "parse_rate": self.tagger.parse_rate,
+            "reply_flags": dict(Counter(flag for t in log for flag in t.reply_flags)),
+            "reply_nll": _mean([t.reply_nll for t in log if t.reply_nll is not None]),
             "held_blocks": len(self._chain) + self.reclaimer.held_blocks,
             "pool": self.engine.pool.stats().as_dict(),
         }
@@ -355,6 +380,10 @@ class Conversation:
             "top_p": generation.top_p,
             "seed": generation.seed,
             "stop": list(generation.stop),
+            "repetition_penalty": generation.repetition_penalty,
+            "frequency_penalty": generation.frequency_penalty,
+            "presence_penalty": generation.presence_penalty,
+            "no_repeat_ngram_size": generation.no_repeat_ngram_size,
             "cache_salt": self.cache_salt,
         }
 
@@ -467,3 +496,7 @@ def _open_store(store: Any):
     if isinstance(store, str | Path):
         return Store(store)
     raise ClmError(f"store must be a path or a Store, got {type(store).__name__}")
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

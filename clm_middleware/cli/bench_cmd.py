@@ -53,6 +53,10 @@ def bench(
     modes: str,
     max_new_tokens: int,
     teacher_force: bool,
+    repetition_penalty: float | None,
+    frequency_penalty: float,
+    presence_penalty: float,
+    no_repeat_ngram_size: int | None,
     budget: int | None,
     k: int,
     tagging: str,
@@ -92,7 +96,15 @@ def bench(
     factories, reports, lifecycles = {}, {}, {}
     for index, mode in enumerate(chosen):
         engine = first if index == 0 else sibling_engine(first)  # own pool, shared weights
-        options = ReplayOptions(mode=mode, max_new_tokens=max_new_tokens, teacher_force=teacher_force)
+        options = ReplayOptions(
+            mode=mode,
+            max_new_tokens=max_new_tokens,
+            teacher_force=teacher_force,
+            repetition_penalty=repetition_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+        )
         lifecycle = LifecycleOptions(
             budget=budget,
             k=k,

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import model_options
+from clm_middleware.cli.options import model_options, penalty_options
 
 COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /quit"
 PREVIEW_CHARS = 60
@@ -32,6 +32,7 @@ PREVIEW_CHARS = 60
 )
 @click.option("--tagging", default="auto", show_default=True, help="auto, free, constrained, signals or rules.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Reply length cap.")
+@penalty_options
 @click.option("--tenant", default=None, help="Tenant key mixed into every KV block key; tenants never share blocks.")
 @model_options
 def chat(
@@ -42,6 +43,10 @@ def chat(
     k: int,
     tagging: str,
     max_new_tokens: int,
+    repetition_penalty: float | None,
+    frequency_penalty: float,
+    presence_penalty: float,
+    no_repeat_ngram_size: int | None,
     tenant: str | None,
     **engine_options: Any,
 ) -> None:
@@ -65,6 +70,10 @@ def chat(
             budget=budget,
             k=k,
             max_new_tokens=max_new_tokens,
+            repetition_penalty=repetition_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
             store=store,
             cache_salt=tenant,
         )

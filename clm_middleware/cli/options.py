@@ -58,8 +58,51 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def penalty_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--repetition-penalty, --frequency-penalty, --presence-penalty, --no-repeat-ngram-size.
+
+    Each applies to the tokens generated in the reply, never to the prompt
+    (engine/penalties.py); unset, the first and last come from the model's generation config.
+    """
+    for option in reversed(
+        [
+            click.option(
+                "--repetition-penalty",
+                type=click.FloatRange(min=0, min_open=True),
+                default=None,
+                help="Divide positive (multiply negative) logits of tokens already generated; "
+                "1.0 is off [default: the model's generation config].",
+            ),
+            click.option(
+                "--frequency-penalty",
+                type=click.FloatRange(-2, 2),
+                default=0.0,
+                show_default=True,
+                help="OpenAI semantics: subtract this from a token's logit per time it was generated.",
+            ),
+            click.option(
+                "--presence-penalty",
+                type=click.FloatRange(-2, 2),
+                default=0.0,
+                show_default=True,
+                help="OpenAI semantics: subtract this from the logit of every token already generated.",
+            ),
+            click.option(
+                "--no-repeat-ngram-size",
+                type=click.IntRange(min=0),
+                default=None,
+                help="Never repeat an n-gram of this size within a reply; 0 is off "
+                "[default: the model's generation config].",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
 def generation_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--max-new-tokens, --teacher-force."""
+    """--max-new-tokens, --teacher-force and the ``penalty_options``."""
+    command = penalty_options(command)
     for option in reversed(
         [
             click.option(

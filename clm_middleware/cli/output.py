@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from clm_middleware.replay.report import ReplayReport, TurnRecord
 
@@ -42,6 +43,23 @@ def turn_table(report: ReplayReport) -> Table:
     return table
 
 
+def replies_text(report: ReplayReport) -> Text | None:
+    """Every generated reply in full, one paragraph per turn (wrapped by the console),
+    with its flags: the table only previews them. None when all replies were forced."""
+    turns = [t for t in report.turns if not t.forced_tokens and t.reply_nll is None]
+    if not turns:
+        return None
+    text = Text()
+    text.append(f"replies · {report.mode}\n", style="bold")
+    for turn in turns:
+        text.append(f"{turn.turn:>3} ", style="bold")
+        if turn.reply_flags:
+            text.append(f"[{', '.join(turn.reply_flags)}] ", style="red")
+        text.append(" ".join(turn.reply.split()) or "(empty)")
+        text.append("\n")
+    return text
+
+
 def summary_table(report: ReplayReport) -> Table:
     totals = report.totals()
     table = Table(title="totals", show_header=False, title_justify="left")
@@ -59,6 +77,16 @@ def summary_table(report: ReplayReport) -> Table:
         ("peak KV MiB", f"{totals['peak_kv_bytes'] / 2**20:.1f}"),
         ("final context tokens", totals["final_context_tokens"]),
     ]
+    if totals["reply_nll"] is not None:
+        rows.append(("reply NLL (teacher-forced)", f"{totals['reply_nll']:.3f} nats/token"))
+    if totals["generated_replies"]:
+        flags = ", ".join(f"{name} {count}" for name, count in sorted(totals["reply_flags"].items()))
+        rows.append(
+            (
+                "flagged replies",
+                f"{totals['flagged_replies']}/{totals['generated_replies']}" + (f" ({flags})" if flags else ""),
+            )
+        )
     retention = report.extra.get("retention")
     if retention:
         rows.append(("facts retained", f"{retention['retained']}/{retention['probes']}"))

@@ -45,6 +45,10 @@ def replay(
     mode: str,
     max_new_tokens: int,
     teacher_force: bool,
+    repetition_penalty: float | None,
+    frequency_penalty: float,
+    presence_penalty: float,
+    no_repeat_ngram_size: int | None,
     budget: int | None,
     k: int,
     tagging: str,
@@ -63,7 +67,7 @@ def replay(
     Several conversations in one file replay one after another through one pool, so
     prefixes they share (a system prompt, a document) are cache hits.
     """
-    from clm_middleware.cli.output import summary_table, turn_progress, turn_table
+    from clm_middleware.cli.output import replies_text, summary_table, turn_progress, turn_table
     from clm_middleware.cli.plot import plot_reports
     from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes
     from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory
@@ -74,7 +78,15 @@ def replay(
 
     transcripts = read_transcripts(transcript, transcript_format)
     probes = load_probes(transcript, probes_path)
-    options = ReplayOptions(mode=mode, max_new_tokens=max_new_tokens, teacher_force=teacher_force)
+    options = ReplayOptions(
+        mode=mode,
+        max_new_tokens=max_new_tokens,
+        teacher_force=teacher_force,
+        repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+    )
     lifecycle = LifecycleOptions(
         budget=budget, k=k, tagging=tagging, compression=compression, db=str(db) if db else None, tenant=tenant
     )
@@ -85,6 +97,10 @@ def replay(
         "transcript": str(transcript),
         "max_new_tokens": max_new_tokens,
         "teacher_force": teacher_force,
+        "repetition_penalty": repetition_penalty,
+        "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty,
+        "no_repeat_ngram_size": no_repeat_ngram_size,
         "block_size": engine.block_size,
     }
     if mode in ("clm", "truncate"):
@@ -115,4 +131,7 @@ def replay(
     save()
     if not quiet:
         stdout.print(turn_table(report))
+        replies = replies_text(report)
+        if replies is not None:
+            stdout.print(replies)
     stdout.print(summary_table(report))

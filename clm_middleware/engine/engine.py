@@ -39,6 +39,7 @@ from clm_middleware.cache.hashing import BlockKey, chain_keys, extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request
 from clm_middleware.engine.observe import AttentionProbe, Observe, default_probe_layers
+from clm_middleware.engine.penalties import GenerationDefaults
 from clm_middleware.engine.sampling import SamplingParams, choose_token
 from clm_middleware.engine.stats import EngineStats
 from clm_middleware.errors import ConfigError, ContextWindowError, PoolExhaustedError
@@ -72,6 +73,9 @@ class Engine:
         self.pool = pool or BlockPool(self.layout, pool_config)
         self.fingerprint = model_fingerprint(model)
         self.stats = EngineStats()
+        # one-off measurements of this model, by the module that measures (e.g. the
+        # protocol calibration, lifecycle/calibration.py): per engine, never global
+        self.memo: dict[str, Any] = {}
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         self.vocab_size = int(model.config.vocab_size)
         self.device = self.layout.device
@@ -141,6 +145,11 @@ class Engine:
     def num_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.model.parameters())
 
+    @property
+    def generation_defaults(self) -> GenerationDefaults:
+        """The model's own repetition settings (``model.generation_config``), read live."""
+        return GenerationDefaults.from_model(self.model)
+
     def extra_key(self, cache_salt: str | None = None) -> bytes:
         return extra_key_bytes(self.fingerprint, cache_salt)
 
@@ -160,6 +169,7 @@ class Engine:
         return_logits: bool = False,
         observe: Observe | None = None,
         logits_processors: Sequence[LogitsProcessor] = (),
+        forced_token_ids: Sequence[int] | None = None,
     ) -> Generation:
         """Start a generation; nothing runs until the result is iterated.
 
@@ -173,8 +183,20 @@ class Engine:
         ``logits_processors`` (``f(generated_ids, logits) -> logits``) reshape the
         next-token logits before sampling, after the engine's own processors;
         log-probs are still read from the model's raw logits.
+        ``forced_token_ids`` (teacher forcing) replaces decoding: the given ids are the
+        continuation, computed in chunks right after the prompt (``max_new_tokens`` and
+        sampling are ignored), their log-probs recorded (``Generation.forced_nll``) and
+        their full blocks stored like generated ones, so a next prompt that repeats them
+        hits. ``ttft_s`` is still the time to the prompt's last logits: when the first
+        token of a generated reply would have been chosen.
         """
         prompt = [int(token) for token in prompt_token_ids]
+        forced = None if forced_token_ids is None else tuple(int(t) for t in forced_token_ids)
+        if forced is not None:
+            if not forced:
+                raise ConfigError("forced_token_ids", "must hold at least one token")
+            self._check_vocabulary(list(forced), "forced_token_ids")
+            max_new_tokens = len(forced)
         sampling = SamplingParams(max_new_tokens, temperature, top_p, seed)
         self._validate(prompt, sampling.max_new_tokens)
         if stop and self.tokenizer is None:
@@ -190,6 +212,7 @@ class Engine:
             return_logits=return_logits,
             observe=observe or _NO_OBSERVATION,
             logits_processors=self.logits_processors + tuple(logits_processors),
+            forced=forced,
         )
         return Generation(request, self.tokenizer, self._run)
 
@@ -346,12 +369,7 @@ class Engine:
     def _validate(self, prompt: list[int], max_new_tokens: int) -> None:
         if not prompt:
             raise ConfigError("prompt_token_ids", "must hold at least one token")
-        bad = next((token for token in prompt if not 0 <= token < self.vocab_size), None)
-        if bad is not None:
-            raise ConfigError(
-                "prompt_token_ids",
-                f"token id {bad} is outside the vocabulary (size {self.vocab_size})",
-            )
+        self._check_vocabulary(prompt, "prompt_token_ids")
         needed = len(prompt) + max_new_tokens
         if self.max_positions and needed > self.max_positions:
             raise ContextWindowError(
@@ -360,6 +378,22 @@ class Engine:
                 f"{self.max_positions}",
                 hint="shorten the prompt, lower max_new_tokens, or set a context budget",
             )
+
+    def _check_vocabulary(self, token_ids: list[int], field: str) -> None:
+        bad = next((token for token in token_ids if not 0 <= token < self.vocab_size), None)
+        if bad is not None:
+            raise ConfigError(field, f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
+
+    def _force(self, forced: tuple[int, ...], last_logits: torch.Tensor, arena: ArenaCache) -> list[float]:
+        """Feed all but the last forced token (the cache then holds prompt + forced − 1,
+        as after decoding); log p of every forced token, the first from ``last_logits``."""
+        rows = [last_logits[None].float()]
+        body = list(forced[:-1])
+        for offset in range(0, len(body), PREFILL_CHUNK_TOKENS):
+            rows.append(self.forward(body[offset : offset + PREFILL_CHUNK_TOKENS], arena, all_logits=True).float())
+        logits = torch.cat(rows)
+        target = torch.tensor(forced, device=logits.device)[:, None]
+        return (logits.gather(1, target)[:, 0] - torch.logsumexp(logits, dim=-1)).tolist()
 
     def _forward_chunks(self, token_ids: list[int], arena: ArenaCache) -> torch.Tensor:
         """Feed ``token_ids`` in chunks; logits of the last position."""
@@ -458,7 +492,14 @@ class Engine:
             logits = self._prefill(request, result, arena, start)
             generator = sampling.generator(self.device)
             first_token_at = None
-            while len(result.token_ids) < sampling.max_new_tokens:
+            if request.forced is not None:
+                first_token_at = time.perf_counter()
+                stats.ttft_s = first_token_at - started
+                result.token_logprobs = self._force(request.forced, logits, arena)
+                result.token_ids.extend(request.forced)
+                stats.forced_tokens = len(request.forced)
+                yield from request.forced
+            while request.forced is None and len(result.token_ids) < sampling.max_new_tokens:
                 shaped = logits
                 for processor in request.logits_processors:
                     shaped = processor(result.token_ids, shaped)
@@ -481,7 +522,7 @@ class Engine:
                 if len(result.token_ids) >= sampling.max_new_tokens:
                     break
                 logits = self.forward([token], arena)[-1]
-            else:
+            if first_token_at is None:
                 stats.ttft_s = time.perf_counter() - started  # max_new_tokens == 0: prefill only
             result.finish_reason = result.finish_reason or "length"
             if first_token_at is not None:

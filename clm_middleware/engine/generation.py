@@ -29,6 +29,7 @@ class Request:
     return_logits: bool
     observe: Observe
     logits_processors: tuple[LogitsProcessor, ...] = ()
+    forced: tuple[int, ...] | None = None  # teacher forcing: the continuation is given
 
 
 class Generation(Iterator[int]):
@@ -44,6 +45,10 @@ class Generation(Iterator[int]):
     and for position 0), and ``token_logprobs[j]`` the same for generated token ``j``.
     With ``observe.attention_window``: ``attention[i]`` is the mean attention the last
     window positions paid to position ``i`` (sums to 1 over the prompt).
+
+    With ``forced_token_ids`` (teacher forcing), ``token_ids`` are the given ids and
+    ``token_logprobs[j]`` is ``log p(forced[j] | prompt, forced[:j])`` from the model's
+    raw logits, always recorded: ``forced_nll`` is their negated mean.
     """
 
     def __init__(self, request: Request, tokenizer: Any, steps_factory) -> None:
@@ -73,6 +78,13 @@ class Generation(Iterator[int]):
     def close(self) -> None:
         """Stop early; what was computed so far is still stored."""
         self._steps.close()
+
+    @property
+    def forced_nll(self) -> float | None:
+        """Mean negative log-likelihood per token of a forced continuation (None otherwise)."""
+        if self.request.forced is None or not self.token_logprobs:
+            return None
+        return -sum(self.token_logprobs) / len(self.token_logprobs)
 
     @property
     def text(self) -> str:

@@ -17,6 +17,7 @@ class CallStats:
     cached_tokens: int = 0
     prefill_tokens: int = 0
     generated_tokens: int = 0
+    forced_tokens: int = 0  # a given continuation (teacher forcing), computed after the prompt
     disk_tokens: int = 0  # of cached_tokens, those brought in from the disk tier
     ttft_s: float = 0.0
     decode_s: float = 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from clm_middleware.engine.penalties import check_penalties
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.compressor import METHODS
 from clm_middleware.lifecycle.tagging import TaggingConfig
@@ -17,12 +18,21 @@ class GenerationSettings:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     block_tokens: int = 96  # extra room for a free-form [LIFECYCLE] block
+    # repetition controls (engine/penalties.py); None: the model's generation_config
+    repetition_penalty: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    no_repeat_ngram_size: int | None = None
+    # end a reply before the first sentence it repeats, and stop generating there
+    # (lifecycle/reply_quality.py): a repeated sentence tells the user nothing
+    cut_repeats: bool = True
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError("max_new_tokens", f"must be ≥ 1, got {self.max_new_tokens}")
         if self.block_tokens < 0:
             raise ConfigError("block_tokens", f"must be ≥ 0, got {self.block_tokens}")
+        check_penalties(self)
 
 
 @dataclass(frozen=True, slots=True)

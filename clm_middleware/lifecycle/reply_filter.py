@@ -1,38 +1,83 @@
 """What of a reply the user may see, computed on the whole text so far (streaming-safe).
 
-The visible answer is the model's output before a ``[LIFECYCLE]`` block (when the
-protocol is in use) and before any stop string, right-stripped. While streaming, a
-suffix that could still turn into a tag or a stop string is held back, so the user
-never sees a block, or half of one, even for a single delta.
+The visible answer is the model's output before a ``[LIFECYCLE]`` block and before
+any stop string, without the machinery ``reply_quality.strip_artifacts`` removes
+(segment markers, stray tags, block lines), right-stripped. The same rules hold in
+every tagging mode: a model that was never shown the protocol may still echo a
+marker from pasted text, and no marker may reach a user. While streaming, a suffix
+that could still turn into a tag, a marker, a block line or a stop string is held
+back, so the user never sees machinery, or half of it, even for a single delta; the
+concatenated deltas equal the final answer. With ``cut_repeats`` the answer also ends
+before its first sentence that repeats an earlier one, and a sentence that may still
+become such a repeat is held back until it diverges.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import regex
-
 from clm_middleware.lifecycle.protocol import split_reply
 from clm_middleware.lifecycle.reply import cut_at_stop
+from clm_middleware.lifecycle.reply_quality import (
+    could_become_artifact,
+    first_repeated_sentence,
+    repeat_in_progress,
+    strip_artifacts,
+)
 
-_OPEN_TAG_FOLDED = "[lifecycle]"
+_MAX_HELD_BRACKET = 32  # a "[" further back than this cannot still become a marker or a tag
 
 
-def visible_answer(raw: str, *, protocol: bool, stops: Sequence[str]) -> str:
-    answer = split_reply(raw)[0] if protocol else raw
-    return cut_at_stop(answer, stops).rstrip()
+def model_answer(raw: str, stops: Sequence[str]) -> str:
+    """The model's answer as written: before a lifecycle block and the first stop string."""
+    return cut_at_stop(split_reply(raw)[0], stops)
+
+
+def cut_repeat(written: str, *, final: bool = False) -> str:
+    """``written`` before its first sentence that repeats an earlier one (see reply_quality.py);
+    ``final``: the text is complete, so its last sentence is complete too."""
+    cut = first_repeated_sentence(written + "\n" if final else written)
+    return written if cut is None else written[:cut]
+
+
+def visible_answer(raw: str, *, stops: Sequence[str], cut_repeats: bool = False) -> str:
+    """The final answer: machinery cut, including a marker or block line left unfinished at
+    the end; with ``cut_repeats``, also everything from the first repeated sentence on."""
+    written = model_answer(raw, stops)
+    if cut_repeats:
+        written = cut_repeat(written, final=True)
+    return strip_artifacts(written[: len(written) - trailing_machinery(written)]).rstrip()
+
+
+def trailing_machinery(written: str) -> int:
+    """Characters at the end of ``written`` that are, or may still become, machinery:
+    from the last ``[`` (a marker or tag in the making) or the start of the last line
+    (a block line in the making)."""
+    held = 0
+    bracket = written.rfind("[")
+    if bracket >= 0 and len(written) - bracket < _MAX_HELD_BRACKET and could_become_artifact(written[bracket:]):
+        held = len(written) - bracket
+    line_start = written.rfind("\n") + 1
+    if could_become_artifact(written[line_start:]):
+        held = max(held, len(written) - line_start)
+    return held
 
 
 class ReplyFilter:
-    def __init__(self, *, protocol: bool, stops: Sequence[str]) -> None:
-        self.protocol, self.stops = protocol, tuple(s for s in stops if s)
+    def __init__(self, *, stops: Sequence[str], cut_repeats: bool = False) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.cut_repeats = cut_repeats
         self._emitted = 0
 
     def delta(self, raw_so_far: str) -> str:
         """New visible text since the last call."""
-        answer = split_reply(raw_so_far)[0] if self.protocol else raw_so_far
-        answer = cut_at_stop(answer, self.stops)
-        safe = len(answer) - self._held_suffix(answer)
+        written = model_answer(raw_so_far, self.stops)
+        held_raw = trailing_machinery(written)
+        if self.cut_repeats:
+            cut = cut_repeat(written)
+            held_raw = len(written) - len(cut) if cut != written else max(held_raw, repeat_in_progress(written))
+        answer = strip_artifacts(written[: len(written) - held_raw])
+        safe = len(answer) - self._held_stop(answer) if not held_raw else len(answer.rstrip())
         if safe <= self._emitted:
             return ""
         text, self._emitted = answer[self._emitted : safe], safe
@@ -44,8 +89,8 @@ class ReplyFilter:
         self._emitted = max(self._emitted, len(final_answer))
         return text
 
-    def _held_suffix(self, answer: str) -> int:
-        """Characters at the end that might still become a tag or a stop string, with the
+    def _held_stop(self, answer: str) -> int:
+        """Characters at the end that might still become a stop string, with the
         whitespace before them (the final answer is right-stripped before either)."""
         cut = len(answer.rstrip())  # trailing whitespace is always held
         for stop in self.stops:
@@ -53,10 +98,4 @@ class ReplyFilter:
                 if stop.startswith(answer[-size:]):
                     cut = min(cut, len(answer[:-size].rstrip()))
                     break
-        if self.protocol:
-            bracket = answer.rfind("[")
-            if bracket >= 0:
-                compact = regex.sub(r"\s+", "", answer[bracket:]).casefold()
-                if _OPEN_TAG_FOLDED.startswith(compact) and len(answer) - bracket < 32:
-                    cut = min(cut, len(answer[:bracket].rstrip()))
         return len(answer) - cut

@@ -28,7 +28,8 @@ class DecidedBy(str, Enum):
     RULES = "rules"  # fallback rules, budget pressure, user actions
 
 
-KINDS = ("system", "question", "step", "code", "ack", "text", "tool", "reply")
+KINDS = ("system", "question", "step", "code", "ack", "text", "tool", "reply", "loop")
+LOOP_KIND = "loop"  # a generated reply that is a repetition loop (see reply_quality.py): never context
 
 
 def segment_id(index: int) -> SegmentId:

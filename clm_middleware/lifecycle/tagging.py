@@ -8,12 +8,13 @@ Modes:
 - ``rules``: the fallback rules (``rules.py``).
 - ``auto`` (default): ``free`` while the model's recent parse rate is ≥ ``auto_parse_rate``
   over the last ``auto_history`` tries, otherwise ``signals``, with rules as the last
-  fallback. When the model keeps failing, auto asks for the block only every
-  ``auto_probe_every`` turns, so a model that cannot follow the protocol stops paying
-  for it while one that learns to is noticed. Following the protocol is a property of
-  the model: once an ``auto`` conversation has seen the model fail ``auto_history``
-  probes in a row, later ``auto`` conversations on the same engine start where that one
-  ended (signals, no protocol prompt or markers) instead of paying the probes again.
+  fallback. Following the protocol is a property of the model: before its first turn
+  an ``auto`` conversation asks the calibration (``calibration.py``, measured once per
+  model and prompt); a model that fails it never sees the protocol prompt or a marker
+  (``assume_protocol_failed``). A model that passes is watched: when it keeps failing,
+  auto asks for the block only every ``auto_probe_every`` turns, and once it failed
+  ``auto_history`` probes in a row the conversation leaves the protocol, and later
+  ``auto`` conversations on the same engine start without it.
 
 Which segments are labelled each turn (bounded cost): the non-pinned, visible or
 pending segments added in the last ``label_window_turns`` turns, newest first, at
@@ -25,7 +26,6 @@ visible id or a recently removed one (which restores it).
 from __future__ import annotations
 
 import time
-import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,9 +41,6 @@ from clm_middleware.render import ChatFormat
 TAGGING_MODES = ("auto", "free", "constrained", "signals", "rules")
 PROTOCOL_MODES = frozenset({"auto", "free", "constrained"})
 LABEL_CHOICES = (Label.KEEP, Label.COMPRESS, Label.DROP)
-
-# engines whose model failed every auto probe in some conversation (process-wide)
-_PROTOCOL_FAILED: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +89,6 @@ class Tagger:
         self.format = chat_format
         self.parse_history: deque[bool] = deque(maxlen=config.auto_history)
         self._choices: tuple[list[int], list[int], list[list[int]]] | None = None
-        if config.mode == "auto" and engine in _PROTOCOL_FAILED:
-            self.parse_history.extend([False] * config.auto_history)
 
     # ------------------------------------------------------------ per turn
 
@@ -122,9 +117,9 @@ class Tagger:
         history = self.parse_history
         return self.config.mode == "auto" and len(history) == history.maxlen and not any(history)
 
-    def remember_protocol_failure(self) -> None:
-        """Later ``auto`` taggers on this engine start from the failed history."""
-        _PROTOCOL_FAILED.add(self.engine)
+    def assume_protocol_failed(self) -> None:
+        """Start from a history of failed probes: the model is known not to follow the protocol."""
+        self.parse_history.extend([False] * self.config.auto_history)
 
     @property
     def parse_rate(self) -> float:

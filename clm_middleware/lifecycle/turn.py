@@ -41,6 +41,7 @@ class TurnStats:
     prefill_tokens: int = 0
     context_tokens: int = 0
     generated_tokens: int = 0
+    forced_tokens: int = 0  # teacher-forced: the given reply, computed after the prompt
     ttft_s: float = 0.0
     turn_s: float = 0.0
     bookkeeping_s: float = 0.0
@@ -60,6 +61,8 @@ class TurnStats:
     conversation_blocks: int = 0  # blocks this conversation holds: its context chain
     reclaimer_blocks: int = 0  # blocks held for segments that left the context
     extra_calls: int = 0  # engine calls besides the reply (constrained labels, probes, summaries)
+    reply_nll: float | None = None  # teacher-forced: mean -log p per token of the forced reply, given this prompt
+    reply_flags: list[str] = field(default_factory=list)  # generated: protocol_artifact | repetition_loop | empty
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

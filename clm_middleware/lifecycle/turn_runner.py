@@ -12,8 +12,9 @@ import time
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
-from clm_middleware.engine import Generation
+from clm_middleware.engine import Generation, penalty_processors
 from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.calibration import record_runtime_failure
 from clm_middleware.lifecycle.compaction import CompactionResult
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from
@@ -21,9 +22,19 @@ from clm_middleware.lifecycle.observation import record_observation
 from clm_middleware.lifecycle.protocol import CLOSE_TAG, block_may_follow, could_open_block
 from clm_middleware.lifecycle.renderer import RenderedContext
 from clm_middleware.lifecycle.reply import IncrementalText, ids_for_prefix
-from clm_middleware.lifecycle.reply_filter import ReplyFilter, visible_answer
+from clm_middleware.lifecycle.reply_filter import ReplyFilter, model_answer, visible_answer
+from clm_middleware.lifecycle.reply_quality import first_repeated_sentence, reply_flags
 from clm_middleware.lifecycle.segmenter import is_ack
-from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Status, segment_id
+from clm_middleware.lifecycle.segments import (
+    LOOP_KIND,
+    DecidedBy,
+    Decision,
+    Label,
+    MessageRecord,
+    Segment,
+    Status,
+    segment_id,
+)
 from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
 
 if TYPE_CHECKING:
@@ -62,7 +73,7 @@ class TurnRunner:
             rendered = c._render(reply_id)
             prefix_ids = c.chat_format.encode(prefix) if forced is None else []
             generation = self._generate(rendered, prefix_ids, forced, settings)
-            reply_filter = ReplyFilter(protocol=c.protocol_context, stops=settings.stop)
+            reply_filter = ReplyFilter(stops=settings.stop, cut_repeats=settings.cut_repeats)
             detok = IncrementalText(c.engine.tokenizer, skip_ids=c.engine.default_stop_ids)
             answer_cap = settings.max_new_tokens
             for token in generation:
@@ -71,6 +82,11 @@ class TurnRunner:
                     delta = reply_filter.delta(prefix + detok.text)
                     if delta:
                         yield delta
+                    answer_so_far = model_answer(prefix + detok.text, settings.stop)
+                    if settings.cut_repeats and first_repeated_sentence(answer_so_far) is not None:
+                        generation.close()
+                        generation.finish_reason = "repetition"
+                        break
                     # the block allowance is for a block: an answer that has not opened one
                     # ends at max_new_tokens like any other
                     extra = len(generation.token_ids) - answer_cap
@@ -81,13 +97,18 @@ class TurnRunner:
         except BaseException:
             c.turn -= 1
             raise
-        raw_output = prefix + detok.text if forced is None else detok.text
+        raw_output = prefix + detok.text if forced is None else forced
         answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings)
         if forced is None:
             tail = reply_filter.finish(answer_text)
             if tail:
                 yield tail
+            earlier = [s.visible_text for s in c.segments if s.role == "assistant" and s.visible]
+            stats.reply_flags = reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier)
+            if generation.finish_reason == "repetition":
+                stats.reply_flags.append("repetition_cut")
         else:
+            stats.reply_nll = generation.forced_nll
             yield answer_text
         self._hand_over_chain(generation)
         asks_block = c.protocol_context and c.tagger.asks_for_block(turn)
@@ -97,15 +118,13 @@ class TurnRunner:
         c.messages.append(reply_message)
         c._unsaved_messages.append(reply_message)
         kind = "ack" if is_ack(answer_text) else "reply"
+        if {"repetition_loop", "repeats_earlier_reply"} & set(stats.reply_flags):
+            kind = LOOP_KIND
         reply_segment = c._new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)
+        if kind == LOOP_KIND:
+            decisions.append(self._drop_loop(reply_segment, turn))
         tick = time.perf_counter()
-        record_observation(
-            rendered,
-            generation,
-            c.segments,
-            reply_segment if forced is None else None,
-            len(prefix_ids),
-        )
+        record_observation(rendered, generation, c.segments, reply_segment, len(prefix_ids))
         # the engine's own observation work (all-position logits, log-softmax, attention probe) counts too
         stats.phases["observation_s"] = time.perf_counter() - tick + generation.stats.observe_s
         decisions += self._tag(turn, rendered, answer_ids, raw_output if asks_block else None, generation, stats)
@@ -121,6 +140,7 @@ class TurnRunner:
         c = self.conversation
         prompt = rendered.token_ids + prefix_ids
         asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn)
+        forced_ids = c.chat_format.encode(forced) if forced else None
         if forced is not None:
             max_new, stops = 1, ()
         else:
@@ -137,6 +157,8 @@ class TurnRunner:
             hold_blocks=True,
             observe=c.tagger.observe(self._unscored_positions(rendered)),
             cache_salt=c.cache_salt,
+            logits_processors=penalty_processors(settings, c.engine.generation_defaults),
+            forced_token_ids=forced_ids,
         )
 
     def _unscored_positions(self, rendered: RenderedContext) -> frozenset[int]:
@@ -163,12 +185,14 @@ class TurnRunner:
         """The visible answer and the token ids the context keeps for it (prefix included)."""
         c = self.conversation
         if forced is not None:
-            return forced, c.chat_format.encode(forced)
+            return forced, list(generation.token_ids) if forced else []
         ids = prefix_ids + [t for t in generation.token_ids if t not in c.engine.default_stop_ids]
-        answer = visible_answer(raw, protocol=c.protocol_context, stops=settings.stop)
+        answer = visible_answer(raw, stops=settings.stop, cut_repeats=settings.cut_repeats)
         if answer == raw.rstrip():
             return answer, ids  # the context keeps every generated id: they are cached
-        return answer, ids_for_prefix(c.engine.tokenizer, ids, len(answer))
+        if raw.startswith(answer):
+            return answer, ids_for_prefix(c.engine.tokenizer, ids, len(answer))
+        return answer, c.chat_format.encode(answer)  # machinery was cut from inside: its ids are gone
 
     def _probe_block(self, prefix: list[int], stats: TurnStats) -> str:
         """After a forced reply, let the model continue and see whether it writes a block.
@@ -237,12 +261,23 @@ class TurnRunner:
         stats.phases["parsing_s" if outcome.mode == "free" else "tagging_s"] += elapsed
         return applied
 
+    def _drop_loop(self, segment: Segment, turn: int) -> Decision:
+        """A generated reply that is a repetition loop, or mostly repeats an earlier reply
+        still in the context, leaves the context at once: it adds nothing the context
+        does not hold, it is the context's last segment (so the next prompt still reuses
+        everything before it), and a model that sees its own loop repeats it. Its blocks
+        stay in the conversation's chain until the next turn hands the chain over."""
+        segment.label, segment.decided_by = Label.DROP, DecidedBy.RULES
+        segment.status, segment.removed_round = Status.DROPPED, turn
+        self.conversation._dirty.add(segment.id)
+        return Decision(turn, segment.id, Label.DROP, DecidedBy.RULES, "repetition loop")
+
     def _maybe_leave_protocol(self, stats: TurnStats) -> None:
         """``auto``: a model that failed every probe is not asked again; the context drops
         the protocol prompt and markers (one re-prefill, then a smaller context for good)."""
         c = self.conversation
         if c.protocol_context and c.tagger.model_failed_protocol:
-            c.tagger.remember_protocol_failure()
+            record_runtime_failure(c.engine, c.protocol_text)
             c.protocol_context = False
             c.renderer = c._make_renderer()
             c._format_changed = True
@@ -290,7 +325,7 @@ class TurnRunner:
             return []
         decisions = []
         for segment in c.segments:
-            if segment.pinned or segment.role == "system":
+            if segment.pinned or segment.role == "system" or segment.kind == LOOP_KIND:
                 continue
             removed = segment.status is Status.DROPPED and c._recently_removed(segment, turn)
             if not (removed or segment.pending):
@@ -332,6 +367,7 @@ class TurnRunner:
         call = generation.stats
         stats.prompt_tokens, stats.context_tokens = call.prompt_tokens, call.prompt_tokens
         stats.cached_tokens, stats.prefill_tokens = call.cached_tokens, call.prefill_tokens
+        stats.forced_tokens = call.forced_tokens
         stats.generated_tokens, stats.ttft_s, stats.bookkeeping_s, stats.arena_s = (
             call.generated_tokens,
             call.ttft_s,

@@ -74,7 +74,26 @@ def extra_metrics(
     extras = []
     if any("retention" in report.extra for report in reports.values()):
         extras.append(("facts retained", lambda r: _retention(r)))
+    totals = [report.totals() for report in reports.values()]
+    if any(t["reply_nll"] is not None for t in totals):
+        extras.append(("reply NLL, teacher-forced (nats/token)", _reply_nll))
+    if any(t["generated_replies"] for t in totals):
+        extras.append(("flagged replies (artifact / loop / repeats earlier / empty)", _flagged))
     return extras
+
+
+def _reply_nll(report: ReplayReport) -> str:
+    value = report.totals()["reply_nll"]
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _flagged(report: ReplayReport) -> str:
+    totals = report.totals()
+    flags = totals["reply_flags"]
+    counts = "/".join(
+        str(flags.get(f, 0)) for f in ("protocol_artifact", "repetition_loop", "repeats_earlier_reply", "empty")
+    )
+    return f"{totals['flagged_replies']} of {totals['generated_replies']} ({counts})"
 
 
 def header(reports: dict[str, ReplayReport], baseline: str) -> list[str]:

@@ -36,6 +36,9 @@ class ClmDriver:
             bookkeeping_s=stats.bookkeeping_s,
             arena_s=stats.arena_s,
             reply=reply.text,
+            forced_tokens=stats.forced_tokens,
+            reply_nll=stats.reply_nll,
+            reply_flags=list(stats.reply_flags),
             pool_blocks_in_use=stats.pool_blocks_in_use,
             kv_bytes=pool.kv_bytes,
             live_kv_bytes=(stats.conversation_blocks + stats.reclaimer_blocks) * pool.block_bytes,
@@ -51,6 +54,10 @@ class ClmDriver:
     @property
     def context(self) -> str:
         return self.conversation.context
+
+    @property
+    def context_ids(self) -> list[int]:
+        return self.conversation.context_ids
 
     @property
     def context_tokens(self) -> int:

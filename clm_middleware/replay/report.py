@@ -33,6 +33,9 @@ class TurnRecord:
     kv_bytes: int = 0  # pool bytes holding data after the turn (in use + cached)
     working_kv_bytes: int = 0  # the turn's own attention cache at its end
     live_kv_bytes: int = 0  # pool bytes the conversation needs to continue at full speed
+    forced_tokens: int = 0  # teacher-forced: the transcript's reply, computed after the prompt
+    reply_nll: float | None = None  # teacher-forced: mean -log p per token of the reply given this prompt
+    reply_flags: list[str] = field(default_factory=list)  # generated: protocol_artifact | repetition_loop | empty
     extra: dict[str, Any] = field(default_factory=dict)  # fields added by other modes
 
     def as_dict(self) -> dict[str, Any]:
@@ -67,6 +70,8 @@ class ReplayReport:
             "cached_tokens": cached,
             "prefill_tokens": sum(t.prefill_tokens for t in turns),
             "generated_tokens": sum(t.generated_tokens for t in turns),
+            "forced_tokens": sum(t.forced_tokens for t in turns),
+            **quality_totals(turns),
             "hit_rate": cached / prompt if prompt else 0.0,
             "ttft_s": sum(ttfts),
             "ttft_p50_s": percentile(ttfts, 50),
@@ -101,6 +106,21 @@ class ReplayReport:
     def write(self, path: str | Path) -> None:
         """Write the JSON atomically: a reader never sees half a report."""
         write_json_atomic(Path(path), self.as_dict())
+
+
+def quality_totals(turns: list[TurnRecord]) -> dict[str, Any]:
+    """Reply quality over the turns: ``reply_nll`` (token-weighted mean over teacher-forced
+    turns, None without any), ``reply_flags`` (count per flag over generated turns),
+    ``flagged_replies`` and ``generated_replies``."""
+    scored = [t for t in turns if t.reply_nll is not None and t.forced_tokens]
+    weight = sum(t.forced_tokens for t in scored)
+    generated = [t for t in turns if not t.forced_tokens and t.reply_nll is None]
+    return {
+        "reply_nll": sum(t.reply_nll * t.forced_tokens for t in scored) / weight if weight else None,
+        "reply_flags": _count(flag for turn in generated for flag in turn.reply_flags),
+        "flagged_replies": sum(bool(t.reply_flags) for t in generated),
+        "generated_replies": len(generated),
+    }
 
 
 def lifecycle_totals(turns: list[TurnRecord]) -> dict[str, Any]:

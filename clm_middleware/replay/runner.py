@@ -4,8 +4,11 @@ A turn is each point where the transcript has the assistant speak (and once more
 if it ends on a user or tool message). Messages before it (system, user, tool)
 enter the context first; then the model answers. With ``teacher_force`` the
 transcript's own reply is kept instead of the generated one (no generation
-variance), and the model computes only its first token: enough to measure TTFT,
-while the forced reply is still prefilled on the next turn like any other text.
+variance): the call computes the prompt, then the reply's tokens as a forced
+continuation (``Engine.generate(forced_token_ids=...)``), which gives TTFT (the
+prompt's last logits) and ``reply_nll`` (the reply's mean negative log-likelihood
+given exactly the context the model saw) from the same forward; the reply's blocks
+are stored, so the next turn reuses them. Generated replies get ``reply_flags``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clm_middleware.engine import Engine, Generation
+from clm_middleware.engine.penalties import check_penalties, penalty_processors
 from clm_middleware.errors import ClmError, ConfigError
+from clm_middleware.lifecycle.reply_quality import reply_flags
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.report import ReplayReport, TurnRecord
 from clm_middleware.replay.transcript import Message, Transcript
@@ -41,10 +46,16 @@ class ReplayOptions:
     mode: str = "prefix"
     max_new_tokens: int = 64
     teacher_force: bool = False
+    # repetition controls, the same in every mode (engine/penalties.py)
+    repetition_penalty: float | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    no_repeat_ngram_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError("max_new_tokens", f"must be ≥ 1, got {self.max_new_tokens}")
+        check_penalties(self)
 
     @property
     def tokens_to_generate(self) -> int:
@@ -75,6 +86,7 @@ class PlainChatDriver:
         self.engine, self.format, self.options = engine, chat_format, options
         self.conversation_id = conversation_id
         self.history: list[int] | None = None
+        self.replies: list[str] = []  # the assistant's replies so far, as the model saw them
         self.turn = 0
 
     def add(self, message: Message) -> None:
@@ -90,22 +102,36 @@ class PlainChatDriver:
             prompt,
             max_new_tokens=self.options.tokens_to_generate,
             use_pool=self.options.mode == "prefix",
+            logits_processors=penalty_processors(self.options, self.engine.generation_defaults),
+            forced_token_ids=forced_ids(forced, self.format),
         ).result()
         reply, reply_ids = reply_of(generation, forced, self.format, self.engine)
         self._append("assistant", reply_ids)
-        return plain_turn_record(
-            self.conversation_id, self.engine, generation, reply, started, pooled=self.options.mode == "prefix"
+        record = plain_turn_record(
+            self.conversation_id,
+            self.engine,
+            generation,
+            reply,
+            started,
+            self.replies,
+            pooled=self.options.mode == "prefix",
         )
+        self.replies.append(reply)
+        return record
 
     @property
     def context_tokens(self) -> int:
         return len(self.history) if self.history is not None else 0
 
     @property
+    def context_ids(self) -> list[int]:
+        """The ids the next turn's prompt starts with (before its generation prompt): the whole history."""
+        return list(self.history if self.history is not None else self.format.start_ids(None))
+
+    @property
     def context(self) -> str:
         """What the model sees now: the whole history."""
-        history = self.history if self.history is not None else self.format.start_ids(None)
-        return self.format.tokenizer.decode(history, skip_special_tokens=False)
+        return self.format.tokenizer.decode(self.context_ids, skip_special_tokens=False)
 
     def close(self) -> None:
         """Holds no references: every call releases its blocks to the LRU queue."""
@@ -116,22 +142,39 @@ class PlainChatDriver:
         self.history.extend(self.format.message_ids(role, content_ids))
 
 
+def forced_ids(forced: Message | None, chat_format: ChatFormat) -> list[int] | None:
+    """The ids a teacher-forced turn feeds after its prompt (None: generate; an empty reply
+    generates one token that is not kept)."""
+    if forced is None:
+        return None
+    return chat_format.encode(message_text(forced)) or None
+
+
 def reply_of(
     generation: Generation, forced: Message | None, chat_format: ChatFormat, engine: Engine
 ) -> tuple[str, list[int]]:
     """The turn's reply text and the ids the history keeps: the forced reply, or what was generated."""
     if forced is not None:
         reply = message_text(forced)
-        return reply, chat_format.encode(reply)
+        return reply, list(generation.token_ids) if generation.request.forced else []
     reply_ids = strip_stop_token(generation.token_ids, engine.default_stop_ids)
     return chat_format.tokenizer.decode(reply_ids, skip_special_tokens=True), reply_ids
 
 
 def plain_turn_record(
-    conversation_id: str, engine: Engine, generation: Generation, reply: str, started: float, *, pooled: bool
+    conversation_id: str,
+    engine: Engine,
+    generation: Generation,
+    reply: str,
+    started: float,
+    earlier_replies: list[str],
+    *,
+    pooled: bool,
 ) -> TurnRecord:
-    """A turn record for drivers whose context is the prompt they sent."""
+    """A turn record for drivers whose context is the prompt they sent (``earlier_replies``:
+    the replies before this one, for ``reply_flags``)."""
     stats, pool = generation.stats, engine.pool.stats()
+    forced = generation.request.forced is not None
     return TurnRecord(
         turn=0,
         conversation_id=conversation_id,
@@ -145,6 +188,9 @@ def plain_turn_record(
         bookkeeping_s=stats.bookkeeping_s,
         arena_s=stats.arena_s,
         reply=reply,
+        forced_tokens=stats.forced_tokens,
+        reply_nll=generation.forced_nll,
+        reply_flags=[] if forced else reply_flags(reply, reply, earlier_replies),
         pool_blocks_in_use=pool.blocks_in_use,
         kv_bytes=pool.kv_bytes if pooled else 0,
         working_kv_bytes=(stats.prompt_tokens + stats.generated_tokens) * engine.layout.bytes_per_token,
@@ -240,12 +286,15 @@ def replay_interleaved(
 def turn_plan(transcript: Transcript) -> list[tuple[list[Message], Message | None]]:
     """Split a transcript into turns: (messages that come first, the assistant's answer).
 
-    The answer is None for a final turn the transcript leaves unanswered.
+    The answer is None for a final turn the transcript leaves unanswered. Assistant
+    messages before the first user or tool message (a bot's greeting) are context of
+    the first turn, not turns: there is nothing yet for the model to answer.
     """
     plan: list[tuple[list[Message], Message | None]] = []
     context: list[Message] = []
     for message in transcript.messages:
-        if message.role == "assistant":
+        opening = not plan and all(m.role in ("system", "assistant") for m in context)
+        if message.role == "assistant" and not opening:
             plan.append((context, message))
             context = []
         else:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 
-from clm_middleware.engine import Engine
+from clm_middleware.engine import Engine, penalty_processors
 from clm_middleware.errors import ConfigError
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.report import TurnRecord
-from clm_middleware.replay.runner import ReplayOptions, plain_turn_record, reply_of
+from clm_middleware.replay.runner import ReplayOptions, forced_ids, plain_turn_record, reply_of
 from clm_middleware.replay.transcript import Message
 from clm_middleware.replay.transcript_text import message_text
 
@@ -34,6 +34,7 @@ class TruncationDriver:
         self.system: list[int] | None = None
         self.messages: list[list[int]] = []  # rendered ids of each non-system message
         self.last_prompt: list[int] = []
+        self.replies: list[str] = []  # the assistant's replies so far (``reply_flags`` compares against them)
 
     def add(self, message: Message) -> None:
         role = message.role if self.format.supports_role(message.role) else "user"
@@ -64,23 +65,34 @@ class TruncationDriver:
         started = time.perf_counter()
         prompt = self.window()
         self.last_prompt = prompt
-        generation = self.engine.generate(prompt, max_new_tokens=self.options.tokens_to_generate).result()
+        generation = self.engine.generate(
+            prompt,
+            max_new_tokens=self.options.tokens_to_generate,
+            logits_processors=penalty_processors(self.options, self.engine.generation_defaults),
+            forced_token_ids=forced_ids(forced, self.format),
+        ).result()
         reply, reply_ids = reply_of(generation, forced, self.format, self.engine)
         self.messages.append(self.format.message_ids("assistant", reply_ids))
-        return plain_turn_record(self.conversation_id, self.engine, generation, reply, started, pooled=True)
+        record = plain_turn_record(
+            self.conversation_id, self.engine, generation, reply, started, self.replies, pooled=True
+        )
+        self.replies.append(reply)
+        return record
 
     @property
     def context_tokens(self) -> int:
         return len(self.window()) - len(self.format.generation_prompt_ids)
 
     @property
+    def context_ids(self) -> list[int]:
+        """The window the next turn would send, without its generation prompt."""
+        window = self.window()
+        return window[: len(window) - len(self.format.generation_prompt_ids)]
+
+    @property
     def context(self) -> str:
         """What the model sees now: the window the next turn would send."""
-        window = self.window()
-        return self.format.tokenizer.decode(
-            window[: len(window) - len(self.format.generation_prompt_ids)],
-            skip_special_tokens=False,
-        )
+        return self.format.tokenizer.decode(self.context_ids, skip_special_tokens=False)
 
     def close(self) -> None:
         """Holds no references."""

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from clm_middleware.cli.main import cli
@@ -84,7 +85,7 @@ def test_teacher_forced_replies_are_the_transcripts_and_stateless_caches_nothing
         "88412.",
     ]
     assert report["totals"]["cached_tokens"] == 0
-    assert all(t["generated_tokens"] == 1 for t in report["turns"])
+    assert all(t["generated_tokens"] == 0 and t["forced_tokens"] > 0 for t in report["turns"])
 
 
 def test_a_malformed_transcript_is_one_clean_error_line(tmp_path):
@@ -138,3 +139,48 @@ def test_bench_refuses_unknown_modes(tmp_path):
     result = CliRunner().invoke(cli, ["bench", str(path), "--model", "tiny", "--modes", "stateless,warp"])
     assert result.exit_code == 2
     assert "--modes" in result.output
+
+
+GREETING_FIRST = [
+    {"role": "assistant", "content": "Hi! I am the booking bot. How can I help?"},
+    {"role": "user", "content": "A table for two."},
+    {"role": "user", "content": "At 8 pm, please."},
+    {"role": "assistant", "content": "Booked for two at 8 pm."},
+    {"role": "tool", "content": '{"status": "confirmed"}'},
+    {"role": "assistant", "content": "Confirmed."},
+    {"role": "assistant", "content": "Anything else?"},
+]
+
+
+@pytest.mark.parametrize("mode", ["stateless", "prefix", "truncate", "clm"])
+@pytest.mark.parametrize("teacher_force", [True, False])
+def test_a_history_as_people_have_it_replays_in_every_mode(tmp_path, mode, teacher_force):
+    """A greeting first, two user messages in a row, a tool message with no call, two replies in a row."""
+    path = write_transcript(tmp_path / "chat.jsonl", GREETING_FIRST)
+    report_path = tmp_path / "report.json"
+    arguments = ["replay", str(path), "--model", "tiny", "--mode", mode, "--max-new-tokens", "4", "--budget", "400"]
+    arguments += ["--tagging", "signals", "--report", str(report_path)]
+    result = CliRunner().invoke(cli, arguments + (["--teacher-force"] if teacher_force else []))
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    assert len(report["turns"]) == 3  # the greeting is context, not a turn
+    if teacher_force:
+        assert [t["reply"] for t in report["turns"]] == ["Booked for two at 8 pm.", "Confirmed.", "Anything else?"]
+        assert all(t["reply_nll"] > 0 and t["forced_tokens"] > 0 for t in report["turns"])
+        assert report["totals"]["reply_nll"] > 0 and report["totals"]["generated_replies"] == 0
+    else:
+        assert all(t["reply_nll"] is None for t in report["turns"])
+        assert report["totals"]["generated_replies"] == 3
+
+
+def test_teacher_forced_reply_nll_is_the_same_in_every_mode_without_a_budget(tmp_path):
+    path = write_transcript(tmp_path / "chat.jsonl")
+    values = {}
+    for mode in ("stateless", "prefix", "clm"):
+        report_path = tmp_path / f"{mode}.json"
+        arguments = ["replay", str(path), "--model", "tiny", "--mode", mode, "--teacher-force", "--tagging", "signals"]
+        result = CliRunner().invoke(cli, [*arguments, "--report", str(report_path)])
+        assert result.exit_code == 0, result.output
+        values[mode] = [t["reply_nll"] for t in json.loads(report_path.read_text())["turns"]]
+    assert values["prefix"] == pytest.approx(values["stateless"], abs=1e-4)
+    assert values["clm"] == pytest.approx(values["prefix"], abs=1e-4)

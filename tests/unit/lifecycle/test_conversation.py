@@ -1,8 +1,10 @@
 """Conversation mechanics on the tiny model: reuse, budget, reclamation, restore, tagging modes."""
 
 import pytest
+import torch
 
 from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.calibration import CALIBRATION_CHATS
 from clm_middleware.lifecycle.compaction import ContextBudgetError
 from clm_middleware.lifecycle.segments import DecidedBy, Label, Status
 
@@ -134,17 +136,32 @@ def test_free_mode_parses_the_models_block_and_the_user_never_sees_it(converse, 
     assert second.stats.parse_ok is False and second.stats.tagging_mode == "rules"  # no block: rules
 
 
+BLOCK = "OK.\n[LIFECYCLE]\nseg_0: keep\nseg_1: keep\n[/LIFECYCLE]"
+CALIBRATION_PASSES = [BLOCK] * len(CALIBRATION_CHATS)  # the calibration probes come first
+
+
 def test_auto_uses_the_model_while_it_follows_the_protocol(converse, scripted):
-    block = "OK.\n[LIFECYCLE]\nseg_0: keep\n[/LIFECYCLE]"
-    engine, _ = scripted(*[block] * 6)
+    engine, _ = scripted(*CALIBRATION_PASSES, *[BLOCK] * 6)
     conversation = converse(engine=engine, tagging="auto")
+    assert conversation.calibration.follows and conversation.protocol_context
     modes = [conversation.send(f"message number {i} here").stats.tagging_mode for i in range(6)]
     assert modes == ["free"] * 6
     assert conversation.protocol_context
 
 
+def test_auto_never_shows_the_protocol_to_a_model_that_fails_calibration(converse, scripted):
+    engine, script = scripted(*["[seg_9] No block here."] * 8)
+    conversation = converse(engine=engine, tagging="auto", max_new_tokens=60)
+    assert conversation.calibration.follows is False
+    assert conversation.calibration.probes == 1 and script.started == 1  # one failure decided it
+    stats = [conversation.send(f"message number {i} here").stats for i in range(3)]
+    assert [(s.protocol_context, s.tagging_mode) for s in stats] == [(False, "signals")] * 3
+    assert "[seg_" not in conversation.context and "Label segments" not in conversation.context
+    assert [m.content for m in conversation.history if m.role == "assistant"] == ["No block here."] * 3
+
+
 def test_auto_switches_to_signals_after_a_parse_failure_streak(converse, scripted):
-    engine, _ = scripted(*["No block here."] * 8)
+    engine, _ = scripted(*CALIBRATION_PASSES, *["No block here."] * 8)
     conversation = converse(engine=engine, tagging="auto")
     stats = [conversation.send(f"message number {i} here").stats for i in range(7)]
     assert [s.tagging_mode for s in stats] == ["signals"] * 7
@@ -154,16 +171,17 @@ def test_auto_switches_to_signals_after_a_parse_failure_streak(converse, scripte
 
 
 def test_a_model_that_failed_the_protocol_starts_later_auto_conversations_in_signals(converse, scripted):
-    engine, _ = scripted(*["No block here."] * 7)
+    engine, _ = scripted(*CALIBRATION_PASSES, *["No block here."] * 7)
     first = converse(engine=engine, tagging="auto")
     for i in range(5):
         first.send(f"message number {i} here")
     assert not first.protocol_context
     second = converse(engine=engine, tagging="auto")
     assert not second.protocol_context and "[seg_" not in second.context
+    assert second.calibration.source == "runtime"
     stats = [second.send(f"again {i}").stats for i in range(2)]
     assert [(s.protocol_context, s.tagging_mode) for s in stats] == [(False, "signals")] * 2
-    other_engine, _ = scripted("No block here.")
+    other_engine, _ = scripted(*CALIBRATION_PASSES)
     assert converse(engine=other_engine, tagging="auto").protocol_context  # the verdict is per engine
 
 
@@ -180,8 +198,37 @@ def test_teacher_forced_replies_are_kept_verbatim(converse):
     conversation = converse()
     conversation.add("user", "Say hello.")
     reply = conversation.respond("Hello there, friend.")
-    assert reply.text == "Hello there, friend." and reply.stats.generated_tokens == 1
+    forced = conversation.chat_format.encode("Hello there, friend.")
+    assert reply.text == "Hello there, friend." and reply.stats.generated_tokens == 0
+    assert reply.stats.forced_tokens == len(forced)
     assert conversation.history[-1].content == "Hello there, friend."
+
+
+def test_reply_nll_of_a_forced_reply_equals_a_direct_computation(converse, tiny_model):
+    conversation = converse(system_prompt="Be kind.")
+    conversation.add("user", "Say hello.")
+    prompt = conversation.context_ids + list(conversation.chat_format.generation_prompt_ids)
+    reply = conversation.respond("Hello there, friend.")
+    forced = conversation.chat_format.encode("Hello there, friend.")
+    with torch.no_grad():
+        logits = tiny_model(input_ids=torch.tensor([prompt + forced])).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    direct = -sum(float(logprobs[len(prompt) - 1 + j, token]) for j, token in enumerate(forced)) / len(forced)
+    assert reply.stats.reply_nll == pytest.approx(direct, abs=1e-4)
+    # the reply's blocks were stored with the turn: the next turn reuses prompt + reply
+    nxt = conversation.send("Again?")
+    assert nxt.stats.cached_tokens >= (len(prompt) + len(forced) - 1) // 16 * 16 - 1  # - the one recomputed token
+    assert nxt.stats.reply_nll is None and conversation.stats()["reply_nll"] == reply.stats.reply_nll
+
+
+def test_an_assistant_greeting_and_two_user_messages_in_a_row_are_answered(converse):
+    conversation = converse()
+    conversation.add("assistant", "Hi! I am the booking bot. How can I help?")
+    conversation.add("user", "A table for two.")
+    conversation.add("user", "At 8 pm, please.")
+    reply = conversation.respond()
+    assert reply.turn == 1 and [m.role for m in conversation.history] == ["assistant", "user", "user", "assistant"]
+    assert "booking bot" in conversation.context and "8 pm" in conversation.context
 
 
 def test_close_gives_every_block_back(converse, engine):

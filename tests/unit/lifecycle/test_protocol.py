@@ -91,9 +91,9 @@ def test_parser_is_total_on_arbitrary_text(text):
 def test_streamed_text_equals_the_final_answer_and_never_shows_the_block(answer, block, cuts, stops):
     raw = answer + block
     points = sorted({min(c, len(raw)) for c in cuts} | {len(raw)})
-    stream = ReplyFilter(protocol=True, stops=stops)
+    stream = ReplyFilter(stops=stops)
     shown = "".join(stream.delta(raw[:point]) for point in points)
-    final = visible_answer(raw, protocol=True, stops=stops)
+    final = visible_answer(raw, stops=stops)
     shown += stream.finish(final)
     assert shown == final
     assert "[LIFECYCLE]" not in shown.upper().replace(" ", "")

@@ -1,0 +1,156 @@
+"""What a delivered reply must never carry, and what makes a reply worthless.
+
+Machinery (``strip_artifacts``): segment markers (``[seg_12]``), lifecycle tags
+(``[LIFECYCLE]``, ``[/LIFECYCLE]``) and block lines (``seg_3: keep``). A model shown
+the protocol may copy them; a model that was not may still echo them from text a
+user pasted. They are removed from every reply, in every tagging mode, so no marker
+reaches a user or, through the reply, the next turn's context.
+
+Flags (``reply_flags``), one list per generated reply, in the report:
+- ``protocol_artifact``: the model's answer held machinery (removed before delivery);
+- ``repetition_loop``: at least ``LOOP_SHARE`` of the answer's word ``LOOP_NGRAM``-grams
+  repeat an earlier one (``10:30am: 10:30am: ...``), over at least ``LOOP_MIN_TOKENS``
+  words: a degenerate greedy loop, not an answer;
+- ``repeats_earlier_reply``: at least ``LOOP_SHARE`` of them stand in replies the model
+  gave before (and can still see): the same loop across turns, where a small model
+  copies its last answer instead of answering the new message;
+- ``empty``: nothing visible was delivered.
+
+Cut (``first_repeated_sentence``): a reply is cut before the first complete sentence
+that repeats an earlier sentence of the same reply (``I'm glad to help. I'm glad to
+help. ...``), and generation stops there (flag ``repetition_cut``): a repeated sentence
+tells the user nothing, and a small greedy model that repeats one sentence rarely
+stops on its own. Sentences of fewer than ``REPEAT_MIN_WORDS`` words never count.
+
+The patterns are also usable on partial text (``could_become_artifact``), so a stream
+holds back a suffix that may still turn into a marker instead of showing half of one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import regex
+
+LOOP_NGRAM = 4  # word n-gram size: long enough that ordinary phrasing rarely repeats one
+LOOP_SHARE = 0.5  # half the n-grams are repeats: the text says the same thing twice over
+LOOP_MIN_TOKENS = 12  # shorter replies ("Yes. Yes.") are not judged
+
+REPEAT_MIN_WORDS = 3  # "Yes. Yes." or "OK." twice is not a loop worth cutting
+
+_MARKER = r"\[\s*seg(?:ment)?[\s_#-]*\d{1,9}\s*\]"
+_TAG = r"\[\s*/?\s*lifecycle\s*\]"
+_BLOCK_LINE = (
+    r"[ \t]*[-*•]?[ \t]*seg(?:ment)?[\s_#-]*\d{1,9}\s*[:=\-–—>]+"
+    r"\s*[\*\"'`]*\s*(?:keep|compress|drop)\b[\*\"'`]*[ \t]*"
+)
+_ARTIFACT = regex.compile(rf"(?:{_MARKER}|{_TAG})[ \t]?", regex.IGNORECASE)
+_ARTIFACT_PARTIAL = regex.compile(rf"{_MARKER}|{_TAG}", regex.IGNORECASE)
+_BLOCK_LINE_FULL = regex.compile(_BLOCK_LINE, regex.IGNORECASE)
+_WORD = regex.compile(r"\w+|[^\w\s]")
+_SENTENCE = regex.compile(r"[^\n.!?…]*(?:[.!?…]+(?=\s)|\n)")  # a complete sentence: its terminator is followed by space
+
+
+def strip_artifacts(text: str) -> str:
+    """``text`` without segment markers, lifecycle tags and block lines."""
+    if "[" not in text and "seg" not in text.casefold():
+        return text
+    lines = text.split("\n")
+    kept = [line for line in lines if not _BLOCK_LINE_FULL.fullmatch(line)]
+    return _ARTIFACT.sub("", "\n".join(kept))
+
+
+def has_artifact(text: str) -> bool:
+    return strip_artifacts(text) != text
+
+
+def could_become_artifact(tail: str) -> bool:
+    """Whether ``tail`` (text from a ``[`` on, or a last line) may still grow into machinery."""
+    if not tail:
+        return False
+    if tail.startswith("["):
+        return bool(_ARTIFACT_PARTIAL.fullmatch(tail, partial=True))
+    return bool(_BLOCK_LINE_FULL.fullmatch(tail, partial=True)) and bool(tail.strip())
+
+
+def _words(text: str) -> list[str]:
+    return [w.casefold() for w in _WORD.findall(text)]
+
+
+def _grams(words: list[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+
+
+def repeated_ngram_share(text: str, n: int = LOOP_NGRAM) -> float:
+    """Share of the word n-grams of ``text`` that already occurred earlier in it."""
+    grams = _grams(_words(text), n)
+    if not grams:
+        return 0.0
+    seen: set[tuple[str, ...]] = set()
+    repeats = 0
+    for gram in grams:
+        repeats += gram in seen
+        seen.add(gram)
+    return repeats / len(grams)
+
+
+def is_repetition_loop(text: str) -> bool:
+    return len(_WORD.findall(text)) >= LOOP_MIN_TOKENS and repeated_ngram_share(text) >= LOOP_SHARE
+
+
+def repeats_earlier(text: str, earlier: Iterable[str], n: int = LOOP_NGRAM) -> bool:
+    """Whether at least ``LOOP_SHARE`` of the word n-grams of ``text`` occur in ``earlier`` texts."""
+    words = _words(text)
+    if len(words) < LOOP_MIN_TOKENS:
+        return False
+    seen = {gram for other in earlier for gram in _grams(_words(other), n)}
+    grams = _grams(words, n)
+    return bool(grams) and sum(gram in seen for gram in grams) / len(grams) >= LOOP_SHARE
+
+
+def reply_flags(answer: str, delivered: str, earlier: Iterable[str] = ()) -> list[str]:
+    """Flags of one generated reply: ``answer`` as the model wrote it (block cut off),
+    ``delivered`` what the user got, ``earlier`` the replies before it that the model saw."""
+    flags = []
+    if has_artifact(answer):
+        flags.append("protocol_artifact")
+    if is_repetition_loop(delivered):
+        flags.append("repetition_loop")
+    elif repeats_earlier(delivered, earlier):
+        flags.append("repeats_earlier_reply")
+    if not delivered.strip():
+        flags.append("empty")
+    return flags
+
+
+def _sentence_key(sentence: str) -> str | None:
+    words = _words(sentence)
+    return " ".join(words) if sum(w[0].isalnum() for w in words) >= REPEAT_MIN_WORDS else None
+
+
+def first_repeated_sentence(text: str) -> int | None:
+    """Offset where the first complete sentence that repeats an earlier one of ``text`` starts."""
+    seen: set[str] = set()
+    for match in _SENTENCE.finditer(text):
+        key = _sentence_key(match.group())
+        if key is None:
+            continue
+        if key in seen:
+            return match.start() + len(match.group()) - len(match.group().lstrip())
+        seen.add(key)
+    return None
+
+
+def repeat_in_progress(text: str) -> int:
+    """Length of the unfinished last sentence of ``text`` when it may still become a repeat
+    (its words so far begin an earlier sentence): a stream holds it back until it diverges."""
+    complete = list(_SENTENCE.finditer(text))
+    tail = text[complete[-1].end() if complete else 0 :]
+    folded = " ".join(tail.split()).casefold()
+    if not folded:
+        return 0
+    for match in complete:
+        earlier = " ".join(match.group().split()).casefold()
+        if _sentence_key(match.group()) is not None and earlier.startswith(folded):
+            return len(tail)
+    return 0

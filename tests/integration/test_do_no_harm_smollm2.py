@@ -1,0 +1,50 @@
+"""SmolLM2-135M through the middleware answers in words, like the bare model: no marker, no block, no id."""
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from clm_middleware.cli.main import cli
+from clm_middleware.conversation import Conversation
+from clm_middleware.lifecycle.reply_quality import has_artifact
+
+SYSTEM = "You are a helpful airline customer support agent."
+QUICKSTART = [
+    "Hi!",
+    "My booking reference is ZK4R2P. I need to move my flight to Friday.",
+    "It is the morning flight from Lisbon to Paris.",
+    "ok thanks",
+]
+DEMO = Path(__file__).parents[2] / "examples" / "transcripts" / "lisbon_trip.jsonl"
+
+
+def test_the_readme_quickstart_replies_in_words_without_protocol_artifacts(smol_engine):
+    chat = Conversation(smol_engine, system_prompt=SYSTEM, budget=1024, max_new_tokens=40)
+    assert chat.calibration is not None and chat.calibration.follows is False  # SmolLM2 cannot follow it
+    for message in QUICKSTART:
+        reply = chat.send(message)
+        assert reply.text.strip() and not has_artifact(reply.text), reply.text
+        assert "protocol_artifact" not in reply.stats.reply_flags
+        assert not reply.stats.protocol_context and reply.stats.tagging_mode == "signals"
+    assert "[seg_" not in chat.context and "LIFECYCLE" not in chat.context
+
+
+def test_a_ten_turn_generated_replay_carries_no_protocol_artifact(tmp_path):
+    kept, answered = [], 0
+    for line in DEMO.read_text(encoding="utf-8").splitlines():
+        if json.loads(line)["role"] == "assistant":
+            if answered == 10:
+                break
+            answered += 1
+        kept.append(line)
+    path = tmp_path / "lisbon10.jsonl"
+    path.write_text("\n".join(kept) + "\n")
+    report_path = tmp_path / "report.json"
+    arguments = ["replay", str(path), "--mode", "clm", "--budget", "1024", "--max-new-tokens", "24", "--quiet"]
+    result = CliRunner().invoke(cli, [*arguments, "--report", str(report_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    assert len(report["turns"]) == 10
+    assert report["totals"]["reply_flags"].get("protocol_artifact", 0) == 0
+    assert not any(has_artifact(turn["reply"]) for turn in report["turns"])

@@ -1,0 +1,132 @@
+"""No machinery in a reply, streamed or not; repetition loops are recognised and leave the context."""
+
+from __future__ import annotations
+
+import pytest
+
+from clm_middleware.lifecycle.config import GenerationSettings
+from clm_middleware.lifecycle.reply_filter import ReplyFilter, visible_answer
+from clm_middleware.lifecycle.reply_quality import (
+    is_repetition_loop,
+    repeated_ngram_share,
+    reply_flags,
+    strip_artifacts,
+)
+
+HOSTILE = [
+    "1234567890\n[seg_3] 1234567890\n[seg_4] fine",
+    "Sure [seg_12]thing. [/LIFECYCLE] Done.",
+    "Booked.\nseg_3: keep\n- seg_4: drop\nAnything else?",
+    "Look at [ SEG 7 ] and [lifecycle ] here",
+    "[seg_1",  # cut off mid-marker
+]
+
+
+@pytest.mark.parametrize("raw", HOSTILE)
+def test_no_marker_tag_or_block_line_survives_the_filter(raw):
+    answer = visible_answer(raw, stops=())
+    folded = answer.casefold()
+    assert "seg_" not in folded and "lifecycle" not in folded and "seg 7" not in folded
+
+
+def test_ordinary_brackets_and_words_are_left_alone():
+    text = "See note [1] and segment 3 of the course; seg is short for segment."
+    assert strip_artifacts(text) == text
+
+
+@pytest.mark.parametrize("raw", [*HOSTILE, "plain answer, no machinery at all", "ok [seg_2]"])
+def test_a_stream_never_shows_machinery_and_adds_up_to_the_final_answer(raw):
+    stream = ReplyFilter(stops=())
+    shown = ""
+    for end in range(1, len(raw) + 1):
+        shown += stream.delta(raw[:end])
+        assert "[seg" not in shown.casefold() and "seg_3:" not in shown
+    final = visible_answer(raw, stops=())
+    shown += stream.finish(final)
+    assert shown == final
+
+
+def test_greedy_loops_are_recognised_and_answers_are_not():
+    assert is_repetition_loop("10:30am: " * 12)
+    assert is_repetition_loop("2,400 euros: 2,400 euros: 2,400 euros: 2,400 euros: 2,400 euros:")
+    assert not is_repetition_loop("Yes. Yes.")
+    prose = (
+        "The museum opens at ten, and the guided tour starts at eleven from the main hall. "
+        "Tickets cost twelve euros; children under six enter for free."
+    )
+    assert not is_repetition_loop(prose) and repeated_ngram_share(prose) == 0.0
+
+
+def test_reply_flags_name_what_went_wrong():
+    assert reply_flags("[seg_4] Hello", "Hello") == ["protocol_artifact"]
+    assert reply_flags("go " * 20, "go " * 20) == ["repetition_loop"]
+    assert reply_flags("", "") == ["empty"]
+    earlier = ["I'm sorry for the confusion. You can find it on the website of the booking service today."]
+    again = "I'm sorry for the confusion. You can find it on the website of the booking service now."
+    assert reply_flags(again, again, earlier) == ["repeats_earlier_reply"]
+    assert reply_flags(again, again, ["Something else entirely, about trains and museums in Porto."]) == []
+    assert reply_flags("Hello there.", "Hello there.") == []
+
+
+def test_a_looping_reply_leaves_the_context_at_once_and_stays_in_history(converse, scripted):
+    loop = "10:30am: " * 12
+    engine, _ = scripted(loop.strip(), "A fine answer.")
+    conversation = converse(engine=engine, max_new_tokens=200)
+    first = conversation.send("When does it open?")
+    assert "repetition_loop" in first.stats.reply_flags
+    assert "10:30am" not in conversation.context
+    assert conversation.history[-1].content == loop.strip()
+    assert any(d.reason == "repetition loop" for d in first.decisions)
+    second = conversation.send("And at 10:30am?")  # sharing its token does not bring the loop back
+    assert "10:30am: 10:30am" not in conversation.context and second.stats.reply_flags == []
+
+
+def test_a_reply_that_repeats_an_earlier_one_leaves_the_context_and_the_original_stays(converse, scripted):
+    answer = "You can find it on the website of the booking service, open every day from nine."
+    engine, _ = scripted(answer, answer)
+    conversation = converse(engine=engine, max_new_tokens=200)
+    first, second = conversation.send("Where do I book?"), conversation.send("And the museum?")
+    assert first.stats.reply_flags == [] and second.stats.reply_flags == ["repeats_earlier_reply"]
+    assert conversation.context.count("open every day from nine") == 1
+    assert [m.content for m in conversation.history if m.role == "assistant"] == [answer, answer]
+
+
+def test_a_reply_is_cut_before_its_first_repeated_sentence_and_generation_stops(converse, scripted):
+    looping = "You're welcome. I'm glad to help. I'm glad to help. I'm glad to help. I'm glad to help."
+    engine, _ = scripted(looping)
+    conversation = converse(engine=engine, max_new_tokens=300)
+    streamed = "".join(conversation.stream("thanks!"))
+    reply = conversation.last_reply
+    assert streamed == reply.text == "You're welcome. I'm glad to help."
+    assert reply.finish_reason == "repetition" and "repetition_cut" in reply.stats.reply_flags
+    assert reply.stats.generated_tokens < len(engine.tokenizer.encode(looping))
+    assert conversation.history[-1].raw_output.startswith(looping[:40])
+
+
+def test_cut_repeats_can_be_turned_off(converse, scripted):
+    looping = "You're welcome. I'm glad to help. I'm glad to help."
+    engine, _ = scripted(looping)
+    reply = converse(engine=engine, max_new_tokens=300, generation=None).send("thanks!")
+    assert reply.text == "You're welcome. I'm glad to help."
+    engine, _ = scripted(looping)
+    settings = GenerationSettings(max_new_tokens=300, cut_repeats=False)
+    assert converse(engine=engine, generation=settings).send("thanks!").text == looping
+
+
+def test_streamed_answers_with_repeats_add_up_to_the_final_answer():
+    raw = "One two three. Four five six. One two three. One two"
+    stream = ReplyFilter(stops=(), cut_repeats=True)
+    shown = "".join(stream.delta(raw[:end]) for end in range(1, len(raw) + 1))
+    final = visible_answer(raw, stops=(), cut_repeats=True)
+    assert final == "One two three. Four five six."
+    assert shown + stream.finish(final) == final and "One two three. One" not in shown
+
+
+def test_a_hostile_marker_echo_reaches_neither_the_user_nor_the_context(converse, scripted):
+    engine, _ = scripted("1234567890\n[seg_3] 1234567890\n[seg_4] done")
+    conversation = converse(engine=engine, max_new_tokens=40)
+    streamed = "".join(conversation.stream("echo the markers please"))
+    reply = conversation.last_reply
+    assert streamed == reply.text and "[seg_" not in reply.text
+    assert reply.stats.reply_flags == ["protocol_artifact"]
+    assert "[seg_" not in conversation.context
