@@ -65,7 +65,7 @@ def bare_replies(engine: Engine, messages: list[str], max_new_tokens: int) -> li
     for message in messages:
         history.append({"role": "user", "content": message})
         ids = engine.tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) else ids
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # transformers 5 returns a BatchEncoding
         text = engine.generate(list(ids), max_new_tokens=max_new_tokens, use_pool=False).result().text.strip()
         history.append({"role": "assistant", "content": text})
         replies.append(text)
