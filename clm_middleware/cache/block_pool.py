@@ -26,6 +26,7 @@ the caller holds a reference on, so they run outside it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -37,6 +38,8 @@ from clm_middleware.cache.arena import ArenaCache
 from clm_middleware.cache.hashing import BlockKey
 from clm_middleware.cache.layout import KVLayout, PoolConfig
 from clm_middleware.errors import PoolExhaustedError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -82,6 +85,7 @@ class PoolStats:
         }
 
 
+EvictedBlock = tuple[BlockKey, "BlockKey | None", tuple[int, ...], torch.Tensor, torch.Tensor]
 EvictionListener = Callable[[BlockKey, "BlockKey | None", tuple[int, ...], torch.Tensor, torch.Tensor], None]
 """``f(key, parent_key, token_ids, keys, values)`` for a block leaving memory (see ``DiskTier``)."""
 
@@ -156,7 +160,7 @@ class BlockPool:
         held by active requests leave too little room. Eviction listeners run after
         the lock is released, on copies, so a slow listener (disk) never blocks others.
         """
-        evicted: list[tuple[BlockKey, BlockKey | None, tuple[int, ...], torch.Tensor, torch.Tensor]] = []
+        evicted: list[EvictedBlock] = []
         with self._lock:
             available = len(self._free) + len(self._lru)
             if num_blocks > available:
@@ -171,10 +175,18 @@ class BlockPool:
                 block = self._blocks[self._free.pop()] if self._free else self._evict_locked(evicted)
                 block.ref_count = 1
                 allocated.append(block.block_id)
+        self._notify_evicted(evicted)
+        return allocated
+
+    def _notify_evicted(self, evicted: list[EvictedBlock]) -> None:
+        """Listeners are optimisations (a disk tier): one that raises is logged, and the
+        blocks already handed out stay the caller's, so no reference is left unowned."""
         for listener in self._eviction_listeners:
             for record in evicted:
-                listener(*record)
-        return allocated
+                try:
+                    listener(*record)
+                except Exception:
+                    log.exception("an eviction listener failed; the evicted block is not kept")
 
     def commit(
         self,

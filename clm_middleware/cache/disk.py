@@ -12,6 +12,11 @@ tensor bytes. Invariants:
 - Writes are skipped, with a warning, when free space would fall under
   ``min_free_disk_mb``; a size cap evicts the least recently used files.
 - Folders are created 0700 and files 0600: blocks encode users' conversations.
+- The tier is an optimisation: no disk fault reaches a caller. A directory that cannot
+  be created or written disables the tier with one warning (``enabled`` False); a
+  write that fails (ENOSPC, EROFS, EACCES, EIO, out of inodes) is skipped and counted
+  in ``errors``, and so is a read that fails (a directory at a key's path, EIO); each
+  kind is logged once per tier.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class DiskStats:
     skipped_writes: int = 0
     corrupt: int = 0
     evicted_files: int = 0
+    errors: int = 0  # reads and writes that failed with an OS error (skipped)
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -54,6 +60,7 @@ class DiskStats:
             "disk_skipped_writes": self.skipped_writes,
             "disk_corrupt": self.corrupt,
             "disk_evicted_files": self.evicted_files,
+            "disk_errors": self.errors,
         }
 
 
@@ -71,14 +78,22 @@ class DiskTier:
         if max_bytes is not None and max_bytes < 1:
             raise ConfigError("max_disk_bytes", f"must be ≥ 1, got {max_bytes}")
         self.directory = Path(directory).expanduser() / fingerprint[:32]
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.directory, 0o700)
         self.fingerprint = fingerprint
         self.min_free_bytes = min_free_disk_mb * 2**20
         self.max_bytes = max_bytes
         self.stats = DiskStats()
         self._lock = threading.Lock()
-        self._warned = False
+        self._warned: set[str] = set()
+        self.enabled = True
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.directory, 0o700)
+            probe = self.directory / f".probe.{os.getpid()}.{threading.get_ident()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as error:
+            self.enabled = False
+            self._warn_once("disabled", f"disk cache {self.directory} is not usable ({error}); the disk tier is off")
 
     def path(self, key: BlockKey) -> Path:
         return self.directory / f"{key:016x}.safetensors"
@@ -88,7 +103,20 @@ class DiskTier:
     def write(
         self, key: BlockKey, parent: BlockKey | None, token_ids: Sequence[int], keys: torch.Tensor, values: torch.Tensor
     ) -> bool:
-        """Store one block; False when skipped for lack of space (or already there)."""
+        """Store one block; False when skipped: no space, a disk fault, or already there."""
+        if not self.enabled:
+            return False
+        try:
+            return self._write(key, parent, token_ids, keys, values)
+        except OSError as error:
+            with self._lock:
+                self.stats.errors += 1
+            self._warn_once("write", f"disk cache {self.directory}: a write failed ({error}); skipping it")
+            return False
+
+    def _write(
+        self, key: BlockKey, parent: BlockKey | None, token_ids: Sequence[int], keys: torch.Tensor, values: torch.Tensor
+    ) -> bool:
         target = self.path(key)
         if target.exists():
             return False
@@ -105,14 +133,11 @@ class DiskTier:
         if shutil.disk_usage(self.directory).free - len(payload) < self.min_free_bytes:
             with self._lock:
                 self.stats.skipped_writes += 1
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"disk cache {self.directory}: less than {self.min_free_bytes // 2**20} MB would be free; "
-                    "skipping writes (raise min_free_disk_mb or free space)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+            self._warn_once(
+                "space",
+                f"disk cache {self.directory}: less than {self.min_free_bytes // 2**20} MB would be free; "
+                "skipping writes (raise min_free_disk_mb or free space)",
+            )
             return False
         temporary = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         descriptor = os.open(temporary, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
@@ -142,14 +167,22 @@ class DiskTier:
         dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The block's K/V if a valid file holds it; a bad file is deleted and counted."""
+        if not self.enabled:
+            return None
         target = self.path(key)
         try:
             payload = target.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as error:  # a directory at the path, EIO, EACCES: a miss, never a crash
+            with self._lock:
+                self.stats.errors += 1
+            self._warn_once("read", f"disk cache {self.directory}: a read failed ({error}); treating it as a miss")
+            return None
         tensors = self._verified(payload, key, parent, token_ids, shape, dtype)
         if tensors is None:
-            target.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                target.unlink(missing_ok=True)
             with self._lock:
                 self.stats.corrupt += 1
             return None
@@ -196,14 +229,24 @@ class DiskTier:
 
     def _enforce_cap(self) -> None:
         with self._lock:
-            files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.directory.glob("*.safetensors")]
+            files = []
+            for path in self.directory.glob("*.safetensors"):
+                with contextlib.suppress(OSError):  # gone meanwhile, or unreadable: not ours to count
+                    info = path.stat()
+                    files.append((info.st_mtime, info.st_size, path))
             total = sum(size for _, size, _ in files)
             for _, size, path in sorted(files):
                 if total <= self.max_bytes:
                     break
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
                 total -= size
                 self.stats.evicted_files += 1
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _checksum(tensors: dict[str, torch.Tensor]) -> str:

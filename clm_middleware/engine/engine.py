@@ -114,12 +114,11 @@ class Engine:
 
     def close(self) -> None:
         """Spill every cached block to the disk tier (if any), so a restart hits from disk."""
-        if self.disk is None:
+        if self.disk is None or not self.disk.enabled:
             return
         for block in self.pool.cached_blocks():
-            if not self.disk.path(block.key).exists():
-                keys, values = self.pool.read_block(block.block_id)
-                self.disk.write(block.key, block.parent_key, block.token_ids, keys, values)
+            keys, values = self.pool.read_block(block.block_id)
+            self.disk.write(block.key, block.parent_key, block.token_ids, keys, values)  # skips files it has
 
     def __enter__(self) -> Engine:
         return self

@@ -134,11 +134,37 @@ class Compactor:
         protected_from = turn - self.config.protect_turns + 1
         body = messages[1:] if messages and messages[0].role == "system" else messages
         accepted = accepted_replies(messages)
-        self._fold_oldest(body, segments, accepted, protected_from, target, turn, result)
-        if self.prompt_length() <= target:
-            return
-        candidates = [segments[s] for m in body for s in m.segment_ids]
-        candidates = [s for s in candidates if s.visible and not s.pinned and s.turn < protected_from]
+        # the newest messages keep recent_share of the budget verbatim while dropping what
+        # is worth least (passes 2-4) can make room; past that, folding (which condenses
+        # facts) still comes before dropping any more
+        for floor in (int(budget * self.config.recent_share), 0):
+            self._fold_oldest(body, segments, accepted, protected_from, target, floor, turn, result)
+            if self.prompt_length() <= target:
+                return
+            older = self._older(body, segments, protected_from)
+            self._reduce(messages, segments, older, protected_from, accepted, target, budget, turn, result)
+            if self.prompt_length() <= target:
+                return
+
+    @staticmethod
+    def _older(body: list[MessageRecord], segments: dict[SegmentId, Segment], protected_from: int) -> list[Segment]:
+        """Visible, unpinned segments of the turns before the protected ones, in order."""
+        older = [segments[s] for m in body for s in m.segment_ids]
+        return [s for s in older if s.visible and not s.pinned and s.turn < protected_from]
+
+    def _reduce(
+        self,
+        messages: list[MessageRecord],
+        segments: dict[SegmentId, Segment],
+        candidates: list[Segment],
+        protected_from: int,
+        accepted: frozenset[int],
+        target: int,
+        budget: int,
+        turn: int,
+        result: CompactionResult,
+    ) -> None:
+        """Passes 2-4 over ``candidates``, until the prompt is under ``target``."""
         visible = [segments[s] for m in messages for s in m.segment_ids if segments[s].visible]
         values = {
             s.id: (
@@ -178,13 +204,21 @@ class Compactor:
         accepted: frozenset[int],
         protected_from: int,
         target: int,
+        recent_floor: int,
         turn: int,
         result: CompactionResult,
     ) -> None:
         """Pass 1, oldest message first: fold it into the digest. What carries facts, and
         what the user or a tool asked for, is condensed by a faithful compression; the
         rest is dropped, and so is what the digest already says. Nothing that matters is
-        lost yet, and the newest turns stay verbatim the longest."""
+        lost yet, and the newest turns stay verbatim the longest: folding stops once the
+        verbatim messages after the fold would hold fewer than ``recent_floor`` tokens."""
+        tail_tokens = {}  # message index → verbatim tokens of it and every later message
+        running = 0
+        for message in reversed(body):
+            running += sum(len(segments[s].visible_ids) for s in message.segment_ids if segments[s].visible)
+            running += OVERHEAD_TOKENS_PER_SEGMENT  # its glue
+            tail_tokens[message.index] = running
         digest_text = " ".join(
             segments[s].visible_text.casefold()
             for m in body
@@ -196,6 +230,9 @@ class Compactor:
             if message.index < self._fold:
                 continue
             if message.turn >= protected_from or self.prompt_length() <= target:
+                break
+            later = tail_tokens.get(message.index + 1, 0)
+            if later < recent_floor:
                 break
             for segment in (segments[s] for s in message.segment_ids):
                 if not segment.visible or segment.pinned:

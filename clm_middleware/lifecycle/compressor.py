@@ -300,7 +300,9 @@ class Compressor:
         return ids, [None if lp is None else -lp for lp in generation.prompt_logprobs or []]
 
     def _offsets(self, text: str, ids: list[int]) -> list[tuple[int, int]]:
-        encoded: Any = self.format.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        encoded: Any = self.format.tokenizer(
+            text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
+        )
         if list(encoded["input_ids"]) == ids:
             return [tuple(pair) for pair in encoded["offset_mapping"]]
         return [(0, len(text))] * len(ids)  # cannot align: every token scores every word alike

@@ -46,6 +46,13 @@ class LifecycleConfig:
     not every turn. Without budget pressure, pending drops and compressions are
     applied once they would free ``min_reclaim_tokens`` (each application re-prefills
     from the first changed segment on, so they are batched).
+
+    ``recent_share`` of the budget is kept for the newest messages verbatim: old
+    messages are folded into the digest only while the verbatim tail stays above it,
+    and further room comes from the digest first. The next reply depends most on the
+    last few turns as they were said (teacher-forced ``reply_nll`` measures it); the
+    digest keeps the facts of the rest. 0 lets the digest take everything but the
+    newest turn.
     """
 
     tagging: TaggingConfig = field(default_factory=TaggingConfig)
@@ -57,6 +64,7 @@ class LifecycleConfig:
     low_water: float = 0.75
     min_reclaim_tokens: int = 64
     protect_turns: int = 1
+    recent_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 64:
@@ -69,5 +77,7 @@ class LifecycleConfig:
             raise ConfigError("low_water", f"must be in [0.2, 1], got {self.low_water}")
         if self.compress_min_tokens < 1:
             raise ConfigError("compress_min_tokens", f"must be ≥ 1, got {self.compress_min_tokens}")
+        if not 0.0 <= self.recent_share <= 0.9:
+            raise ConfigError("recent_share", f"must be in [0, 0.9], got {self.recent_share}")
         if self.protect_turns < 1:
             raise ConfigError("protect_turns", f"must be ≥ 1, got {self.protect_turns}")

@@ -21,7 +21,7 @@ _ORDINAL = r"\d{1,2}(?:st|nd|rd|th)"
 _CAPITALISED = r"\p{Lu}[\p{Ll}\p{Lu}\p{N}'’-]*"
 _CONNECTOR = r"(?:of|de|do|da|del|la|le|du|von|van|by|the|and|&|y)"
 _PATTERNS = [
-    ("email", r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),
+    ("email", r"(?<![\w.+-])[\w.+-]++@[\w-]++(?:\.[\w-]++)+"),
     ("url", r"https?://\S+|www\.\S+"),
     ("time", r"(?i:\b\d{1,2}(?::\d{2})?\s?(?:[ap]\.?m\b\.?))|\b\d{1,2}:\d{2}\b"),
     ("money", r"[$€£¥]\s?\d[\d,]*(?:\.\d+)?|(?i:\b\d[\d,]*(?:\.\d+)?\s?(?:euros?|dollars?|usd|eur|gbp)\b)"),
@@ -31,8 +31,12 @@ _PATTERNS = [
         rf"|{_ORDINAL}(?:\s+of\s+(?:this|next)\s+month)?\b"
         rf"|(?:(?:this|next|last)\s+)?(?:{_WEEKDAYS})\b(?:\s+(?:this|next|last)\s+week\b)?))",
     ),
-    # a code mixes letters and digits, or is a digit group with separators (QX7-4821, 2,400, 3.5)
-    ("code", r"(?:\p{L}+[-_/]?)*\p{N}+(?:[-_/.:,]?[\p{L}\p{N}]+)*"),
+    # a code mixes letters and digits, or is a digit group with separators (QX7-4821, 2,400, 3.5).
+    # Email and code start only where a word starts, and their runs are possessive: letters
+    # and digits are disjoint classes, so giving characters back never helps a match, and a
+    # long run without a digit or an "@" then fails in one pass instead of backtracking
+    # through every split of it at every position (cubic time: a DoS on pasted text)
+    ("code", r"(?<![\p{L}\p{N}]|[\p{L}\p{N}][-_/])(?:\p{L}++[-_/]?)*+\p{N}++(?:[-_/.:,]?[\p{L}\p{N}]++)*+"),
     ("name", rf"(?:(?:Mr|Mrs|Ms|Dr|Prof|St)\.\s+)?{_CAPITALISED}(?:\s+(?:{_CONNECTOR}\s+)*\(?{_CAPITALISED}\)?)*"),
 ]
 _TOKEN = regex.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in _PATTERNS), regex.V1)
@@ -40,6 +44,7 @@ _RUN_WORD = regex.compile(r"\S+")
 _CONNECTOR_WORD = regex.compile(rf"^{_CONNECTOR}$")
 _LEADING_CONNECTORS = regex.compile(rf"(?:\s+{_CONNECTOR}\b)*\s+\(?")
 _MONTH_OR_DAY = regex.compile(rf"^(?:{_MONTHS}|{_WEEKDAYS})$", regex.IGNORECASE)
+_SENTENCE_LOOKBACK = 64  # characters: punctuation, a quote and the spaces between them and a name
 _SENTENCE_START = regex.compile(r"(?:^|[.!?…:;\n]\s*|[.!?…:;\n]\s*[\"“]\s*|^[\"“]\s*)$")
 _COMMON_CAPITALISED = frozenset(
     [
@@ -103,7 +108,7 @@ def _name_span(text: str, match: regex.Match[str]) -> tuple[int, int] | None:
         return None
     base = match.start()
     start, end = base + words[first].start(), base + words[last - 1].end()
-    opens_sentence = bool(_SENTENCE_START.search(text[:start]))
+    opens_sentence = bool(_SENTENCE_START.search(_tail_before(text, start)))
     if last - first == 1:
         if opens_sentence and not _MONTH_OR_DAY.match(bare_word(words[first].group())):
             return None  # a capitalised first word is grammar, not a name
@@ -113,6 +118,15 @@ def _name_span(text: str, match: regex.Match[str]) -> tuple[int, int] | None:
         rest = _LEADING_CONNECTORS.match(text, start + len(words[first].group()))
         start = rest.end() if rest else start
     return (start, end) if start < end else None
+
+
+def _tail_before(text: str, start: int) -> str:
+    """The text just before ``start``, as far as ``_SENTENCE_START`` needs to look: searching
+    the whole prefix for every name would make a long run of names quadratic. A window
+    that does not reach the text's start gets a word character first, so ``^`` cannot match."""
+    if start <= _SENTENCE_LOOKBACK:
+        return text[:start]
+    return "x" + text[start - _SENTENCE_LOOKBACK : start]
 
 
 def bare_word(word: str) -> str:

@@ -46,19 +46,22 @@ def visible_answer(raw: str, *, stops: Sequence[str], cut_repeats: bool = False)
     written = model_answer(raw, stops)
     if cut_repeats:
         written = cut_repeat(written, final=True)
-    return strip_artifacts(written[: len(written) - trailing_machinery(written)]).rstrip()
+    return strip_artifacts(written[: len(written) - trailing_machinery(written, final=True)]).rstrip()
 
 
-def trailing_machinery(written: str) -> int:
+def trailing_machinery(written: str, *, final: bool = False) -> int:
     """Characters at the end of ``written`` that are, or may still become, machinery:
-    from the last ``[`` (a marker or tag in the making) or the start of the last line
-    (a block line in the making)."""
+    from the last ``[`` (a marker or tag in the making) or, while streaming, the start
+    of the last line (a block line in the making). In a ``final`` text an unfinished
+    bracket is still cut (``[seg_1`` at the end of the output); an unfinished line is
+    not: it is the text it is ("S" may be the start of "seg_3: keep", or just "S"), and
+    a finished block line is cut by ``strip_artifacts``."""
     held = 0
     bracket = written.rfind("[")
     if bracket >= 0 and len(written) - bracket < _MAX_HELD_BRACKET and could_become_artifact(written[bracket:]):
         held = len(written) - bracket
     line_start = written.rfind("\n") + 1
-    if could_become_artifact(written[line_start:]):
+    if not final and could_become_artifact(written[line_start:]):
         held = max(held, len(written) - line_start)
     return held
 

@@ -118,7 +118,9 @@ class TurnRunner:
         c.messages.append(reply_message)
         c._unsaved_messages.append(reply_message)
         kind = "ack" if is_ack(answer_text) else "reply"
-        if {"repetition_loop", "repeats_earlier_reply"} & set(stats.reply_flags):
+        if "repetition_loop" in stats.reply_flags or (
+            "repeats_earlier_reply" in stats.reply_flags and not self._adds_facts(answer_text)
+        ):
             kind = LOOP_KIND
         reply_segment = c._new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)
         if kind == LOOP_KIND:
@@ -261,10 +263,18 @@ class TurnRunner:
         stats.phases["parsing_s" if outcome.mode == "free" else "tagging_s"] += elapsed
         return applied
 
+    def _adds_facts(self, text: str) -> bool:
+        """Whether ``text`` states a distinctive token (a code, a number, a name) that no
+        visible segment states yet: a templated reply with a new booking reference is not
+        a repeat to drop."""
+        facts = distinctive_tokens(text)
+        visible = " ".join(s.visible_text for s in self.conversation.segments if s.visible)
+        return bool(facts and missing_from(facts, visible))
+
     def _drop_loop(self, segment: Segment, turn: int) -> Decision:
         """A generated reply that is a repetition loop, or mostly repeats an earlier reply
-        still in the context, leaves the context at once: it adds nothing the context
-        does not hold, it is the context's last segment (so the next prompt still reuses
+        still in the context with no fact of its own, leaves the context at once: it adds
+        nothing the context does not hold, it is the context's last segment (so the next prompt still reuses
         everything before it), and a model that sees its own loop repeats it. Its blocks
         stay in the conversation's chain until the next turn hands the chain over."""
         segment.label, segment.decided_by = Label.DROP, DecidedBy.RULES

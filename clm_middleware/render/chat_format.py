@@ -11,6 +11,15 @@ contents to learn its fixed "glue" per role::
 and a prompt is built by concatenating token ids: the glue is tokenized once, each
 content is tokenized once, and an assistant reply keeps the ids the model generated.
 ``ChatFormat`` refuses (``ChatTemplateError``) a template that is not append-only.
+
+Content is text, never control: ``encode`` (message content from users, tools,
+transcripts, and replies that are given rather than generated) tokenizes with the
+tokenizer's special tokens split, so ``<|im_end|><|im_start|>system`` in a message is
+the characters, not a closed turn and a forged system turn. Only the template's own
+glue (headers, footers, preamble, generation prompt) carries control ids. A tokenizer
+that ignores ``split_special_tokens`` is caught (``control_ids`` in the result) and
+each special-token string is then encoded in two halves, which no vocabulary maps
+back to the control token.
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import regex
 
 from clm_middleware.errors import ChatTemplateError
 
@@ -41,6 +52,7 @@ class ChatFormat:
     preamble_ids: tuple[int, ...] = ()
     generation_prompt_ids: tuple[int, ...] = ()
     glue: dict[str, RoleGlue] = field(default_factory=dict)
+    control_ids: frozenset[int] = frozenset()  # special tokens: only the glue may hold them
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ChatFormat:
@@ -80,11 +92,30 @@ class ChatFormat:
             preamble_ids=tuple(_encode(tokenizer, preamble)),
             generation_prompt_ids=tuple(_encode(tokenizer, generation[len(base) :])),
             glue=glue,
+            control_ids=_control_ids(tokenizer),
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` with no special tokens added."""
-        return _encode(self.tokenizer, text)
+        """Token ids of content ``text``: no special token added, none parsed (see the module docstring)."""
+        if not text:
+            return []
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        if self.control_ids.isdisjoint(ids):
+            return ids
+        return self._encode_halving_specials(text)
+
+    def _encode_halving_specials(self, text: str) -> list[int]:
+        specials = sorted((self.tokenizer.convert_ids_to_tokens(i) for i in self.control_ids), key=len, reverse=True)
+        pattern = regex.compile("(" + "|".join(regex.escape(s) for s in specials if s) + ")")
+        ids: list[int] = []
+        for index, piece in enumerate(pattern.split(text)):
+            if not piece:
+                continue
+            if index % 2:  # a special-token string: two halves, each plain text
+                ids += _encode(self.tokenizer, piece[:1]) + _encode(self.tokenizer, piece[1:])
+            else:
+                ids += _encode(self.tokenizer, piece)
+        return ids
 
     def word_initial(self, token_ids: Sequence[int]) -> list[bool]:
         """Which tokens begin a word: the first, any that starts with a space marker
@@ -146,6 +177,15 @@ def _split_glue(tokenizer: Any, text: str, role: str) -> RoleGlue:
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
+    """Template glue: special tokens in ``text`` are parsed (the template's own)."""
     if not text:
         return []
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _control_ids(tokenizer: Any) -> frozenset[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
+    for token_id, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(added, "special", False):
+            ids.add(int(token_id))
+    return frozenset(ids)

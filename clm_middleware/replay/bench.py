@@ -78,7 +78,7 @@ def extra_metrics(
     if any(t["reply_nll"] is not None for t in totals):
         extras.append(("reply NLL, teacher-forced (nats/token)", _reply_nll))
     if any(t["generated_replies"] for t in totals):
-        extras.append(("flagged replies (artifact / loop / repeats earlier / empty)", _flagged))
+        extras.append(("flagged replies (artifact / loop / repeats earlier / cut at a repeat / empty)", _flagged))
     return extras
 
 
@@ -91,7 +91,8 @@ def _flagged(report: ReplayReport) -> str:
     totals = report.totals()
     flags = totals["reply_flags"]
     counts = "/".join(
-        str(flags.get(f, 0)) for f in ("protocol_artifact", "repetition_loop", "repeats_earlier_reply", "empty")
+        str(flags.get(f, 0))
+        for f in ("protocol_artifact", "repetition_loop", "repeats_earlier_reply", "repetition_cut", "empty")
     )
     return f"{totals['flagged_replies']} of {totals['generated_replies']} ({counts})"
 

@@ -7,15 +7,19 @@ Invariants:
 - The file is created owner-only (0600) and a directory it creates is 0700: it holds
   users' conversations.
 - One ``Store`` may be shared by conversations on several threads; writes are serialised.
+- Several processes may share one file: every write transaction starts ``IMMEDIATE``,
+  so a second writer waits for the first (up to 30 s) instead of failing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +46,7 @@ class Store:
             self.db = Database(connection)
             self.db.enable_wal()
             self._lock = threading.RLock()
-            with self._lock:
+            with self._writing():
                 migrate(self.db)
         except sqlite3.DatabaseError as error:
             raise StoreError(f"{self.path}: not a usable SQLite store ({error})") from None
@@ -52,8 +56,26 @@ class Store:
 
     # --------------------------------------------------------------- writes
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One write transaction that takes SQLite's write lock at its start
+        (``BEGIN IMMEDIATE``). A deferred transaction that reads first and writes later
+        fails at once with "database is locked" when another process wrote in between
+        (WAL cannot upgrade a stale snapshot, and the busy timeout is not consulted);
+        an immediate one waits up to the connection's busy timeout for the other
+        writer instead. sqlite-utils' own ``atomic()`` blocks nest inside as savepoints."""
+        with self._lock:
+            self.db.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                if self.db.conn.in_transaction:
+                    self.db.conn.rollback()
+                raise
+            self.db.conn.commit()
+
     def register(self, conversation: Conversation) -> None:
-        with self._lock, self.db.atomic():
+        with self._writing():
             if not self.db["conversations"].count_where("id = ?", [conversation.id]):
                 self.db["conversations"].insert(_conversation_row(conversation, created=True))
 
@@ -62,7 +84,7 @@ class Store:
         messages = list(conversation._unsaved_messages)
         decisions = list(conversation._unsaved_decisions)
         dirty = [conversation._segments[s] for s in sorted(conversation._dirty, key=lambda s: int(s.split("_")[1]))]
-        with self._lock, self.db.atomic():
+        with self._writing():
             self.db["conversations"].upsert(_conversation_row(conversation, created=False), pk="id")
             if messages:
                 self.db["messages"].upsert_all(

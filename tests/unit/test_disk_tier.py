@@ -124,3 +124,70 @@ def test_disk_cache_files_are_owner_only(tiny_model, tiny_tok, tmp_path):
     assert stat.S_IMODE(os.stat(engine.disk.directory).st_mode) == 0o700
     for path in engine.disk.directory.glob("*.safetensors"):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+# ---------------------------------------------------------------- disk faults: never reach a caller
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 1 MiB tmpfs with 8 inodes (root only; skipped where mounting is not allowed)."""
+    import subprocess
+
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1M,nr_inodes=8", "tmpfs", str(mount_point)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_an_unusable_cache_directory_disables_the_tier_with_one_warning(tiny_model, tiny_tok, tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache directory should be")
+    with pytest.warns(RuntimeWarning, match="disk tier is off"):
+        engine = disk_engine(tiny_model, tiny_tok, blocker)
+    assert engine.disk is not None and not engine.disk.enabled
+    engine.generate(prompt_of(60), max_new_tokens=4).result()
+    push_out(engine)
+    engine.close()
+    assert engine.pool.stats().blocks_in_use == 0
+
+
+def test_a_full_disk_never_fails_a_call_nor_leaks_a_block(tiny_model, tiny_tok, small_tmpfs):
+    engine = disk_engine(tiny_model, tiny_tok, small_tmpfs, pool_config=PoolConfig(max_blocks=24), min_free_disk_mb=0)
+    with pytest.warns(RuntimeWarning, match="a write failed"):
+        for offset in range(8):
+            engine.generate(prompt_of(150, offset=offset * 7), max_new_tokens=2).result()
+    assert engine.pool.stats().blocks_in_use == 0
+    assert engine.disk_stats()["disk_errors"] > 0
+    engine.close()  # the spill hits the same full disk: skipped, not raised
+    engine.pool.check_invariants()
+
+
+def test_a_read_only_disk_never_fails_a_call(tiny_model, tiny_tok, small_tmpfs):
+    import subprocess
+
+    engine = disk_engine(tiny_model, tiny_tok, small_tmpfs, min_free_disk_mb=0)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    with pytest.warns(RuntimeWarning, match="a write failed"):
+        engine.generate(prompt_of(60), max_new_tokens=2).result()
+        push_out(engine)
+    engine.close()
+    assert engine.pool.stats().blocks_in_use == 0 and engine.disk_stats()["disk_errors"] > 0
+
+
+def test_a_directory_at_a_keys_path_is_a_miss_not_a_crash(tiny_model, tiny_tok, tmp_path):
+    engine = disk_engine(tiny_model, tiny_tok, tmp_path)
+    prompt = prompt_of(60)
+    engine.generate(prompt, max_new_tokens=0).result()
+    push_out(engine)
+    for path in engine.disk.directory.glob("*.safetensors"):
+        path.unlink()
+        path.mkdir()  # a directory where a block file should be
+    with pytest.warns(RuntimeWarning, match="a read failed"):
+        again = engine.generate(prompt, max_new_tokens=0).result()
+    assert again.stats.disk_tokens == 0 and engine.disk_stats()["disk_errors"] > 0

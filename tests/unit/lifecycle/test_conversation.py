@@ -6,7 +6,9 @@ import torch
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.calibration import CALIBRATION_CHATS
 from clm_middleware.lifecycle.compaction import ContextBudgetError
+from clm_middleware.lifecycle.config import LifecycleConfig
 from clm_middleware.lifecycle.segments import DecidedBy, Label, Status
+from clm_middleware.lifecycle.tagging import TaggingConfig
 
 FILLER = [
     "Tell me something about rivers and how they shape valleys over time.",
@@ -290,3 +292,19 @@ def test_an_offer_that_an_accepted_confirmation_repeats_leaves_first_and_no_fact
     assert by_text[offer].status is Status.DROPPED  # everything it says, the confirmation says
     assert by_text[confirmation].visible  # accepted: not dropped as a repeat of the digest
     assert all(fact in conversation.context for fact in ("Casa Azul", "$85", "May 3rd"))
+
+
+def _verbatim_tail_tokens(recent_share: float, converse) -> int:
+    config = LifecycleConfig(tagging=TaggingConfig(mode="signals"), budget=600, recent_share=recent_share)
+    conversation = converse(config=config)
+    for index in range(24):
+        conversation.add("user", f"Order {index}00-ZX goes to gate {index} at {index % 12 + 1}:15 pm, please.")
+        conversation.respond(f"Noted order {index}00-ZX.")
+    assert conversation.fold > 0 and conversation.context_tokens <= 600
+    tail = conversation.history[conversation.fold :]
+    return sum(len(conversation.segment(s).visible_ids) for m in tail for s in m.segment_ids)
+
+
+def test_budget_pressure_keeps_the_newest_messages_verbatim_for_recent_share_of_the_budget(converse):
+    kept, legacy = _verbatim_tail_tokens(0.5, converse), _verbatim_tail_tokens(0.0, converse)
+    assert kept > legacy  # passes 2-4 may still drop chatter from the tail, by value

@@ -122,6 +122,17 @@ def test_streamed_answers_with_repeats_add_up_to_the_final_answer():
     assert shown + stream.finish(final) == final and "One two three. One" not in shown
 
 
+def test_a_templated_reply_with_a_new_fact_stays_in_the_context(converse, scripted):
+    first = "Your booking is confirmed and your reference is AB-1234, is there anything else I can help with?"
+    second = "Your booking is confirmed and your reference is ZK-9876, is there anything else I can help with?"
+    engine, _ = scripted(first, second)
+    conversation = converse(engine=engine, max_new_tokens=300)
+    conversation.send("Book the hotel.")
+    reply = conversation.send("And the flight.")
+    assert reply.stats.reply_flags == ["repeats_earlier_reply"]
+    assert "ZK-9876" in conversation.context and "AB-1234" in conversation.context
+
+
 def test_a_hostile_marker_echo_reaches_neither_the_user_nor_the_context(converse, scripted):
     engine, _ = scripted("1234567890\n[seg_3] 1234567890\n[seg_4] done")
     conversation = converse(engine=engine, max_new_tokens=40)

@@ -3,6 +3,8 @@
 import json
 import os
 import stat
+import subprocess
+import sys
 
 from sqlite_utils import Database
 
@@ -108,3 +110,24 @@ def test_a_store_from_an_older_schema_is_migrated_and_still_loads(converse, engi
     loaded = Conversation.load(store, "legacy", engine, tagging="signals")
     assert loaded.fold == 0 and loaded.turn == 0
     assert loaded.send("hello").turn == 1
+
+
+def test_three_processes_writing_one_store_all_finish(tmp_path):
+    """Three `clm replay --db same.db` runs at once: a second writer waits, none crashes."""
+    db = tmp_path / "same.db"
+    runs = []
+    for index in range(3):
+        transcript = tmp_path / f"chat{index}.jsonl"
+        lines = []
+        for turn in range(30):
+            lines.append({"role": "user", "content": f"conversation {index}, message {turn}: note code {turn}00-ZX."})
+            lines.append({"role": "assistant", "content": f"Noted {turn}."})
+        transcript.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+        command = [sys.executable, "-m", "clm_middleware.cli.main", "replay", str(transcript), "--model", "tiny"]
+        command += ["--mode", "clm", "--teacher-force", "--tagging", "signals", "--db", str(db), "--quiet"]
+        runs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0], outputs
+    store = Store(db)
+    counts = [row["n"] for row in store.db.query("select count(*) as n from messages group by conversation_id")]
+    assert sorted(counts) == [60, 60, 60]
