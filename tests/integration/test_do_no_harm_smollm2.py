@@ -33,11 +33,10 @@ def test_the_readme_quickstart_replies_in_words_without_protocol_artifacts(smol_
 def test_a_ten_turn_generated_replay_carries_no_protocol_artifact(tmp_path):
     kept, answered = [], 0
     for line in DEMO.read_text(encoding="utf-8").splitlines():
-        if json.loads(line)["role"] == "assistant":
-            if answered == 10:
-                break
-            answered += 1
         kept.append(line)
+        answered += json.loads(line)["role"] == "assistant"
+        if answered == 10:
+            break
     path = tmp_path / "lisbon10.jsonl"
     path.write_text("\n".join(kept) + "\n")
     report_path = tmp_path / "report.json"
