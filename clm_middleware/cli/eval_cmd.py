@@ -77,35 +77,16 @@ def retention_command(
 ) -> None:
     """Replay TRANSCRIPT teacher-forced under clm (each tagging mode), truncation and keep-all,
     and report the share of probes whose answer is still in the final context."""
-    from clm_middleware.cli.setup import (
-        LifecycleOptions,
-        build_engine,
-        driver_factory,
-        sibling_engine,
-    )
-    from clm_middleware.evaluation.probes import read_probes
-    from clm_middleware.evaluation.retention import KEEP_ALL, TRUNCATE, run_variant
-    from clm_middleware.lifecycle.tagging import TAGGING_MODES
-    from clm_middleware.replay.formats import read_transcripts
+    from clm_middleware.cli.eval_variants import read_inputs, variants
+    from clm_middleware.cli.setup import build_engine, driver_factory, sibling_engine
+    from clm_middleware.evaluation.retention import run_variant
 
-    modes = [m.strip() for m in taggings.split(",") if m.strip()]
-    unknown = sorted(set(modes) - set(TAGGING_MODES))
-    if unknown:
-        raise click.BadParameter(
-            f"unknown tagging modes {unknown}; use {', '.join(TAGGING_MODES)}",
-            param_hint="--tagging",
-        )
-    transcripts = read_transcripts(transcript, transcript_format)
-    probes = read_probes(probes_path)
+    planned = variants(taggings, budget, compression)
+    transcripts, probes = read_inputs(transcript, transcript_format, probes_path)
     first = build_engine(**engine_options)
-    variants = [(f"clm:{m}", "clm", LifecycleOptions(budget=budget, tagging=m, compression=compression)) for m in modes]
-    variants += [
-        (TRUNCATE, "truncate", LifecycleOptions(budget=budget)),
-        (KEEP_ALL, "prefix", LifecycleOptions()),
-    ]
     stderr = Console(stderr=True)
     results = []
-    for name, mode, lifecycle in variants:
+    for name, mode, lifecycle in planned:
         stderr.print(f"[bold]{name}[/bold] …")
         results.append(run_variant(name, sibling_engine(first), transcripts, probes, driver_factory, lifecycle, mode))
     table = Table(
@@ -171,177 +152,6 @@ def _rows(results) -> list[list[str]]:
                 share,
                 signals,
                 invented,
-            ]
-        )
-    return rows
-
-
-ANSWERS_EPILOG = """\b
-The --report JSON: transcript, budget, model, max_answer_tokens, probes, and variants[]:
-variant, context_tokens, probes, retained (answer string in the final context), hits (greedy
-answer contains it), mean_gold_logprob (nats per token, mean over probes), gap_closed (clm
-only: (clm - truncate) / (keep-all - truncate) of mean_gold_logprob; null when the two tie),
-answers[]: question, answer, gold_mean_logprob, greedy_answer, hit, retained.
-"""
-
-
-@eval_group.command(name="answers", epilog=ANSWERS_EPILOG)
-@click.argument("transcript", type=click.Path(path_type=Path))
-@format_option
-@click.option(
-    "--probes",
-    "probes_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    help='JSON list of {"question", "answer", "alternatives"?}.',
-)
-@click.option(
-    "--budget",
-    type=click.IntRange(min=64),
-    required=True,
-    help="Context budget in tokens for clm and truncation.",
-)
-@click.option(
-    "--tagging",
-    "taggings",
-    default="auto",
-    show_default=True,
-    help="clm tagging modes to run, comma-separated.",
-)
-@click.option(
-    "--compression",
-    type=click.Choice(["auto", "extractive", "abstractive"]),
-    default="auto",
-    show_default=True,
-)
-@click.option(
-    "--max-answer-tokens",
-    type=click.IntRange(min=1),
-    default=32,
-    show_default=True,
-    help="Length cap of each greedy answer.",
-)
-@click.option(
-    "--report",
-    "report_path",
-    type=click.Path(path_type=Path),
-    help="Write the results as JSON here.",
-)
-@click.option(
-    "--markdown",
-    "markdown_path",
-    type=click.Path(path_type=Path),
-    help="Write the results as markdown tables here.",
-)
-@model_options
-def answers_command(
-    transcript: Path,
-    transcript_format: str,
-    probes_path: Path,
-    budget: int,
-    taggings: str,
-    compression: str,
-    max_answer_tokens: int,
-    report_path: Path | None,
-    markdown_path: Path | None,
-    **engine_options: Any,
-) -> None:
-    """Replay TRANSCRIPT as `eval retention` does, then ask each probe question of every variant's
-    final context: the gold answer's mean log-likelihood, and whether a greedy answer contains it."""
-    from clm_middleware.cli.setup import (
-        LifecycleOptions,
-        build_engine,
-        driver_factory,
-        sibling_engine,
-    )
-    from clm_middleware.evaluation.answers import answer_variant, close_gaps
-    from clm_middleware.evaluation.probes import read_probes
-    from clm_middleware.evaluation.retention import KEEP_ALL, TRUNCATE, run_variant
-    from clm_middleware.lifecycle.tagging import TAGGING_MODES
-    from clm_middleware.replay.formats import read_transcripts
-
-    modes = [m.strip() for m in taggings.split(",") if m.strip()]
-    unknown = sorted(set(modes) - set(TAGGING_MODES))
-    if unknown:
-        raise click.BadParameter(
-            f"unknown tagging modes {unknown}; use {', '.join(TAGGING_MODES)}",
-            param_hint="--tagging",
-        )
-    transcripts = read_transcripts(transcript, transcript_format)
-    probes = read_probes(probes_path)
-    first = build_engine(**engine_options)
-    variants = [(f"clm:{m}", "clm", LifecycleOptions(budget=budget, tagging=m, compression=compression)) for m in modes]
-    variants += [
-        (TRUNCATE, "truncate", LifecycleOptions(budget=budget)),
-        (KEEP_ALL, "prefix", LifecycleOptions()),
-    ]
-    stderr = Console(stderr=True)
-    results = []
-    for name, mode, lifecycle in variants:
-        stderr.print(f"[bold]{name}[/bold] …")
-        engine = sibling_engine(first)
-        run_variant(name, engine, transcripts, probes, driver_factory, lifecycle, mode)
-        driver = lifecycle.drivers[-1]  # the last conversation's final context, as retention reads it
-        results.append(answer_variant(name, engine, driver, probes, max_answer_tokens=max_answer_tokens))
-    close_gaps(results, truncate=TRUNCATE, keep_all=KEEP_ALL)
-    header = ["variant", "context tokens", "retained", "greedy hits", "mean gold logp", "gap closed"]
-    table = Table(
-        title=f"answers · {transcript.name} · budget {budget} · {len(probes)} probes",
-        title_justify="left",
-    )
-    for column in header:
-        table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=True)
-    for row in _answer_rows(results):
-        table.add_row(*row)
-    Console().print(table)
-    if report_path:
-        from clm_middleware.replay.report import write_json_atomic
-
-        write_json_atomic(
-            report_path,
-            {
-                "transcript": str(transcript),
-                "budget": budget,
-                "model": first.model_name,
-                "max_answer_tokens": max_answer_tokens,
-                "probes": len(probes),
-                "variants": [r.as_dict() for r in results],
-            },
-        )
-    if markdown_path:
-        command = "clm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        lines = [
-            f"Command: `{command}`",
-            "",
-            f"{len(probes)} probes; budget {budget} tokens; model {first.model_name}; "
-            f"greedy answers of at most {max_answer_tokens} tokens.",
-            "",
-            "| " + " | ".join(header) + " |",
-            "|" + " --- |" * len(header),
-        ]
-        lines += ["| " + " | ".join(row) + " |" for row in _answer_rows(results)]
-        lines += ["", "Per probe (gold logp; ✓ greedy hit):", ""]
-        lines += ["| answer | " + " | ".join(r.name for r in results) + " |", "|" + " --- |" * (len(results) + 1)]
-        for index, probe in enumerate(probes):
-            cells = [f"{a.gold_mean_logprob:.2f}{' ✓' if a.hit else ''}" for a in (r.answers[index] for r in results)]
-            lines.append(f"| `{probe.answer}` | " + " | ".join(cells) + " |")
-        markdown_path.parent.mkdir(parents=True, exist_ok=True)
-        markdown_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def _answer_rows(results) -> list[list[str]]:
-    rows = []
-    for r in results:
-        mean = "" if r.mean_gold_logprob is None else f"{r.mean_gold_logprob:.3f}"
-        gap = "" if r.gap_closed is None else f"{r.gap_closed:.0%}"
-        rows.append(
-            [
-                r.name,
-                f"{r.context_tokens:,}",
-                f"{r.retained}/{r.probes}",
-                f"{r.hits}/{r.probes}",
-                mean,
-                gap,
             ]
         )
     return rows
@@ -427,3 +237,9 @@ def session_command(
 def _write_jsonl(path: Path, messages: list[dict[str, str]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(m, ensure_ascii=False) + "\n" for m in messages), encoding="utf-8")
+
+
+# registered here so `clm eval` lists it; it lives in its own module
+from clm_middleware.cli.eval_answers_cmd import answers_command  # noqa: E402
+
+eval_group.add_command(answers_command)
