@@ -82,8 +82,7 @@ class TurnRunner:
                     delta = reply_filter.delta(prefix + detok.text)
                     if delta:
                         yield delta
-                    answer_so_far = model_answer(prefix + detok.text, settings.stop)
-                    if settings.cut_repeats and first_repeated_sentence(answer_so_far) is not None:
+                    if settings.cut_repeats and self._repeats_itself(prefix + detok.text, settings):
                         generation.close()
                         generation.finish_reason = "repetition"
                         break
@@ -262,6 +261,10 @@ class TurnRunner:
         elapsed = time.perf_counter() - tick
         stats.phases["parsing_s" if outcome.mode == "free" else "tagging_s"] += elapsed
         return applied
+
+    @staticmethod
+    def _repeats_itself(raw: str, settings: GenerationSettings) -> bool:
+        return first_repeated_sentence(model_answer(raw, settings.stop)) is not None
 
     def _adds_facts(self, text: str) -> bool:
         """Whether ``text`` states a distinctive token (a code, a number, a name) that no
