@@ -20,14 +20,15 @@ DEMO = Path(__file__).parents[2] / "examples" / "transcripts" / "lisbon_trip.jso
 
 
 def test_the_readme_quickstart_replies_in_words_without_protocol_artifacts(smol_engine):
-    chat = Conversation(smol_engine, system_prompt=SYSTEM, budget=1024, max_new_tokens=40)
-    assert chat.calibration is not None and chat.calibration.follows is False  # SmolLM2 cannot follow it
-    for message in QUICKSTART:
-        reply = chat.send(message)
-        assert reply.text.strip() and not has_artifact(reply.text), reply.text
-        assert "protocol_artifact" not in reply.stats.reply_flags
-        assert not reply.stats.protocol_context and reply.stats.tagging_mode == "signals"
-    assert "[seg_" not in chat.context and "LIFECYCLE" not in chat.context
+    with Conversation(smol_engine, system_prompt=SYSTEM, budget=1024, max_new_tokens=40) as chat:
+        assert chat.calibration is not None and chat.calibration.follows is False  # SmolLM2 cannot follow it
+        for message in QUICKSTART:
+            reply = chat.send(message)
+            assert reply.text.strip() and not has_artifact(reply.text), reply.text
+            assert "protocol_artifact" not in reply.stats.reply_flags
+            assert not reply.stats.protocol_context and reply.stats.tagging_mode == "signals"
+        assert "[seg_" not in chat.context and "LIFECYCLE" not in chat.context
+    assert smol_engine.pool.stats().blocks_in_use == 0  # the engine is shared with later tests
 
 
 def test_a_ten_turn_generated_replay_carries_no_protocol_artifact(tmp_path):
