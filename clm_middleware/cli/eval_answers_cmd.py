@@ -17,7 +17,8 @@ ANSWERS_EPILOG = """\b
 The --report JSON: transcript, budget, model, max_answer_tokens, probes, and variants[]:
 variant, context_tokens, probes, retained (answer string in the final context), hits (greedy
 answer contains it), mean_gold_logprob (nats per token, mean over probes), gap_closed (clm
-only: (clm - truncate) / (keep-all - truncate) of mean_gold_logprob; null when the two tie),
+only: (clm - truncate) / (keep-all - truncate) of mean_gold_logprob; null when keep-all does not
+score above truncation),
 answers[]: question, answer, gold_mean_logprob, greedy_answer, hit, retained.
 """
 

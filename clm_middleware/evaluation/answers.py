@@ -158,8 +158,10 @@ def answer_variant(
 
 
 def gap_closed(value: float | None, truncate: float | None, keep_all: float | None) -> float | None:
-    """``(value - truncate) / (keep_all - truncate)``; None when undefined or the baselines tie."""
-    if value is None or truncate is None or keep_all is None or abs(keep_all - truncate) < _FLAT_GAP:
+    """``(value - truncate) / (keep_all - truncate)``; None when undefined, when the baselines
+    tie, or when keep-all scores below truncation (a small model can do worse on the long
+    context): then there is no gap from truncation up to keep-all to close."""
+    if value is None or truncate is None or keep_all is None or keep_all - truncate < _FLAT_GAP:
         return None
     return (value - truncate) / (keep_all - truncate)
 

@@ -64,9 +64,10 @@ def test_a_greedy_hit_ignores_case_and_whitespace_runs():
     assert not contains_answer("anything", ["  "])
 
 
-def test_gap_closed_is_none_when_the_baselines_tie():
+def test_gap_closed_is_none_when_the_baselines_tie_or_keep_all_is_below_truncation():
     assert gap_closed(-2.0, -3.0, -1.0) == pytest.approx(0.5)
     assert gap_closed(-2.0, -1.5, -1.5) is None
+    assert gap_closed(-2.0, -1.0, -3.0) is None  # keep-all below truncation: nothing to close
     assert gap_closed(None, -3.0, -1.0) is None
 
 
@@ -161,7 +162,10 @@ def test_eval_answers_reports_every_variant_and_every_probe(tmp_path):
     assert variants["truncate"]["gap_closed"] is None and variants["keep-all"]["gap_closed"] is None
     low, high = variants["truncate"]["mean_gold_logprob"], variants["keep-all"]["mean_gold_logprob"]
     for clm in (variants["clm:rules"], variants["clm:signals"]):
-        assert clm["gap_closed"] == pytest.approx((clm["mean_gold_logprob"] - low) / (high - low))
+        if high > low:
+            assert clm["gap_closed"] == pytest.approx((clm["mean_gold_logprob"] - low) / (high - low))
+        else:  # the random tiny model may do worse on the longer context: no gap to close
+            assert clm["gap_closed"] is None
     text = markdown.read_text()
     assert "| variant | context tokens | retained | greedy hits |" in text and "| `88412` |" in text
 
