@@ -11,7 +11,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import format_option, model_options
+from clm_middleware.cli.eval_variants import eval_options
+from clm_middleware.cli.options import model_options
 
 ANSWERS_EPILOG = """\b
 The --report JSON: transcript, budget, model, max_answer_tokens, probes, and variants[]:
@@ -24,52 +25,13 @@ answers[]: question, answer, gold_mean_logprob, greedy_answer, hit, retained.
 
 
 @click.command(name="answers", epilog=ANSWERS_EPILOG)
-@click.argument("transcript", type=click.Path(path_type=Path))
-@format_option
-@click.option(
-    "--probes",
-    "probes_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    help='JSON list of {"question", "answer", "alternatives"?}.',
-)
-@click.option(
-    "--budget",
-    type=click.IntRange(min=64),
-    required=True,
-    help="Context budget in tokens for clm and truncation.",
-)
-@click.option(
-    "--tagging",
-    "taggings",
-    default="auto",
-    show_default=True,
-    help="clm tagging modes to run, comma-separated.",
-)
-@click.option(
-    "--compression",
-    type=click.Choice(["auto", "extractive", "abstractive"]),
-    default="auto",
-    show_default=True,
-)
+@eval_options(default_tagging="auto")
 @click.option(
     "--max-answer-tokens",
     type=click.IntRange(min=1),
     default=32,
     show_default=True,
     help="Length cap of each greedy answer.",
-)
-@click.option(
-    "--report",
-    "report_path",
-    type=click.Path(path_type=Path),
-    help="Write the results as JSON here.",
-)
-@click.option(
-    "--markdown",
-    "markdown_path",
-    type=click.Path(path_type=Path),
-    help="Write the results as markdown tables here.",
 )
 @model_options
 def answers_command(

@@ -12,7 +12,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import format_option, model_options
+from clm_middleware.cli.eval_variants import eval_options
+from clm_middleware.cli.options import model_options
 
 DEFAULT_TAGGINGS = "auto,signals,constrained,free,rules"
 
@@ -23,46 +24,7 @@ def eval_group() -> None:
 
 
 @eval_group.command(name="retention")
-@click.argument("transcript", type=click.Path(path_type=Path))
-@format_option
-@click.option(
-    "--probes",
-    "probes_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    help='JSON list of {"question", "answer"}.',
-)
-@click.option(
-    "--budget",
-    type=click.IntRange(min=64),
-    required=True,
-    help="Context budget in tokens for clm and truncation.",
-)
-@click.option(
-    "--tagging",
-    "taggings",
-    default=DEFAULT_TAGGINGS,
-    show_default=True,
-    help="clm tagging modes to run, comma-separated.",
-)
-@click.option(
-    "--compression",
-    type=click.Choice(["auto", "extractive", "abstractive"]),
-    default="auto",
-    show_default=True,
-)
-@click.option(
-    "--report",
-    "report_path",
-    type=click.Path(path_type=Path),
-    help="Write the results as JSON here.",
-)
-@click.option(
-    "--markdown",
-    "markdown_path",
-    type=click.Path(path_type=Path),
-    help="Write the results as a markdown table here.",
-)
+@eval_options(default_tagging=DEFAULT_TAGGINGS)
 @model_options
 def retention_command(
     transcript: Path,

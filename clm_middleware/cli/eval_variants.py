@@ -2,10 +2,63 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
+
+from clm_middleware.cli.options import format_option
+
+
+def eval_options(*, default_tagging: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """TRANSCRIPT, --format, --probes, --budget, --tagging, --compression, --report, --markdown."""
+
+    def apply(command: Callable[..., Any]) -> Callable[..., Any]:
+        decorators = [
+            click.argument("transcript", type=click.Path(path_type=Path)),
+            format_option,
+            click.option(
+                "--probes",
+                "probes_path",
+                type=click.Path(path_type=Path),
+                required=True,
+                help='JSON list of {"question", "answer", "alternatives"?}.',
+            ),
+            click.option(
+                "--budget",
+                type=click.IntRange(min=64),
+                required=True,
+                help="Context budget in tokens for clm and truncation.",
+            ),
+            click.option(
+                "--tagging",
+                "taggings",
+                default=default_tagging,
+                show_default=True,
+                help="clm tagging modes to run, comma-separated.",
+            ),
+            click.option(
+                "--compression",
+                type=click.Choice(["auto", "extractive", "abstractive"]),
+                default="auto",
+                show_default=True,
+            ),
+            click.option(
+                "--report", "report_path", type=click.Path(path_type=Path), help="Write the results as JSON here."
+            ),
+            click.option(
+                "--markdown",
+                "markdown_path",
+                type=click.Path(path_type=Path),
+                help="Write the results as markdown here.",
+            ),
+        ]
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+
+    return apply
 
 
 def variants(taggings: str, budget: int, compression: str) -> list[tuple[str, str, Any]]:
