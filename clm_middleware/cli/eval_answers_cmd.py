@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.eval_variants import eval_options
+from clm_middleware.cli.eval_variants import eval_options, markdown_table, write_markdown
 from clm_middleware.cli.options import model_options
 
 ANSWERS_EPILOG = """\b
@@ -90,24 +88,21 @@ def answers_command(
             },
         )
     if markdown_path:
-        command = "clm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        lines = [
-            f"Command: `{command}`",
-            "",
-            f"{len(probes)} probes; budget {budget} tokens; model {first.model_name}; "
-            f"greedy answers of at most {max_answer_tokens} tokens.",
-            "",
-            "| " + " | ".join(header) + " |",
-            "|" + " --- |" * len(header),
+        per_probe = [
+            [
+                f"`{probe.answer}`",
+                *(f"{a.gold_mean_logprob:.2f}{' ✓' if a.hit else ''}" for a in (r.answers[i] for r in results)),
+            ]
+            for i, probe in enumerate(probes)
         ]
-        lines += ["| " + " | ".join(row) + " |" for row in _answer_rows(results)]
+        lines = markdown_table(header, _answer_rows(results))
         lines += ["", "Per probe (gold logp; ✓ greedy hit):", ""]
-        lines += ["| answer | " + " | ".join(r.name for r in results) + " |", "|" + " --- |" * (len(results) + 1)]
-        for index, probe in enumerate(probes):
-            cells = [f"{a.gold_mean_logprob:.2f}{' ✓' if a.hit else ''}" for a in (r.answers[index] for r in results)]
-            lines.append(f"| `{probe.answer}` | " + " | ".join(cells) + " |")
-        markdown_path.parent.mkdir(parents=True, exist_ok=True)
-        markdown_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        lines += markdown_table(["answer", *(r.name for r in results)], per_probe)
+        summary = (
+            f"{len(probes)} probes; budget {budget} tokens; model {first.model_name}; "
+            f"greedy answers of at most {max_answer_tokens} tokens."
+        )
+        write_markdown(markdown_path, summary, lines)
 
 
 def _answer_rows(results) -> list[list[str]]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.eval_variants import eval_options
+from clm_middleware.cli.eval_variants import eval_options, markdown_table, write_markdown
 from clm_middleware.cli.options import model_options
 
 DEFAULT_TAGGINGS = "auto,signals,constrained,free,rules"
@@ -81,22 +79,11 @@ def retention_command(
             },
         )
     if markdown_path:
-        command = "clm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        lines = [
-            f"Command: `{command}`",
-            "",
-            f"{len(probes)} probes; budget {budget} tokens; model {first.model_name}.",
-            "",
-        ]
-        lines += [
-            "| variant | retained | context tokens | prefill tokens | lifecycle share | signals share | invented |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        lines += ["| " + " | ".join(row) + " |" for row in _rows(results)]
+        header = ["variant", "retained", "context tokens", "prefill tokens", "lifecycle share", "signals share"]
+        lines = markdown_table([*header, "invented"], _rows(results))
         lines += ["", "Lost (answers not in the final context):", ""]
         lines += [f"- {r.name}: " + (", ".join(f"`{a}`" for a in r.lost) or "none") for r in results]
-        markdown_path.parent.mkdir(parents=True, exist_ok=True)
-        markdown_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        write_markdown(markdown_path, f"{len(probes)} probes; budget {budget} tokens; model {first.model_name}.", lines)
 
 
 def _rows(results) -> list[list[str]]:

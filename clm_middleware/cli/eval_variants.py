@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -85,3 +87,18 @@ def read_inputs(transcript: Path, transcript_format: str, probes_path: Path) -> 
     from clm_middleware.replay.formats import read_transcripts
 
     return read_transcripts(transcript, transcript_format), read_probes(probes_path)
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + " --- |" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def write_markdown(path: Path, summary: str, body: list[str]) -> None:
+    """``Command: `clm ...``` (this process's own arguments), ``summary``, then ``body`` lines."""
+    command = "clm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([f"Command: `{command}`", "", summary, "", *body]) + "\n", encoding="utf-8")
