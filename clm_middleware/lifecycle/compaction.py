@@ -3,7 +3,8 @@
 A compaction changes what the context shows, which costs a re-prefill from the first
 changed segment on, so it runs only when needed (see ``LifecycleConfig``):
 
-1. every pending label takes effect: drop → DROPPED; compress → the compressor's
+1. every pending label takes effect (with a budget, only once the prompt is over it;
+   without one, once the pending labels would free ``min_reclaim_tokens``): drop → DROPPED; compress → the compressor's
    result replaces the segment (COMPRESSED), or, if compression fails, the segment is
    kept and the failure recorded. Fact guard: a drop label on a segment that holds
    distinctive tokens (numbers, codes, names) is applied as a compression, which
@@ -98,7 +99,10 @@ class Compactor:
         # what applying them would free: their ids plus marker / separator / glue (estimate)
         pending_saving = sum(len(s.visible_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in pending)
         result = CompactionResult(fold=fold)
-        if not over and (not pending or pending_saving < self.config.min_reclaim_tokens):
+        # under a budget the context changes only when it must: until then the model sees
+        # what the bare model would (no re-prefill, no lost turn); without one, labels are
+        # the only way the context shrinks, so they apply once they free enough
+        if not over and (budget is not None or not pending or pending_saving < self.config.min_reclaim_tokens):
             return result
         result.ran, result.reason = True, "budget" if over else "pending"
         for segment in pending:

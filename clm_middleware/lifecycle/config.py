@@ -43,9 +43,11 @@ class LifecycleConfig:
     exceed it, pending decisions are applied and then rules compress or drop the
     lowest-value, oldest segments until the prompt is under ``low_water × budget``:
     the slack means the costly re-prefill after a change happens every few turns,
-    not every turn. Without budget pressure, pending drops and compressions are
-    applied once they would free ``min_reclaim_tokens`` (each application re-prefills
-    from the first changed segment on, so they are batched).
+    not every turn. Under a budget nothing changes before that: while the prompt fits,
+    the model sees every message as the bare model would (labels wait, no re-prefill).
+    Without a budget, pending drops and compressions are applied once they would free
+    ``min_reclaim_tokens`` (each application re-prefills from the first changed segment
+    on, so they are batched).
 
     ``recent_share`` of the budget is kept for the newest messages verbatim: old
     messages are folded into the digest only while the verbatim tail stays above it,
@@ -64,7 +66,7 @@ class LifecycleConfig:
     low_water: float = 0.75
     min_reclaim_tokens: int = 64
     protect_turns: int = 1
-    recent_share: float = 0.5
+    recent_share: float = 0.75
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 64:

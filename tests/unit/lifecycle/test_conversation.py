@@ -109,6 +109,17 @@ def test_pending_labels_batch_until_they_free_enough_tokens(converse):
     ]  # each drop alone frees too little to re-prefill for
 
 
+def test_under_a_budget_labels_wait_until_the_prompt_would_exceed_it(converse):
+    conversation = converse(tagging="rules", budget=4096)
+    for text in ("ok thanks", "cool", "great thanks", "ok", "thanks a lot", "nice", "ok cool", "fine"):
+        conversation.send(text)
+    acks = [s for s in conversation.segments if s.kind == "ack" and s.role == "user"]
+    assert acks and all(s.label is Label.DROP for s in acks)
+    assert all(s.status is Status.ACTIVE for s in acks)  # the context fits: it shows them
+    assert all(t.compaction == "" for t in conversation.turn_log)
+    assert all(t.text in conversation.context for t in acks)
+
+
 def test_pinned_segments_survive_budget_pressure_and_forget_removes(converse):
     conversation = converse(budget=360)
     conversation.send("Remember the code WX-5521 for the locker, it matters.")
