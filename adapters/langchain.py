@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -30,22 +29,11 @@ from clm_middleware.engine import Engine
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.models.loading import DEFAULT_MODEL
 
+from .chat_call import ChatAnswer, ChatCall, ChatRequest
 from .messages import to_turn
 from .sessions import SessionRouter
-from .tools import (
-    CHOOSE_TOOL,
-    OPEN,
-    call_head,
-    parse_tool_calls,
-    required_tool,
-    split_tool_calls,
-    template_tools_section,
-    tools_prompt,
-)
 
-JSON_INSTRUCTION = "Respond with a single JSON object and nothing else."
 Stops = list[str] | None
-ToolSpecs = list[dict[str, Any]]
 
 
 class ChatCLM(BaseChatModel):
@@ -310,41 +298,22 @@ class ChatCLM(BaseChatModel):
         else:
             engine = _shared_engine(model, self.device, self.dtype, self.block_size, self.max_kv_bytes)
         router = self._router(model, engine)
-        turns = [to_turn(message) for message in messages]
-        route = router.route(turns, self._session_id(kwargs))
-        conversation = route.session.conversation
-        tools = kwargs.get("tools") or []
-        tool_choice = kwargs.get("tool_choice")
-        if tool_choice == "none":
-            tools = []
-        response_format = kwargs.get("response_format")
-        try:
-            conversation.set_tools_prompt(self._system_sections(engine, tools, response_format))
-            for turn in route.new_turns:
-                conversation.add(turn.role, turn.text)
-            prefix = self._tool_call_head(conversation, tool_choice, tools) if tools else None
-            if response_format is not None:
-                prefix = "{"
-            settings = self._settings(stop, kwargs)
-            hidden = _ToolCallHider()
-            for delta in conversation.respond_stream(reply_prefix=prefix, settings=settings):
-                visible = hidden.feed(delta)
-                if visible:
-                    chunk = ChatGenerationChunk(message=AIMessageChunk(content=visible))
-                    if run_manager is not None:
-                        run_manager.on_llm_new_token(visible, chunk=chunk)
-                    yield chunk
-            reply = conversation.last_reply
-            assert reply is not None
-            final = self._final_message(reply, conversation, engine, tools, model)
-            yield ChatGenerationChunk(message=final)
-            # the message as the caller will send it back: streamed text + parsed calls
-            returned = AIMessage(content=split_tool_calls(reply.text)[0], tool_calls=final.tool_calls)
-            answered = [*[t.digest for t in turns], to_turn(returned).digest]
-        except BaseException:
-            router.done(route.session, [t.digest for t in turns][: len(route.session.digests)])
-            raise
-        router.done(route.session, answered)
+        request = ChatRequest(
+            turns=[to_turn(message) for message in messages],
+            settings=self._settings(stop, kwargs),
+            tools=kwargs.get("tools") or [],
+            tool_choice=kwargs.get("tool_choice"),
+            response_format=kwargs.get("response_format"),
+            session_id=self._session_id(kwargs),
+        )
+        call = ChatCall(router, engine, request)
+        for visible in call.stream():
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=visible))
+            if run_manager is not None:
+                run_manager.on_llm_new_token(visible, chunk=chunk)
+            yield chunk
+        assert call.answer is not None
+        yield ChatGenerationChunk(message=self._final_message(call.answer, engine, model))
 
     def _generate(
         self,
@@ -371,19 +340,6 @@ class ChatCLM(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     # -------------------------------------------------------------- parts
-
-    @staticmethod
-    def _tool_call_head(conversation: Conversation, tool_choice: Any, tools: ToolSpecs) -> str | None:
-        """The reply head a required call starts with; when the choice leaves the tool to
-        the model, the model's own log-probabilities pick it among the bound names."""
-        required = required_tool(tool_choice, tools)
-        if required is None:
-            return None
-        if required is True:
-            names = [t["function"]["name"] for t in tools]
-            scores = conversation.score_continuations(CHOOSE_TOOL, [json.dumps(n)[1:] for n in names])
-            required = names[max(range(len(names)), key=scores.__getitem__)]
-        return call_head(required, tools)
 
     def _router(self, model: str | None, engine: Engine) -> SessionRouter:
         key = f"{model or DEFAULT_MODEL}@{id(engine)}"  # one router per engine; a tenant is one ChatCLM
@@ -435,22 +391,8 @@ class ChatCLM(BaseChatModel):
             no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", self.no_repeat_ngram_size),
         )
 
-    @staticmethod
-    def _system_sections(engine: Engine, tools: ToolSpecs, response_format: dict[str, Any] | None) -> str | None:
-        sections = []
-        if tools:
-            sections.append(tools_prompt(tools, template_tools_section(engine.tokenizer, tools)))
-        if response_format is not None:
-            schema = response_format.get("schema")
-            shape = f" It must match this JSON schema: {json.dumps(schema, sort_keys=True)}" if schema else ""
-            sections.append(JSON_INSTRUCTION + shape)
-        return "\n\n".join(sections) or None
-
-    def _final_message(
-        self, reply: Any, conversation: Conversation, engine: Engine, tools: ToolSpecs, model: str | None
-    ) -> AIMessageChunk:
-        _, payloads = split_tool_calls(reply.text)
-        valid, invalid = parse_tool_calls(payloads, tools)
+    def _final_message(self, answer: ChatAnswer, engine: Engine, model: str | None) -> AIMessageChunk:
+        reply, conversation = answer.reply, answer.conversation
         stats = reply.stats
         usage = UsageMetadata(
             input_tokens=stats.prompt_tokens,
@@ -461,8 +403,7 @@ class ChatCLM(BaseChatModel):
         metadata = {
             "model_name": model or self.model_name,
             "model_provider": "clm_middleware",
-            # a reply cut at a repeated sentence ended as the model's own stop would
-            "finish_reason": "tool_calls" if valid else ("length" if reply.finish_reason == "length" else "stop"),
+            "finish_reason": answer.finish_reason,
             "conversation_id": conversation.id,
             "turn": reply.turn,
             "lifecycle": {
@@ -479,41 +420,12 @@ class ChatCLM(BaseChatModel):
         }
         return AIMessageChunk(
             content="",
-            tool_calls=valid,
-            invalid_tool_calls=invalid,
+            tool_calls=answer.tool_calls,
+            invalid_tool_calls=answer.invalid_tool_calls,
             usage_metadata=usage,
             response_metadata=metadata,
             chunk_position="last",
         )
-
-
-class _ToolCallHider:
-    """Streams the reply's text while holding back tool calls (they arrive parsed, at the end).
-
-    Trailing whitespace and a suffix that may still become ``<tool_call>`` are held
-    until the next delta settles them, so the streamed text equals the final content.
-    """
-
-    def __init__(self) -> None:
-        self._text = ""
-        self._shown = 0
-
-    def feed(self, delta: str) -> str:
-        self._text += delta
-        start = self._text.find(OPEN)
-        if start >= 0:
-            visible = self._text[:start]
-        else:
-            visible = self._text
-            for size in range(min(len(OPEN) - 1, len(visible)), 0, -1):
-                if OPEN.startswith(visible[-size:]):
-                    visible = visible[:-size]
-                    break
-        visible = visible.rstrip()
-        if len(visible) <= self._shown:
-            return ""
-        out, self._shown = visible[self._shown :], len(visible)
-        return out
 
 
 def _session_kwargs(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:

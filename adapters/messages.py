@@ -8,7 +8,9 @@ metadata that callers may add on the way back.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -51,7 +53,7 @@ def to_turn(message: BaseMessage) -> Turn:
     elif isinstance(message, AIMessage):
         role = "assistant"
         calls = [{"name": c["name"], "arguments": c["args"]} for c in message.tool_calls]
-        text = "\n".join(p for p in (message_text(message), render_tool_calls(calls)) if p)
+        text = assistant_text(message_text(message), calls)
     elif isinstance(message, ToolMessage):
         role = "tool"
         text = message_text(message)
@@ -67,7 +69,17 @@ def to_turn(message: BaseMessage) -> Turn:
 
 
 def message_digest(message: BaseMessage, role: str, text: str) -> str:
+    return turn_digest(role, text, getattr(message, "name", None) or "", getattr(message, "tool_call_id", "") or "")
+
+
+def turn_digest(role: str, text: str, name: str = "", tool_call_id: str = "") -> str:
+    """The identity of a message as the model sees it; the same for every client (LangChain, HTTP)."""
     digest = xxhash.xxh3_128()
-    identity = [role, text, getattr(message, "name", None) or "", getattr(message, "tool_call_id", "") or ""]
-    digest.update(json.dumps(identity, ensure_ascii=False).encode())
+    digest.update(json.dumps([role, text, name, tool_call_id], ensure_ascii=False).encode())
     return digest.hexdigest()
+
+
+def assistant_text(content: str, calls: Sequence[dict[str, Any]]) -> str:
+    """An assistant message as the model sees it: its text, then its tool calls
+    (``{"name", "arguments"}`` each) in the prompt format of ``tools.py``."""
+    return "\n".join(part for part in (content, render_tool_calls(calls)) if part)

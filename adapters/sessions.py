@@ -44,12 +44,16 @@ class Route:
 
 
 class SessionRouter:
-    def __init__(self, make_conversation: Callable[[str], Conversation], max_sessions: int = MAX_SESSIONS) -> None:
+    def __init__(
+        self, make_conversation: Callable[[str], Conversation], max_sessions: int = MAX_SESSIONS, namespace: str = ""
+    ) -> None:
         self._make = make_conversation
+        self.namespace = namespace  # prefix of every conversation id (a tenant's, in a shared store)
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._names: dict[str, str] = {}  # session_id → conversation id
         self._lock = threading.Lock()
         self.max_sessions = max_sessions
+        self.evicted = 0  # idle sessions closed to stay within max_sessions
 
     def route(self, turns: Sequence[Turn], session_id: str | None = None) -> Route:
         """Pick (and mark busy) the conversation to answer ``turns`` with."""
@@ -71,7 +75,7 @@ class SessionRouter:
             elif best is not None and common > 0:
                 route = Route(self._fork(best, common, digests[:common]), list(turns[common:]), "fork")
             else:
-                conversation_id = session_id or uuid.uuid4().hex
+                conversation_id = self.namespace + (session_id or uuid.uuid4().hex)
                 if conversation_id in self._sessions:
                     conversation_id = f"{conversation_id}~{uuid.uuid4().hex[:8]}"
                 route = Route(self._add(Session(self._make(conversation_id))), list(turns), "new")
@@ -87,6 +91,24 @@ class SessionRouter:
         with self._lock:
             session.digests = list(digests)
             session.busy = False
+
+    def forget(self, session: Session) -> None:
+        """Close ``session`` and drop it and its names (a call left it out of step)."""
+        with self._lock:
+            cid = session.conversation.id
+            self._sessions.pop(cid, None)
+            self._names = {name: known for name, known in self._names.items() if known != cid}
+        session.conversation.close()
+
+    def sessions(self) -> list[Session]:
+        """The open sessions, least recently used first."""
+        with self._lock:
+            return list(self._sessions.values())
+
+    def named(self, session_id: str) -> Session | None:
+        """The session a caller named ``session_id``, or the one of that conversation id."""
+        with self._lock:
+            return self._sessions.get(self._names.get(session_id, session_id))
 
     def close(self) -> None:
         with self._lock:
@@ -114,6 +136,7 @@ class SessionRouter:
             del self._sessions[victim.conversation.id]
             self._names = {name: cid for name, cid in self._names.items() if cid != victim.conversation.id}
             victim.conversation.close()
+            self.evicted += 1
 
 
 def _common_prefix(left: Sequence[str], right: Sequence[str]) -> int:

@@ -27,7 +27,7 @@ import copy
 import dataclasses
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +92,10 @@ class Conversation:
         cache_salt: str | None = None,
         config: LifecycleConfig | None = None,
         generation: GenerationSettings | None = None,
+        use_pool: bool = True,
     ) -> None:
         self.engine = engine or Engine.from_pretrained()
+        self.use_pool = use_pool  # False: every turn is computed from scratch (a stateless baseline)
         self.config = config or LifecycleConfig(
             tagging=TaggingConfig(
                 mode=tagging,
@@ -224,9 +226,34 @@ class Conversation:
         *,
         reply_prefix: str | None = None,
         settings: GenerationSettings | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[str]:
-        """Like ``respond``, yielding the visible answer as it is generated."""
-        yield from self._runner.turn_steps(forced_reply, reply_prefix or "", settings or self.generation)
+        """Like ``respond``, yielding the visible answer as it is generated.
+
+        ``cancelled`` is asked after every generated token; once it says yes, the turn
+        stops with ``TurnCancelled``, as if it had never started (its blocks go back).
+        """
+        yield from self._runner.turn_steps(forced_reply, reply_prefix or "", settings or self.generation, cancelled)
+
+    def discard(self, messages: int) -> None:
+        """Remove the messages from index ``messages`` on: what a failed or cancelled call
+        added before its reply was recorded. The conversation then renders as it did before
+        that call, and nothing of it reaches the store.
+
+        Only unanswered messages can go (``history`` never loses what was answered): a
+        ``ConfigError`` if one of them is an assistant reply.
+        """
+        removed = self.messages[messages:]
+        if not 0 <= messages <= len(self.messages) or any(m.role == "assistant" for m in removed):
+            raise ConfigError("messages", f"only unanswered messages can be discarded, not from index {messages}")
+        for message in removed:
+            for segment in message.segment_ids:
+                self._segments.pop(segment, None)
+                self._dirty.discard(segment)
+        gone = {id(m) for m in removed}
+        self._unsaved_messages = [m for m in self._unsaved_messages if id(m) not in gone]
+        del self.messages[messages:]
+        self.fold = min(self.fold, messages)
 
     def set_tools_prompt(self, text: str | None) -> None:
         """The tools section of the system message (see ``adapters/tools.py``); ``None`` removes it.

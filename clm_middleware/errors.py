@@ -65,3 +65,8 @@ class TranscriptError(ClmError, ValueError):
 
 class ChatTemplateError(ClmError, ValueError):
     """The tokenizer's chat template cannot be rendered append-only."""
+
+
+class TurnCancelled(ClmError, RuntimeError):
+    """The caller cancelled a turn while it was generating (a client went away); the
+    turn was undone and its blocks given back."""

@@ -9,11 +9,11 @@ observed; label the window; release what waited K rounds; persist. See
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 from clm_middleware.engine import Generation, penalty_processors
-from clm_middleware.errors import ConfigError
+from clm_middleware.errors import ConfigError, TurnCancelled
 from clm_middleware.lifecycle.calibration import record_runtime_failure
 from clm_middleware.lifecycle.compaction import CompactionResult
 from clm_middleware.lifecycle.config import GenerationSettings
@@ -47,7 +47,13 @@ class TurnRunner:
     def __init__(self, conversation: Conversation) -> None:
         self.conversation = conversation
 
-    def turn_steps(self, forced: str | None, prefix: str, settings: GenerationSettings) -> Generator[str, None, None]:
+    def turn_steps(
+        self,
+        forced: str | None,
+        prefix: str,
+        settings: GenerationSettings,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Generator[str, None, None]:
         c = self.conversation
         started = time.perf_counter()
         if not c.messages:
@@ -56,6 +62,7 @@ class TurnRunner:
         turn = c.turn
         stats = TurnStats(turn=turn)
         decisions: list[Decision] = []
+        generation: Generation | None = None
         try:
             tick = time.perf_counter()
             decisions += self._restore_referenced(turn, stats)
@@ -77,6 +84,8 @@ class TurnRunner:
             detok = IncrementalText(c.engine.tokenizer, skip_ids=c.engine.default_stop_ids)
             answer_cap = settings.max_new_tokens
             for token in generation:
+                if cancelled is not None and cancelled():
+                    raise TurnCancelled(f"turn {turn} was cancelled by its caller")
                 detok.push(token)
                 if forced is None:
                     delta = reply_filter.delta(prefix + detok.text)
@@ -95,6 +104,10 @@ class TurnRunner:
                         break
         except BaseException:
             c.turn -= 1
+            if generation is not None:  # failed or cancelled (a closed stream): its blocks go back
+                generation.close()
+                c.engine.pool.release(list(reversed(generation.block_ids)))
+                generation.block_ids = []
             raise
         raw_output = prefix + detok.text if forced is None else forced
         answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings)
@@ -156,6 +169,7 @@ class TurnRunner:
             seed=settings.seed,
             stop=stops or None,
             hold_blocks=True,
+            use_pool=c.use_pool,
             observe=c.tagger.observe(self._unscored_positions(rendered)),
             cache_salt=c.cache_salt,
             logits_processors=penalty_processors(settings, c.engine.generation_defaults),

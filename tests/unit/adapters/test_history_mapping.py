@@ -1,5 +1,6 @@
 """LangChain re-sends whole histories: they extend, fork or name a managed conversation."""
 
+import pytest
 from langchain_core.messages import HumanMessage
 
 
@@ -61,3 +62,18 @@ def test_concurrent_calls_on_the_same_history_fork_instead_of_interleaving(scrip
     results = llm.batch([[h1, a1, HumanMessage("left")], [h1, a1, HumanMessage("right")]])
     assert sorted(r.content for r in results) == ["X.", "Y."]
     assert len({conversation_of(r) for r in results}) == 2
+
+
+def test_a_failed_call_leaves_the_conversation_as_it_was_so_a_retry_extends_it(scripted_llm):
+    from clm_middleware.lifecycle.compaction import ContextBudgetError
+
+    llm, _ = scripted_llm("A1.", "A2.", budget=200)
+    h1 = HumanMessage("First question here.")
+    a1 = llm.invoke([h1])
+    with pytest.raises(ContextBudgetError):
+        llm.invoke([h1, a1, HumanMessage("word " * 400)])
+    retry = llm.invoke([h1, a1, HumanMessage("A short one.")])
+    assert retry.content == "A2." and conversation_of(retry) == conversation_of(a1)  # extended, not forked
+    router = next(iter(llm._routers.values()))
+    (session,) = router.sessions()
+    assert [m.content for m in session.conversation.history] == ["First question here.", "A1.", "A short one.", "A2."]

@@ -1,0 +1,197 @@
+"""One chat call on a managed conversation, whatever the client (``ChatCLM``, ``clm serve``).
+
+route the re-sent history (sessions.py) → add the messages that are new → set the
+system sections (tools, JSON instruction) → choose the reply head (a required tool
+call, ``{`` for JSON) → stream the visible reply, tool calls held back → parse the calls.
+
+Invariant: when a call ends, the router's digests of its session describe the
+conversation's messages exactly. A call that fails or is cancelled before its reply is
+recorded discards the messages it added (``Conversation.discard``), so a retry, or any
+later call, finds the conversation as it was; if even that is impossible the session is
+closed and forgotten, never left out of step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from clm_middleware.conversation import Conversation
+from clm_middleware.engine import Engine
+from clm_middleware.errors import ClmError
+from clm_middleware.lifecycle.config import GenerationSettings
+from clm_middleware.lifecycle.turn import Reply
+
+from .messages import Turn, assistant_text, turn_digest
+from .sessions import Route, SessionRouter
+from .tools import (
+    CHOOSE_TOOL,
+    OPEN,
+    call_head,
+    parse_tool_calls,
+    required_tool,
+    split_tool_calls,
+    template_tools_section,
+    tools_prompt,
+)
+
+JSON_INSTRUCTION = "Respond with a single JSON object and nothing else."
+ToolSpecs = Sequence[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """What a client asks: the whole history and how to answer it.
+
+    ``tools`` are OpenAI function specs (``{"type": "function", "function": {...}}``);
+    ``tool_choice`` as OpenAI or LangChain give it (see ``tools.required_tool``);
+    ``response_format`` is ``{"type": "json_object"}`` or carries a ``schema``.
+    """
+
+    turns: Sequence[Turn]
+    settings: GenerationSettings
+    tools: ToolSpecs = ()
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    session_id: str | None = None
+
+
+@dataclass(slots=True)
+class ChatAnswer:
+    reply: Reply
+    conversation: Conversation
+    route: str  # "new" | "extend" | "fork"
+    content: str  # the reply without its tool calls
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # {"name", "args", "id", "type"}
+    invalid_tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's: ``tool_calls``, ``length`` or ``stop`` (a reply cut at a repeated
+        sentence ended as the model's own stop would)."""
+        if self.tool_calls:
+            return "tool_calls"
+        return "length" if self.reply.finish_reason == "length" else "stop"
+
+    def returned_digest(self) -> str:
+        """The digest of this reply as the client will send it back: text plus parsed calls."""
+        calls = [{"name": c["name"], "arguments": c["args"]} for c in self.tool_calls]
+        return turn_digest("assistant", assistant_text(self.content, calls))
+
+
+class ChatCall:
+    """Iterate ``stream()`` for the visible reply as it is generated; ``answer`` is set at its end."""
+
+    def __init__(
+        self,
+        router: SessionRouter,
+        engine: Engine,
+        request: ChatRequest,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
+        self.router = router
+        self.engine = engine
+        self.request = request
+        self.cancelled = cancelled  # asked after every token (see Conversation.respond_stream)
+        self.answer: ChatAnswer | None = None
+
+    def stream(self) -> Iterator[str]:
+        request = self.request
+        digests = [t.digest for t in request.turns]
+        route = self.router.route(request.turns, request.session_id)
+        base = len(route.session.digests)
+        conversation = route.session.conversation
+        tools = [] if request.tool_choice == "none" else list(request.tools)
+        replies: Iterator[str] | None = None
+        try:
+            conversation.set_tools_prompt(system_sections(self.engine, tools, request.response_format))
+            for turn in route.new_turns:
+                conversation.add(turn.role, turn.text)
+            prefix = tool_call_head(conversation, request.tool_choice, tools) if tools else None
+            if request.response_format is not None:
+                prefix = "{"
+            hidden = ToolCallHider()
+            replies = conversation.respond_stream(
+                reply_prefix=prefix, settings=request.settings, cancelled=self.cancelled
+            )
+            for delta in replies:
+                visible = hidden.feed(delta)
+                if visible:
+                    yield visible
+            reply = conversation.last_reply
+            assert reply is not None
+            content, payloads = split_tool_calls(reply.text)
+            valid, invalid = parse_tool_calls(payloads, tools)
+            answer = ChatAnswer(reply, conversation, route.kind, content, valid, invalid)
+        except BaseException:
+            if replies is not None:
+                replies.close()  # the turn gives back its blocks before its messages go
+            self._undo(route, base, digests)
+            raise
+        self.router.done(route.session, [*digests, answer.returned_digest()])
+        self.answer = answer
+
+    def _undo(self, route: Route, base: int, digests: list[str]) -> None:
+        try:
+            route.session.conversation.discard(base)
+        except ClmError:
+            self.router.forget(route.session)
+            return
+        self.router.done(route.session, digests[:base])
+
+
+def system_sections(engine: Engine, tools: ToolSpecs, response_format: dict[str, Any] | None) -> str | None:
+    """The system message's extra sections: the tools (the template's own section where it
+    has one) and the JSON instruction, with the schema when one is given."""
+    sections = []
+    if tools:
+        sections.append(tools_prompt(tools, template_tools_section(engine.tokenizer, tools)))
+    if response_format is not None:
+        schema = response_format.get("schema")
+        shape = f" It must match this JSON schema: {json.dumps(schema, sort_keys=True)}" if schema else ""
+        sections.append(JSON_INSTRUCTION + shape)
+    return "\n\n".join(sections) or None
+
+
+def tool_call_head(conversation: Conversation, tool_choice: Any, tools: ToolSpecs) -> str | None:
+    """The reply head a required call starts with; when the choice leaves the tool to
+    the model, the model's own log-probabilities pick it among the bound names."""
+    required = required_tool(tool_choice, tools)
+    if required is None:
+        return None
+    if required is True:
+        names = [t["function"]["name"] for t in tools]
+        scores = conversation.score_continuations(CHOOSE_TOOL, [json.dumps(n)[1:] for n in names])
+        required = names[max(range(len(names)), key=scores.__getitem__)]
+    return call_head(required, tools)
+
+
+class ToolCallHider:
+    """Streams the reply's text while holding back tool calls (they arrive parsed, at the end).
+
+    Trailing whitespace and a suffix that may still become ``<tool_call>`` are held
+    until the next delta settles them, so the streamed text equals the final content.
+    """
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._shown = 0
+
+    def feed(self, delta: str) -> str:
+        self._text += delta
+        start = self._text.find(OPEN)
+        if start >= 0:
+            visible = self._text[:start]
+        else:
+            visible = self._text
+            for size in range(min(len(OPEN) - 1, len(visible)), 0, -1):
+                if OPEN.startswith(visible[-size:]):
+                    visible = visible[:-size]
+                    break
+        visible = visible.rstrip()
+        if len(visible) <= self._shown:
+            return ""
+        out, self._shown = visible[self._shown :], len(visible)
+        return out

@@ -1,0 +1,36 @@
+"""A turn that fails or is cancelled leaves no half state: no message, no held block."""
+
+from __future__ import annotations
+
+import pytest
+
+from clm_middleware.errors import ConfigError, TurnCancelled
+
+
+def test_a_cancelled_turn_gives_back_its_blocks_and_discard_removes_its_message(converse, engine):
+    conversation = converse(max_new_tokens=64)
+    conversation.send("hello there")
+    held = engine.pool.stats().blocks_in_use
+    conversation.add("user", "tell me more")
+    tokens = 0
+
+    def cancelled() -> bool:
+        nonlocal tokens
+        tokens += 1
+        return tokens > 3
+
+    with pytest.raises(TurnCancelled):
+        for _ in conversation.respond_stream(cancelled=cancelled):
+            pass
+    assert conversation.turn == 1 and engine.pool.stats().blocks_in_use == held
+    conversation.discard(2)
+    assert [m.content for m in conversation.history][:1] == ["hello there"] and len(conversation.history) == 2
+    assert conversation.send("again").turn == 2
+
+
+def test_discard_refuses_to_remove_an_answered_message(converse):
+    conversation = converse()
+    conversation.send("hello there")
+    with pytest.raises(ConfigError, match="unanswered"):
+        conversation.discard(0)
+    assert len(conversation.history) == 2
