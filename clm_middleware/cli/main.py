@@ -13,6 +13,7 @@ from clm_middleware.cli.bench_cmd import bench
 from clm_middleware.cli.chat_cmd import chat
 from clm_middleware.cli.eval_cmd import eval_group
 from clm_middleware.cli.replay_cmd import replay
+from clm_middleware.cli.serve_cmd import serve
 from clm_middleware.cli.stats_cmd import stats
 from clm_middleware.errors import ClmError
 
@@ -38,6 +39,7 @@ cli.add_command(bench)
 cli.add_command(eval_group)
 cli.add_command(chat)
 cli.add_command(stats)
+cli.add_command(serve)
 
 
 def main() -> None:

@@ -1,0 +1,114 @@
+"""``clm serve``: the OpenAI-compatible HTTP server (clm_middleware/server/, docs/serve.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from clm_middleware.cli.options import model_options, penalty_options
+
+API_KEY_ENV = "CLM_API_KEY"
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to bind.")
+@click.option(
+    "--mode",
+    type=click.Choice(["clm", "stateless"]),
+    default="clm",
+    show_default=True,
+    help="clm: managed conversations over the block pool; stateless: recompute every request (a baseline).",
+)
+@click.option("--served-model-name", default=None, help="The model id clients send [default: the model's name].")
+@click.option("--budget", type=click.IntRange(min=64), default=None, help="Max context tokens per prompt.")
+@click.option("--k", type=click.IntRange(min=0), default=2, show_default=True, help="Rounds removed blocks are held.")
+@click.option(
+    "--tagging", default="auto", show_default=True, help="Who labels segments: auto, free, constrained, signals, rules."
+)
+@click.option("--db", type=click.Path(path_type=Path), default=None, help="SQLite store for the conversations.")
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    help=f"Require 'Authorization: Bearer KEY' on /v1 (repeat for several; each key is its own tenant) "
+    f"[default: ${API_KEY_ENV} if set].",
+)
+@click.option(
+    "--max-sessions", type=click.IntRange(min=1), default=64, show_default=True, help="Open sessions per tenant."
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Reply length cap when a request gives none.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0, 2),
+    default=0.0,
+    show_default=True,
+    help="Sampling temperature when a request gives none (0: greedy).",
+)
+@penalty_options
+@model_options
+def serve(
+    host: str,
+    port: int,
+    mode: str,
+    served_model_name: str | None,
+    budget: int | None,
+    k: int,
+    tagging: str,
+    db: Path | None,
+    api_keys: tuple[str, ...],
+    max_sessions: int,
+    max_tokens: int,
+    temperature: float,
+    repetition_penalty: float | None,
+    frequency_penalty: float,
+    presence_penalty: float,
+    no_repeat_ngram_size: int | None,
+    **engine_options: Any,
+) -> None:
+    """Serve the OpenAI chat-completions API with managed context (docs/serve.md)."""
+    import uvicorn
+
+    from clm_middleware.cli.setup import build_engine
+    from clm_middleware.lifecycle.config import GenerationSettings
+    from clm_middleware.lifecycle.tagging import TaggingConfig
+    from clm_middleware.server import ChatService, ServerConfig, create_app
+
+    TaggingConfig(mode=tagging)  # a wrong mode fails here, naming the field, before the model loads
+    keys = api_keys or tuple(k for k in [os.environ.get(API_KEY_ENV)] if k)
+    generation = GenerationSettings(
+        max_new_tokens=max_tokens,
+        temperature=temperature,
+        repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+    )
+    engine = build_engine(**engine_options)
+    config = ServerConfig(
+        model_id=served_model_name or engine.model_name,
+        mode=mode,
+        budget=budget,
+        k=k,
+        tagging=tagging,
+        db=str(db) if db else None,
+        api_keys=keys,
+        max_sessions=max_sessions,
+        generation=generation,
+    )
+    service = ChatService(engine, config, owns_engine=True)
+    if host not in ("127.0.0.1", "localhost", "::1") and not keys:
+        click.echo(f"warning: serving on {host} with no --api-key: anyone who can reach it can use it", err=True)
+    click.echo(f"clm serve: model {config.model_id!r}, mode {mode}, http://{host}:{port}/v1", err=True)
+    # SIGTERM / Ctrl-C: uvicorn stops accepting, lets in-flight requests finish (up to 30 s),
+    # then the app's shutdown closes every session and the engine
+    uvicorn.run(create_app(service), host=host, port=port, log_level="info", timeout_graceful_shutdown=30)

@@ -1,0 +1,149 @@
+"""The HTTP surface of ``clm serve``: OpenAI chat completions over managed conversations.
+
+Endpoints (docs/serve.md documents each): ``POST /v1/chat/completions``, ``GET
+/v1/models``, ``GET /v1/sessions``, ``GET`` and ``DELETE /v1/sessions/{id}`` (delete
+closes it: its blocks go back to the pool; with a store it resumes by name), ``GET
+/health``, ``GET /metrics``. With API keys, every ``/v1`` route needs
+``Authorization: Bearer KEY``.
+
+Generation runs in worker threads, never on the event loop (streaming.py for streams).
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from clm_middleware.adapters.chat_call import ChatAnswer, ChatCall
+from clm_middleware.adapters.sessions import Session
+from clm_middleware.errors import ClmError
+
+from . import convert
+from .errors import APIError, clm_error_to_api, install_error_handlers, unexpected_error
+from .metrics import CONTENT_TYPE
+from .schemas import ChatCompletionRequest
+from .service import ChatService, detail, summary
+from .streaming import TurnEvents, sse
+
+SESSION_HEADER = "x-session-id"
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        service.close()  # in-flight turns have finished (uvicorn drains them first)
+
+    app = FastAPI(title="clm-middleware", lifespan=lifespan)
+    install_error_handlers(app)
+    model_id = service.config.model_id
+    created = int(time.time())
+
+    @app.middleware("http")
+    async def count_and_limit(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body_bytes:
+            response = APIError(
+                413, f"the request body is over {max_body_bytes} bytes", code="body_too_large"
+            ).response()
+        else:
+            response = await call_next(request)
+        service.metrics.requests.labels(endpoint=request.url.path, status=str(response.status_code)).inc()
+        return response
+
+    def api_key(request: Request) -> str | None:
+        keys = service.config.api_keys
+        if not keys:
+            return None
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        matches = [hmac.compare_digest(token.encode(), key.encode()) for key in keys]  # no early exit
+        if scheme.lower() != "bearer" or not any(matches):
+            raise APIError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+        return token
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models(_: str | None = Depends(api_key)) -> dict[str, Any]:
+        card = {"id": model_id, "object": "model", "created": created, "owned_by": "clm-middleware"}
+        return {"object": "list", "data": [card]}
+
+    def caller(request: Request, key: str | None = Depends(api_key)) -> str | None:
+        """The tenant of a session request: the key's, or the ``user`` query parameter's."""
+        return service.tenant(key, request.query_params.get("user"))
+
+    def named_session(session_id: str, tenant: str | None = Depends(caller)) -> tuple[str | None, Session]:
+        found = service.session(tenant, session_id)
+        if found is None:
+            raise APIError(404, f"no session {session_id!r}", param="session_id", code="session_not_found")
+        return tenant, found
+
+    @app.get("/v1/sessions")
+    async def sessions(tenant: str | None = Depends(caller)) -> dict[str, Any]:
+        return {"object": "list", "data": service.session_summaries(tenant)}
+
+    @app.get("/v1/sessions/{session_id}")
+    async def session(named: tuple[str | None, Session] = Depends(named_session)) -> dict[str, Any]:
+        _, found = named
+        if found.busy:  # a turn is changing it right now: say so rather than read half of it
+            return {**summary(found.conversation), "busy": True}
+        return {**detail(found.conversation), "busy": False}
+
+    @app.delete("/v1/sessions/{session_id}")
+    async def close_session(named: tuple[str | None, Session] = Depends(named_session)) -> dict[str, Any]:
+        tenant, found = named
+        if found.busy:
+            raise APIError(409, f"session {found.conversation.id!r} is answering a request", code="session_busy")
+        service.router(tenant).forget(found)
+        return {"id": found.conversation.id, "object": "clm.session", "deleted": True}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request, key: str | None = Depends(api_key)):
+        if body.model != model_id:
+            raise APIError(
+                404,
+                f"the model {body.model!r} does not exist; this server serves {model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
+        session_id = request.headers.get(SESSION_HEADER) or (body.metadata or {}).get("session_id")
+        chat = convert.chat_request(body, service.config.generation, session_id)
+        tenant = service.tenant(key, body.user)
+        completion_id = convert.completion_id()
+        if body.stream:
+            events = TurnEvents()
+            events.start(service.call(chat, tenant, events.tick))
+            first = await events.next()
+            if first[0] == "error":  # failed before its first token: a real status, not a 200 stream
+                await events.finished()
+                error = first[1]
+                raise clm_error_to_api(error) if isinstance(error, ClmError) else unexpected_error(error)
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            stream = sse(service, events, first, completion_id, model_id, session_id, include_usage)
+            return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        answer = await anyio.to_thread.run_sync(_run_to_end, service.call(chat, tenant))
+        service.metrics.turn(answer.reply.stats)
+        return JSONResponse(convert.completion_body(answer, model_id, completion_id, session_id))
+
+    return app
+
+
+def _run_to_end(call: ChatCall) -> ChatAnswer:
+    for _ in call.stream():
+        pass
+    assert call.answer is not None
+    return call.answer

@@ -1,0 +1,199 @@
+"""OpenAI chat-completions request ↔ a managed chat call (``adapters/chat_call.py``).
+
+Messages become the same ``Turn``s, with the same digests, that ChatCLM makes of LangChain
+messages, so a history re-sent over HTTP extends its conversation exactly as ChatCLM's
+does: an assistant message is identified by its text plus its tool calls, whatever ids
+or fields a client adds on the way back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from clm_middleware.adapters.chat_call import ChatAnswer, ChatRequest
+from clm_middleware.adapters.messages import Turn, assistant_text, turn_digest
+from clm_middleware.lifecycle.config import GenerationSettings
+
+from .errors import APIError
+from .schemas import ChatCompletionRequest, ChatMessage, ToolCall
+
+MAX_STOPS = 4  # as OpenAI
+
+
+def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, session_id: str | None) -> ChatRequest:
+    """The call to make; an ``APIError`` (400) naming the field for what cannot be served."""
+    if body.n != 1:
+        raise APIError(400, "n: only n=1 is supported", param="n")
+    if body.logprobs:
+        raise APIError(400, "logprobs: not supported by this server", param="logprobs")
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stops) > MAX_STOPS or any(not s for s in stops):
+        raise APIError(400, f"stop: give at most {MAX_STOPS} non-empty strings", param="stop")
+    tools = [spec.model_dump(exclude_none=True) for spec in body.tools or []]
+    _check_tool_choice(body.tool_choice, tools)
+    settings = GenerationSettings(
+        max_new_tokens=body.max_completion_tokens or body.max_tokens or defaults.max_new_tokens,
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_p=defaults.top_p if body.top_p is None else body.top_p,
+        seed=body.seed,
+        stop=tuple(dict.fromkeys([*defaults.stop, *stops])),
+        repetition_penalty=defaults.repetition_penalty,
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        no_repeat_ngram_size=defaults.no_repeat_ngram_size,
+    )
+    return ChatRequest(
+        turns=[to_turn(message, index) for index, message in enumerate(body.messages)],
+        settings=settings,
+        tools=tools,
+        tool_choice=body.tool_choice,
+        response_format=_response_format(body),
+        session_id=session_id,
+    )
+
+
+def to_turn(message: ChatMessage, index: int) -> Turn:
+    role = "system" if message.role == "developer" else message.role
+    text = _content_text(message, index)
+    if role == "assistant":
+        calls = [
+            {"name": c.function.name, "arguments": _arguments(c.function.arguments)} for c in message.tool_calls or []
+        ]
+        text = assistant_text(text, calls)
+    elif message.tool_calls:
+        raise _bad_message(index, "tool_calls", "only assistant messages carry tool calls")
+    if role == "tool" and not message.tool_call_id:
+        raise _bad_message(index, "tool_call_id", "a tool message needs one")
+    if not text.strip() and role != "assistant":
+        raise _bad_message(index, "content", "must not be empty")
+    return Turn(role, text, turn_digest(role, text, message.name or "", message.tool_call_id or ""))
+
+
+def _calls(message: ChatMessage) -> list[ToolCall]:
+    return message.tool_calls or []
+
+
+def _bad_message(index: int, field: str, problem: str) -> APIError:
+    param = f"messages[{index}].{field}"
+    return APIError(400, f"{param}: {problem}", param=param)
+
+
+def completion_body(answer: ChatAnswer, model: str, completion_id: str, session_id: str | None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content or None}
+    if answer.tool_calls:
+        message["tool_calls"] = tool_calls(answer)
+    elif message["content"] is None:
+        message["content"] = ""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": answer.finish_reason, "logprobs": None}],
+        "usage": usage(answer),
+        "clm": extension(answer, session_id),
+    }
+
+
+def chunk(completion_id: str, model: str, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+    }
+
+
+def tool_calls(answer: ChatAnswer) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["args"])},
+        }
+        for call in answer.tool_calls
+    ]
+
+
+def usage(answer: ChatAnswer) -> dict[str, Any]:
+    stats = answer.reply.stats
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+    }
+
+
+def extension(answer: ChatAnswer, session_id: str | None) -> dict[str, Any]:
+    """The ``clm`` object: what the lifecycle did this turn (docs/serve.md lists the fields)."""
+    stats = answer.reply.stats
+    return {
+        "conversation_id": answer.conversation.id,
+        "session_id": session_id,
+        "route": answer.route,
+        "turn": answer.reply.turn,
+        "tagging_mode": stats.tagging_mode,
+        "context_tokens": stats.context_tokens,
+        "prefill_tokens": stats.prefill_tokens,
+        "compaction": stats.compaction,
+        "dropped_tokens": stats.dropped_tokens,
+        "compressed_tokens": stats.compressed_tokens,
+        "decision_counts": stats.decisions,
+        "decisions": [d.as_dict() for d in answer.reply.decisions],
+        "reply_flags": list(stats.reply_flags),
+        "invalid_tool_calls": answer.invalid_tool_calls,
+        "ttft_s": stats.ttft_s,
+        "turn_s": stats.turn_s,
+    }
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def _content_text(message: ChatMessage, index: int) -> str:
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for position, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise _bad_message(index, f"content[{position}].type", f"only text parts are supported, got {part.type!r}")
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments as the model wrote them: the JSON a client sends back, parsed."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _check_tool_choice(choice: Any, tools: list[dict[str, Any]]) -> None:
+    if choice in (None, "none", "auto"):
+        return
+    if not tools:
+        raise APIError(400, "tool_choice: needs tools", param="tool_choice")
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise APIError(400, f"tool_choice: no tool named {name!r} in tools", param="tool_choice")
+
+
+def _response_format(body: ChatCompletionRequest) -> dict[str, Any] | None:
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_schema":
+        schema = fmt.json_schema.schema_ if fmt.json_schema else None
+        if schema is None:
+            raise APIError(400, "response_format.json_schema.schema: required", param="response_format.json_schema")
+        return {"type": "json_schema", "schema": schema}
+    return {"type": "json_object"}

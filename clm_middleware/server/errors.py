@@ -1,0 +1,108 @@
+"""Errors as OpenAI clients expect them: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every failure leaves the server as this JSON object with a fitting status; no traceback
+ever does (an unexpected exception is logged here and answered with a 500 that says
+only that). ``clm_error_to_api`` maps the library's errors:
+
+- ``ConfigError`` → 400, ``param`` = the field it names;
+- ``ContextWindowError`` / ``ContextBudgetError`` → 400, ``code`` = ``context_length_exceeded``;
+- ``PoolExhaustedError`` → 503 with ``Retry-After``;
+- any other ``ClmError`` → 400 when it is the caller's to fix (a ``ValueError``), else 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from clm_middleware.errors import ClmError, ConfigError, ContextWindowError, PoolExhaustedError
+from clm_middleware.lifecycle.compaction import ContextBudgetError
+
+log = logging.getLogger("clm_middleware.server")
+
+RETRY_AFTER_S = 1
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 503: "overloaded_error"}
+
+
+@dataclass(slots=True)
+class APIError(Exception):
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    retry_after: int | None = None
+
+    def body(self) -> dict:
+        kind = _TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        if self.status == 401:
+            headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def clm_error_to_api(error: ClmError) -> APIError:
+    if isinstance(error, ConfigError):
+        return APIError(400, str(error), param=error.field)
+    if isinstance(error, ContextWindowError | ContextBudgetError):
+        return APIError(400, str(error), param="messages", code="context_length_exceeded")
+    if isinstance(error, PoolExhaustedError):
+        return APIError(503, str(error), code="pool_exhausted", retry_after=RETRY_AFTER_S)
+    if isinstance(error, ValueError):
+        return APIError(400, str(error))
+    log.error("request failed: %s", error)
+    return APIError(500, str(error), code="internal_error")
+
+
+def unexpected_error(error: BaseException) -> APIError:
+    log.exception("unexpected error while serving a request", exc_info=error)
+    return APIError(500, "the server hit an internal error; see its log", code="internal_error")
+
+
+def validation_param(location: tuple) -> str | None:
+    """``("body", "messages", 3, "role")`` → ``messages[3].role``."""
+    parts = [p for p in location if p != "body"]
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part in ("str", "list[ContentPart]", "function-after", "literal['none','auto','required']"):
+            continue  # which member of a union pydantic tried: not a field
+        else:
+            text += f".{part}" if text else str(part)
+    return text or None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, error: APIError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(ClmError)
+    async def _clm_error(_: Request, error: ClmError) -> JSONResponse:
+        return clm_error_to_api(error).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+        problems = error.errors()
+        first = problems[0] if problems else {"loc": (), "msg": "invalid request body"}
+        param = validation_param(tuple(first.get("loc", ())))
+        if first.get("type") == "json_invalid":
+            return APIError(400, f"the request body is not valid JSON: {first.get('msg')}").response()
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        return APIError(400, message, param=param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        return APIError(error.status_code, str(error.detail)).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, error: Exception) -> JSONResponse:
+        return unexpected_error(error).response()

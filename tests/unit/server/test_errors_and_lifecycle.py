@@ -1,0 +1,129 @@
+"""Every error path of ``clm serve`` answers an OpenAI error object; nothing half-done stays."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+TIMEOUT_S = 60
+KEY = "s3cret-key"
+
+
+def _post(url: str, body, headers=None) -> httpx.Response:
+    content = body if isinstance(body, str | bytes) else json.dumps(body)
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    return httpx.post(url + "/chat/completions", content=content, headers=headers, timeout=TIMEOUT_S)
+
+
+def _error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in response.text
+    return body["error"]
+
+
+def _hello(model_id: str, **extra) -> dict:
+    return {"model": model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, **extra}
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": []}, "messages"),
+        ({"temperature": 5}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 2}, "n"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
+        ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id"),
+        ({"messages": [{"role": "user", "content": "   "}]}, "messages[0].content"),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ],
+)
+def test_a_bad_request_is_a_400_naming_the_field(server, model_id, change, param):
+    error = _error(_post(server.api, {**_hello(model_id), **change}), 400)
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert param.split("[")[0] in error["message"]
+
+
+def test_a_body_that_is_not_json_is_a_400(server):
+    error = _error(_post(server.api, "{not json"), 400)
+    assert "JSON" in error["message"]
+
+
+def test_an_unknown_model_is_a_404(server):
+    error = _error(_post(server.api, _hello("gpt-5")), 404)
+    assert error["param"] == "model" and error["code"] == "model_not_found"
+
+
+def test_a_prompt_over_the_context_window_is_a_400_and_the_session_is_left_as_it_was(server, model_id):
+    session = {"X-Session-Id": "too-long"}
+    first = _post(server.api, _hello(model_id), session).json()
+    history = [{"role": "user", "content": "hello"}, first["choices"][0]["message"]]
+    huge = {"role": "user", "content": "word " * 1200}  # over the tiny model's 4,096 positions
+    error = _error(_post(server.api, {**_hello(model_id), "messages": [*history, huge]}, session), 400)
+    assert error["code"] == "context_length_exceeded"
+    assert httpx.get(server.api + "/sessions/too-long", timeout=TIMEOUT_S).json()["messages"] == 2
+    short = {"role": "user", "content": "short again"}
+    retried = _post(server.api, {**_hello(model_id), "messages": [*history, short]}, session).json()
+    assert retried["clm"]["route"] == "extend" and retried["clm"]["turn"] == 2
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_turn_and_frees_its_blocks(server, model_id):
+    session = {"X-Session-Id": "leaver"}
+    first = _post(server.api, _hello(model_id), session).json()
+    history = [{"role": "user", "content": "hello"}, first["choices"][0]["message"]]
+    messages = [*history, {"role": "user", "content": "Write a very long story."}]
+    body = {"model": model_id, "messages": messages, "max_tokens": 3000, "stream": True}
+    headers = {"Content-Type": "application/json", **session}
+    with httpx.stream("POST", server.api + "/chat/completions", json=body, headers=headers, timeout=TIMEOUT_S) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the role chunk: the turn is running
+    deadline = time.monotonic() + TIMEOUT_S
+    while httpx.get(server.api + "/sessions/leaver", timeout=TIMEOUT_S).json()["busy"]:
+        assert time.monotonic() < deadline, "the cancelled turn never ended"
+        time.sleep(0.1)
+    detail = httpx.get(server.api + "/sessions/leaver", timeout=TIMEOUT_S).json()
+    assert detail["messages"] == 2 and detail["turns"] == 1  # the cancelled turn left nothing
+    retried = _post(server.api, {**body, "stream": False, "max_tokens": 4}, session).json()
+    assert retried["clm"]["route"] == "extend" and retried["clm"]["turn"] == 2
+    assert httpx.delete(server.api + "/sessions/leaver", timeout=TIMEOUT_S).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory, launch):
+    """API key required; a pool of 24 blocks (384 tokens of the tiny model)."""
+    live = launch(tmp_path_factory.mktemp("guarded"), "--api-key", KEY, "--max-kv-bytes", str(24 * 8192))
+    yield live
+    assert live.stop() in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in live.log.read_text()  # sessions and engine closed
+
+
+def test_with_an_api_key_a_missing_or_wrong_key_is_a_401(guarded):
+    model = httpx.get(guarded.api + "/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=TIMEOUT_S)
+    model_id = model.json()["data"][0]["id"]
+    assert _error(_post(guarded.api, _hello(model_id)), 401)["code"] == "invalid_api_key"
+    _error(_post(guarded.api, _hello(model_id), {"Authorization": "Bearer wrong"}), 401)
+    _error(httpx.get(guarded.api + "/models", timeout=TIMEOUT_S), 401)
+    assert _post(guarded.api, _hello(model_id), {"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert httpx.get(guarded.url + "/health", timeout=TIMEOUT_S).status_code == 200  # probes need no key
+
+
+def test_a_request_the_pool_cannot_fit_is_a_503_with_retry_after_and_holds_nothing(guarded):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    model_id = httpx.get(guarded.api + "/models", headers=auth, timeout=TIMEOUT_S).json()["data"][0]["id"]
+    held = guarded.metric("clm_pool_blocks_in_use")
+    body = {**_hello(model_id), "messages": [{"role": "user", "content": "x " * 400}]}
+    response = _post(guarded.api, body, auth)
+    error = _error(response, 503)
+    assert error["code"] == "pool_exhausted" and int(response.headers["Retry-After"]) >= 1
+    assert guarded.metric("clm_pool_blocks_in_use") == held
+    streamed = _post(guarded.api, {**body, "stream": True}, auth)  # fails before its first token:
+    assert _error(streamed, 503)["code"] == "pool_exhausted"  # a real status, not a 200 stream
+    assert _post(guarded.api, _hello(model_id), auth).status_code == 200  # the server goes on

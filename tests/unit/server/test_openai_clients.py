@@ -1,0 +1,153 @@
+"""``clm serve`` through the real ``openai`` client and LangChain's ``ChatOpenAI``."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from openai import OpenAI
+
+REQUEST_TIMEOUT_S = 60
+# no parameters: the reply head writes the whole call (tools.call_head), so even the
+# random tiny model returns a complete one; SmolLM2 fills arguments in the integration test
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time now.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def client(server) -> OpenAI:
+    return OpenAI(base_url=server.api, api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0)
+
+
+def _chat(client, model_id, messages, session=None, **kwargs):
+    headers = {"X-Session-Id": session} if session else None
+    return client.chat.completions.create(model=model_id, messages=messages, extra_headers=headers, **kwargs)
+
+
+def test_a_resent_history_extends_its_session_and_reads_its_prefix_from_the_pool(client, model_id):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "My code is ZX-41."}]
+    first = _chat(client, model_id, messages)
+    assert first.object == "chat.completion" and first.choices[0].message.role == "assistant"
+    assert first.usage.prompt_tokens > 0 and first.usage.prompt_tokens_details.cached_tokens == 0
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And the weather?"},
+    ]
+    second = _chat(client, model_id, messages)
+    extension = second.model_extra["clm"]
+    assert extension["route"] == "extend" and extension["turn"] == 2
+    assert extension["conversation_id"] == first.model_extra["clm"]["conversation_id"]
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 16  # all but the last partial block
+    assert second.usage.total_tokens == second.usage.prompt_tokens + second.usage.completion_tokens
+
+
+def test_a_streamed_reply_equals_the_same_request_unstreamed(client, model_id):
+    messages = [{"role": "user", "content": "Tell me about Lisbon trams."}]
+    whole = _chat(client, model_id, messages, session="plain-a")
+    chunks = list(
+        _chat(client, model_id, messages, session="stream-a", stream=True, stream_options={"include_usage": True})
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_a_required_tool_call_comes_back_parsed_and_its_result_extends_the_session(client, model_id):
+    messages = [{"role": "user", "content": "What time is it?"}]
+    called = _chat(client, model_id, messages, session="tools", tools=[TIME_TOOL], tool_choice="required")
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_time" and call.id
+    assert json.loads(call.function.arguments) == {}
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "10:42"},
+    ]
+    answered = _chat(client, model_id, messages, session="tools", tools=[TIME_TOOL])
+    assert answered.model_extra["clm"]["route"] == "extend"
+    assert answered.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_a_named_session_is_listed_and_shows_its_context_and_segments(client, model_id, server):
+    _chat(client, model_id, [{"role": "user", "content": "Remember the locker code 7781."}], session="inspect-me")
+    listed = httpx.get(server.api + "/sessions", timeout=10).json()["data"]
+    assert any(s["id"] == "inspect-me" for s in listed)
+    detail = httpx.get(server.api + "/sessions/inspect-me", timeout=10).json()
+    assert detail["busy"] is False and "7781" in detail["context"]
+    assert {s["role"] for s in detail["segments"]} >= {"user", "assistant"}
+    assert httpx.get(server.api + "/sessions/nobody", timeout=10).status_code == 404
+
+
+def test_langchain_chat_openai_pointed_at_the_server_gets_cache_reads(server, model_id):
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=server.api, api_key="unused", model=model_id, max_tokens=8, timeout=REQUEST_TIMEOUT_S)
+    history = [HumanMessage("Hello, I am planning a trip to Porto next week.")]
+    first = llm.invoke(history)
+    history += [AIMessage(first.content), HumanMessage("What should I pack?")]
+    second = llm.invoke(history)
+    assert isinstance(second.content, str)
+    assert second.usage_metadata["input_token_details"]["cache_read"] > 0
+
+
+def test_eight_concurrent_sessions_answer_as_sequential_ones_and_give_back_every_block(client, model_id, server):
+    def converse(prefix: str, index: int) -> list[str]:
+        messages = [{"role": "user", "content": f"Client {index} asks about topic {index * 7}."}]
+        replies = []
+        for follow_up in ("Go on.", "Thanks."):
+            reply = _chat(client, model_id, messages, session=f"{prefix}-{index}").choices[0].message.content
+            replies.append(reply)
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow_up}]
+        return replies
+
+    sequential = [converse("seq", i) for i in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        concurrent = list(pool.map(lambda i: converse("con", i), range(8)))
+    assert concurrent == sequential
+    for session in httpx.get(server.api + "/sessions", timeout=10).json()["data"]:
+        assert httpx.delete(f"{server.api}/sessions/{session['id']}", timeout=10).status_code == 200
+    assert server.metric("clm_sessions") == 0
+    assert server.metric("clm_pool_blocks_in_use") == 0
+
+
+def test_metrics_are_prometheus_text_with_the_turn_histogram(server):
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    for name in (
+        "clm_prompt_tokens_total",
+        "clm_cached_tokens_total",
+        "clm_turn_seconds_bucket",
+        "clm_pool_blocks_free",
+    ):
+        assert name in text
+
+
+def test_each_user_is_a_tenant_that_sees_only_its_own_sessions_and_shares_no_cache(client, model_id, server):
+    messages = [{"role": "user", "content": "A message both tenants send, word for word."}]
+    alice = _chat(client, model_id, messages, session="mine", user="alice")
+    bob = _chat(client, model_id, messages, session="mine", user="bob")
+    assert bob.usage.prompt_tokens_details.cached_tokens == 0  # alice's blocks are not bob's
+    assert alice.model_extra["clm"]["conversation_id"] != bob.model_extra["clm"]["conversation_id"]
+    for user in ("alice", "bob"):
+        listed = httpx.get(server.api + "/sessions", params={"user": user}, timeout=10).json()["data"]
+        assert [s["id"] for s in listed] == [f"user-{_tenant_hash(user)}/mine"]
+    assert all(not s["id"].endswith("/mine") for s in httpx.get(server.api + "/sessions", timeout=10).json()["data"])
+
+
+def _tenant_hash(user: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(user.encode()).hexdigest()[:16]
