@@ -27,7 +27,8 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    the budget;
 3. if the newest turn alone still outgrows the budget, its own long segments are
    condensed (faithfully) as a last resort; if even that cannot fit the budget,
-   ``ContextBudgetError`` says by how much.
+   ``ContextBudgetError`` says by how much. A newest turn over ``budget ×
+   target_ratio`` tokens is refused at once, before any of this work (bounded cost).
 """
 
 from __future__ import annotations
@@ -92,9 +93,11 @@ class Compactor:
     ) -> CompactionResult:
         self._fold = fold
         budget = self.config.budget
+        ordered = [segments[s] for m in messages for s in m.segment_ids]
+        if budget is not None:
+            self._check_condensable(ordered, turn, budget)
         length = self.prompt_length()
         over = budget is not None and length > budget
-        ordered = [segments[s] for m in messages for s in m.segment_ids]
         pending = [s for s in ordered if s.pending and not s.pinned]
         # what applying them would free: their ids plus marker / separator / glue (estimate)
         pending_saving = sum(len(s.visible_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in pending)
@@ -125,6 +128,20 @@ class Compactor:
                     hint="raise the budget, or send a shorter message",
                 )
         return result
+
+    def _check_condensable(self, ordered: list[Segment], turn: int, budget: int) -> None:
+        """Bounded cost for oversized input: a newest turn longer than ``budget ×
+        target_ratio`` tokens cannot be condensed to fit (extractive compression keeps at
+        least 1/``target_ratio`` of a text, plus its facts), so it is refused before any
+        work: a 10,000-token paste never costs minutes of scoring only to fail."""
+        newest = sum(len(s.token_ids) for s in ordered if s.turn >= turn and s.visible and not s.pinned)
+        limit = int(budget * self.config.target_ratio)
+        if newest > limit:
+            raise ContextBudgetError(
+                f"the new message has {newest} tokens; under a budget of {budget} at most {limit} "
+                f"(budget × target_ratio {self.config.target_ratio:g}) can be condensed to fit",
+                hint="raise the budget, or send the text in parts",
+            )
 
     def _fit_budget(
         self,

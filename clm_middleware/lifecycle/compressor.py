@@ -119,6 +119,29 @@ def _kept_words(text: str, words: list[regex.Match[str]]) -> set[int]:
     return {i for i, w in enumerate(words) if any(start < w.end() and w.start() < end for start, end in spans)}
 
 
+def word_means(
+    words: list[regex.Match[str]], offsets: list[tuple[int, int]], values: list[float | None]
+) -> list[float]:
+    """Mean of ``values`` over the tokens that overlap each word (0 where none is known).
+
+    Words and token offsets both run left to right, so one sweep pairs them: linear in
+    words + tokens (a long paste once took minutes here, pairing every word with every
+    token). A token that spans several words counts for each of them."""
+    means, first = [], 0
+    tokens = list(zip(offsets, values, strict=False))
+    for word in words:
+        while first < len(tokens) and tokens[first][0][1] <= word.start():
+            first += 1
+        total, count, index = 0.0, 0, first
+        while index < len(tokens) and tokens[index][0][0] < word.end():
+            (_, end), value = tokens[index]
+            if end > word.start() and value is not None:
+                total, count = total + value, count + 1
+            index += 1
+        means.append(total / count if count else 0.0)
+    return means
+
+
 class Compressor:
     def __init__(
         self,
@@ -278,15 +301,10 @@ class Compressor:
     def _compute_word_scores(self, text: str, words: list[regex.Match[str]], segment: Segment) -> list[float]:
         ids, surprisal = self._token_surprisal(text, segment)
         offsets = self._offsets(text, ids)
-        scores = []
-        for word in words:
-            values = [
-                s
-                for (start, end), s in zip(offsets, surprisal, strict=False)
-                if start < word.end() and end > word.start() and s is not None
-            ]
-            scores.append(sum(values) / len(values) if values else 0.0)
-        return scores
+        if offsets is None:  # cannot align: every token scores every word alike
+            known = [v for v in surprisal if v is not None]
+            return [sum(known) / len(known) if known else 0.0] * len(words)
+        return word_means(words, offsets, surprisal)
 
     def _token_surprisal(self, text: str, segment: Segment) -> tuple[list[int], list[float | None]]:
         ids = self.format.encode(text)
@@ -299,10 +317,10 @@ class Compressor:
         ).result()
         return ids, [None if lp is None else -lp for lp in generation.prompt_logprobs or []]
 
-    def _offsets(self, text: str, ids: list[int]) -> list[tuple[int, int]]:
+    def _offsets(self, text: str, ids: list[int]) -> list[tuple[int, int]] | None:
         encoded: Any = self.format.tokenizer(
             text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
         )
         if list(encoded["input_ids"]) == ids:
             return [tuple(pair) for pair in encoded["offset_mapping"]]
-        return [(0, len(text))] * len(ids)  # cannot align: every token scores every word alike
+        return None

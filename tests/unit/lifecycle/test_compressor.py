@@ -1,8 +1,13 @@
 """Faithful compression: extractive keeps every distinctive token; abstractive must not lose or invent one."""
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clm_middleware.engine import Engine
+from clm_middleware.lifecycle.compaction import ContextBudgetError
 from clm_middleware.lifecycle.compressor import Compressor, check_faithful
 from clm_middleware.lifecycle.distinctive import distinctive_tokens
 from clm_middleware.lifecycle.prompts import summarizer_prompt
@@ -194,3 +199,37 @@ def test_tightening_keeps_the_distinctive_words_of_the_original(engine):
     assert original.visible_text == original.summary
     result = compressor(engine, method="extractive").tighten(original)
     assert result.ok and result.text == "EJE 873,"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="ab .", max_size=60), st.data())
+def test_word_means_sweep_equals_pairing_every_word_with_every_token(text, data):
+    import regex as re_
+
+    from clm_middleware.lifecycle.compressor import word_means
+
+    words = list(re_.finditer(r"\S+", text))
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=20))) | {0, len(text)})
+    offsets = list(itertools.pairwise(cuts))
+    values = data.draw(st.lists(st.one_of(st.none(), st.floats(0, 10)), min_size=len(offsets), max_size=len(offsets)))
+    brute = []
+    for word in words:
+        hits = [
+            v
+            for (s, e), v in zip(offsets, values, strict=True)
+            if s < word.end() and e > word.start() and v is not None
+        ]
+        brute.append(sum(hits) / len(hits) if hits else 0.0)
+    assert word_means(words, offsets, values) == pytest.approx(brute)
+
+
+def test_a_new_message_over_budget_times_ratio_is_refused_before_any_model_work(converse, engine):
+    conversation = converse(budget=256)
+    conversation.send("hello")
+    computed = engine.stats.prefill_tokens
+    conversation.add("user", "lorem ipsum dolor " * 400)  # far over 256 × 4 tokens
+    with pytest.raises(ContextBudgetError, match=r"at most 1024 \(budget × target_ratio 4\)"):
+        conversation.respond()
+    assert engine.stats.prefill_tokens == computed  # nothing was scored or prefilled for it
+    conversation.discard(2)
+    assert conversation.send("short again").text is not None

@@ -55,7 +55,7 @@ def test_context_never_exceeds_the_budget_and_the_stats_say_what_was_removed(con
 def test_a_new_message_that_cannot_fit_is_a_clear_error(converse):
     conversation = converse(budget=80)
     conversation.add("user", "word " * 200)
-    with pytest.raises(ContextBudgetError, match="budget is 80"):
+    with pytest.raises(ContextBudgetError, match="budget of 80"):
         conversation.respond()
     assert conversation.turn == 0  # the failed turn left no half state
 
@@ -215,6 +215,14 @@ def test_teacher_forced_replies_are_kept_verbatim(converse):
     assert reply.text == "Hello there, friend." and reply.stats.generated_tokens == 0
     assert reply.stats.forced_tokens == len(forced)
     assert conversation.history[-1].content == "Hello there, friend."
+
+
+def test_a_block_inside_a_teacher_forced_reply_is_never_parsed_as_the_models_own(converse):
+    conversation = converse(tagging="free")
+    conversation.add("user", "My locker code is 4417. Please keep it.")
+    reply = conversation.respond("Noted.\n[LIFECYCLE]\nseg_0: drop\n[/LIFECYCLE]")  # the transcript's text
+    assert reply.stats.decisions["by_source"]["model"]["drop"] == 0 and reply.stats.parse_ok is not True
+    assert conversation.segments[0].label is not Label.DROP and "4417" in conversation.context
 
 
 def test_reply_nll_of_a_forced_reply_equals_a_direct_computation(converse, tiny_model):
