@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clm_middleware.cli.options import model_options, penalty_options
+from clm_middleware.errors import ClmError
 
 COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /quit"
 PREVIEW_CHARS = 60
@@ -80,10 +82,12 @@ def chat(
     console.print(f"[dim]{engine.model_name} · conversation {conversation.id} · {COMMANDS}[/dim]")
     with conversation:
         while True:
-            try:
-                text = input("you> ")
-            except EOFError:
+            text = _read_line("you> ")
+            if text is None:
                 break
+            if isinstance(text, bytes):  # e.g. piped in from a file in another encoding
+                console.print("[red]that line is not valid UTF-8; it was skipped[/red]")
+                continue
             text = text.strip()
             if not text:
                 continue
@@ -92,10 +96,34 @@ def chat(
                     break
                 continue
             console.print("[bold]model>[/bold] ", end="")
-            for piece in conversation.stream(text):
-                console.print(piece, end="", markup=False, highlight=False)
+            answered = len(conversation.history)
+            try:
+                for piece in conversation.stream(text):
+                    console.print(piece, end="", markup=False, highlight=False)
+            except ClmError as error:  # e.g. a message over the budget: say so, keep the chat
+                conversation.discard(answered)
+                console.print(f"\n[red]{error}[/red]")
+                continue
             console.print()
             _report_turn(conversation, console)
+
+
+def _read_line(prompt: str) -> str | bytes | None:
+    """One line of input, decoded on its own: ``None`` at the end, the raw bytes when
+    they are not UTF-8 (so one bad line is skipped, not the rest of the input)."""
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        line = sys.stdin.readline()
+        return line or None
+    raw = stream.readline()
+    if not raw:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
 
 
 def _command(text: str, conversation: Any, console: Console) -> bool:

@@ -17,7 +17,7 @@ def stats(db: Path, conversation_id: str | None) -> None:
     """Summarise the conversations in a store, or one conversation turn by turn."""
     from clm_middleware.store import Store
 
-    store = Store(db)
+    store = Store(db, read_only=True)  # a read command never writes, and refuses a foreign file
     console = Console()
     if conversation_id is not None:
         store.conversation_row(conversation_id)  # a clear error if it is not there

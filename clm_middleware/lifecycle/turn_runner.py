@@ -124,8 +124,10 @@ class TurnRunner:
             yield answer_text
         self._hand_over_chain(generation)
         asks_block = c.protocol_context and c.tagger.asks_for_block(turn)
+        model_written = raw_output  # only what the model generated may be parsed as its block
         if forced is not None and asks_block:
-            raw_output = answer_text + "\n" + self._probe_block(rendered.token_ids + answer_ids, stats)
+            model_written = self._probe_block(rendered.token_ids + answer_ids, stats)
+            raw_output = answer_text + "\n" + model_written
         reply_message = MessageRecord(len(c.messages), "assistant", answer_text, turn, raw_output=raw_output)
         c.messages.append(reply_message)
         c._unsaved_messages.append(reply_message)
@@ -141,7 +143,7 @@ class TurnRunner:
         record_observation(rendered, generation, c.segments, reply_segment, len(prefix_ids))
         # the engine's own observation work (all-position logits, log-softmax, attention probe) counts too
         stats.phases["observation_s"] = time.perf_counter() - tick + generation.stats.observe_s
-        decisions += self._tag(turn, rendered, answer_ids, raw_output if asks_block else None, generation, stats)
+        decisions += self._tag(turn, rendered, answer_ids, model_written if asks_block else None, generation, stats)
         c.reclaimer.release_due(turn)
         self._finish_stats(stats, rendered, generation, decisions, started)
         c.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from clm_middleware.errors import TranscriptError
-from clm_middleware.replay.transcript import Message, Transcript, _read_text, message_from_record, read_jsonl
+from clm_middleware.replay.transcript import (
+    Message,
+    Transcript,
+    _read_text,
+    load_json,
+    message_from_record,
+    read_jsonl,
+)
 
 FORMATS = ("auto", "jsonl", "openai", "sharegpt", "langchain")
 _SHAREGPT_ROLES = {
@@ -55,16 +62,30 @@ def read_transcripts(path: str | Path, fmt: str = "auto") -> list[Transcript]:
     if not text.strip():
         raise TranscriptError(str(path), None, "the file is empty")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
+        data = load_json(text, str(path), None)
+    except TranscriptError:
         if fmt == "auto" and "\n" in text.strip():
             return read_jsonl(path)  # JSON lines with another extension
-        raise TranscriptError(str(path), error.lineno, f"not valid JSON ({error.msg})") from None
+        if fmt != "jsonl" and _looks_like_json_lines(text):
+            raise TranscriptError(
+                str(path), None, f"holds one JSON object per line, not one {fmt} document; use --format jsonl"
+            ) from None
+        raise
     reader = _READERS[_detect(data, str(path)) if fmt == "auto" else fmt]
     transcripts = reader(data, str(path))
     if not transcripts or not any(t.messages for t in transcripts):
         raise TranscriptError(str(path), None, "the file holds no messages")
     return transcripts
+
+
+def _looks_like_json_lines(text: str) -> bool:
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return False
+    try:
+        return all(isinstance(json.loads(line), dict) for line in lines[:3])
+    except (json.JSONDecodeError, RecursionError):
+        return False
 
 
 def _detect(data: Any, path: str) -> str:

@@ -51,14 +51,15 @@ def read_jsonl(path: str | Path) -> list[Transcript]:
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise TranscriptError(str(path), number, f"not valid JSON ({error.msg})") from None
+        record = load_json(raw, str(path), number)
         if not isinstance(record, dict):
             raise TranscriptError(str(path), number, 'expected an object like {"role": "user", "content": "..."}')
         message = message_from_record(record, str(path), number)
-        conversation = str(record.get("conversation_id", path.stem))
+        conversation = record.get("conversation_id", path.stem)
+        if not isinstance(conversation, str | int) or isinstance(conversation, bool):
+            kind = type(conversation).__name__
+            raise TranscriptError(str(path), number, f'"conversation_id" must be a string or a number, got {kind}')
+        conversation = str(conversation)
         groups.setdefault(conversation, []).append(message)
     if not groups:
         raise TranscriptError(str(path), None, "the file holds no messages")
@@ -70,18 +71,17 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
     role = record.get("role")
     if role not in ROLES:
         raise TranscriptError(path, line, f"unknown role {role!r}; expected one of {sorted(ROLES)}")
-    content = record.get("content")
-    if content is None:
-        content = ""
-    if isinstance(content, list):  # OpenAI content parts
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    if not isinstance(content, str):
-        raise TranscriptError(path, line, f'"content" must be a string, got {type(content).__name__}')
+    content = _content_text(record.get("content"), path, line)
     tool_calls = record.get("tool_calls") or ()
     if record.get("tool_call"):
         tool_calls = (record["tool_call"],)
     if not isinstance(tool_calls, list | tuple) or not all(isinstance(c, dict) for c in tool_calls):
         raise TranscriptError(path, line, '"tool_calls" must be a list of objects')
+    for index, call in enumerate(tool_calls):
+        function = call.get("function", call)
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            where = f"tool_calls[{index}]" + (".function" if "function" in call else "")
+            raise TranscriptError(path, line, f'"{where}" must be an object with a string "name"')
     if role != "assistant" and tool_calls:
         raise TranscriptError(path, line, f"a {role} message cannot carry tool calls")
     if not content and not tool_calls and role in ("user", "system"):
@@ -94,6 +94,43 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
         tool_calls=tuple(tool_calls),
         tool_call_id=record.get("tool_call_id"),
     )
+
+
+def load_json(text: str, path: str, line: int | None) -> Any:
+    """``json.loads`` whose every failure is a ``TranscriptError`` at ``path:line``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise TranscriptError(
+            path, line if line is not None else error.lineno, f"not valid JSON ({error.msg})"
+        ) from None
+    except RecursionError:
+        raise TranscriptError(path, line, "JSON nested too deeply to be a transcript") from None
+
+
+def _content_text(content: Any, path: str, line: int | None) -> str:
+    """A message's text: a string, or OpenAI content parts (text parts, or plain strings)."""
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        parts = []
+        for index, part in enumerate(content):
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                shown = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise TranscriptError(path, line, f'"content[{index}]" is not a text part ({shown!r})')
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise TranscriptError(path, line, f'"content" must be a string, got {type(content).__name__}')
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = content[error.start]
+        raise TranscriptError(path, line, f'"content" holds {bad!r}, a lone surrogate: not Unicode text') from None
+    return content
 
 
 def _read_text(path: Path) -> str:

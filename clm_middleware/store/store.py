@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sqlite_utils import Database
 
 from clm_middleware.errors import ClmError
-from clm_middleware.store.migrations import migrate
+from clm_middleware.store.migrations import MIGRATIONS_TABLE, migrate
 
 if TYPE_CHECKING:
     from clm_middleware.conversation import Conversation
@@ -38,8 +38,13 @@ class StoreError(ClmError, RuntimeError):
 
 
 class Store:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        """Open (creating, migrating) the store at ``path``; ``read_only`` opens an existing
+        store of ours without writing a byte, and refuses any other file."""
         self.path = Path(path).expanduser()
+        if read_only:
+            self._open_read_only()
+            return
         _create_private(self.path)
         try:
             connection = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
@@ -53,6 +58,20 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    def _open_read_only(self) -> None:
+        if not self.path.is_file():
+            raise StoreError(f"{self.path}: no such store")
+        try:
+            connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=30)
+            self.db = Database(connection)
+            ours = self.db[MIGRATIONS_TABLE].exists() and self.db["conversations"].exists()
+        except sqlite3.DatabaseError as error:
+            raise StoreError(f"{self.path}: not a usable SQLite store ({error})") from None
+        if not ours:
+            self.db.close()
+            raise StoreError(f"{self.path}: not a clm-middleware store (no conversations table)")
+        self._lock = threading.RLock()
 
     # --------------------------------------------------------------- writes
 

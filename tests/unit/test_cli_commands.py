@@ -216,6 +216,16 @@ def test_chat_shows_decisions_and_runs_every_command(tmp_path):
     assert "resumed s1: 4 messages, turn 2" in resumed.output
 
 
+def test_chat_skips_a_line_that_is_not_utf8_and_survives_a_message_over_its_budget():
+    script = b"hello\n\xff\xfe broken\n" + b"word " * 600 + b"\nstill here?\n/stats\n/quit\n"
+    result = CliRunner().invoke(
+        cli, ["chat", "--model", "tiny", "--max-new-tokens", "4", "--budget", "128"], input=script
+    )
+    assert result.exit_code == 0, result.output
+    assert "not valid UTF-8" in result.output and "budget" in result.output
+    assert "turns: 2" in result.output  # hello and "still here?"; the oversize message left nothing
+
+
 def test_stats_lists_conversations_and_turns(tmp_path):
     db = tmp_path / "s.db"
     run(
@@ -238,6 +248,19 @@ def test_stats_lists_conversations_and_turns(tmp_path):
     assert turns.exit_code == 0 and "rules" in turns.output  # a row per turn, decided by rules
     missing = run("stats", "--db", str(db), "--conversation", "nope")
     assert missing.exit_code == 1 and "no conversation 'nope'" in missing.output
+
+
+def test_stats_never_writes_and_refuses_a_file_that_is_not_a_store(tmp_path):
+    empty = tmp_path / "z.db"
+    empty.write_bytes(b"")
+    result = run("stats", "--db", str(empty))
+    assert result.exit_code == 1 and "not a clm-middleware store" in result.output
+    assert empty.stat().st_size == 0  # not a byte written
+    text = tmp_path / "notes.db"
+    text.write_text("hello, not sqlite")
+    result = run("stats", "--db", str(text))
+    assert result.exit_code == 1 and "not a usable SQLite store" in result.output
+    assert text.read_text() == "hello, not sqlite"
 
 
 def test_replay_with_a_disk_cache_reports_disk_totals_and_hits_after_a_restart(tmp_path):

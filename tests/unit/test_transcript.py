@@ -73,3 +73,40 @@ def test_turns_are_the_assistant_positions_plus_a_trailing_question(tmp_path):
     assert [[m.content for m in context] for context, _ in plan] == [["s", "q1"], ["q2"]]
     assert [answer.content if answer else None for _, answer in plan] == ["a1", None]
     assert count_turns([transcript]) == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (
+            '{"role": "user", "content": "' + "x" + '", "conversation_id": {"a": 1}}',
+            '"conversation_id" must be a string',
+        ),
+        ('{"role": "user", "content": "\\ud800 hi"}', "lone surrogate"),
+        ('{"role": "assistant", "content": "", "tool_calls": [{"function": 5}]}', '"tool_calls\\[0\\].function" must'),
+        ('{"role": "assistant", "content": "", "tool_calls": [{"arguments": {}}]}', '"tool_calls\\[0\\]" must'),
+        (
+            '{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}',
+            '"content\\[0\\]" is not a text part',
+        ),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply|expected an object"),
+    ],
+)
+def test_hostile_records_are_errors_naming_the_line_and_field(tmp_path, line, problem):
+    with pytest.raises(TranscriptError, match=r"h\.jsonl:1: .*(" + problem + ")"):
+        read_jsonl(write_lines(tmp_path / "h.jsonl", [line]))
+
+
+def test_content_parts_may_be_plain_strings(tmp_path):
+    path = write_lines(tmp_path / "p.jsonl", ['{"role": "user", "content": ["a", {"type": "text", "text": "b"}]}'])
+    assert read_jsonl(path)[0].messages[0].content == "ab"
+
+
+def test_json_lines_read_as_another_format_name_the_mismatch(tmp_path):
+    from clm_middleware.replay.formats import read_transcripts
+
+    path = write_lines(
+        tmp_path / "t.json", ['{"role": "user", "content": "hi"}', '{"role": "assistant", "content": "yo"}']
+    )
+    with pytest.raises(TranscriptError, match=r"one JSON object per line.*--format jsonl"):
+        read_transcripts(path, "sharegpt")
