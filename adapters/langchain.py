@@ -22,7 +22,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, Runn
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
@@ -32,6 +32,7 @@ from clm_middleware.models.loading import DEFAULT_MODEL
 from .chat_call import ChatAnswer, ChatCall, ChatRequest
 from .messages import to_turn
 from .sessions import SessionRouter
+from .settings import check_settings, unknown_arguments
 
 Stops = list[str] | None
 
@@ -137,11 +138,31 @@ class ChatCLM(BaseChatModel):
     generation config. Small sizes can also block tool-call JSON."""
     streaming: bool = False
     """Accepted for compatibility: stream() always streams, invoke() never does."""
+    timeout: float | None = None
+    """Accepted for compatibility (a LangChain standard parameter): the model runs in this
+    process, so there is no request to time out."""
+    max_retries: int = 0
+    """Accepted for compatibility: a local call has no transient failure to retry."""
+    api_key: str | None = Field(default=None, exclude=True)
+    """Accepted for compatibility and ignored: nothing is called over a network."""
     engine: Any = Field(default=None, exclude=True)
     """An ``Engine`` to use instead of loading ``model`` (custom setups, scripted tests); not serialized."""
 
     _routers: dict[str, SessionRouter] = PrivateAttr(default_factory=dict)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_arguments(cls, values: Any) -> Any:
+        if isinstance(values, dict):
+            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+            unknown_arguments(values, known)
+        return values
+
+    @model_validator(mode="after")
+    def _valid_settings(self) -> ChatCLM:
+        check_settings(self)
+        return self
 
     @property
     def _llm_type(self) -> str:

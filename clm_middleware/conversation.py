@@ -182,6 +182,8 @@ class Conversation:
             raise ConfigError("role", f"unknown role {role!r}; use one of {MESSAGE_ROLES}")
         if not isinstance(content, str):
             raise ConfigError("content", f"must be a string, got {type(content).__name__}")
+        if role in ("user", "system") and not content.strip():
+            raise ConfigError("content", f"a {role} message must not be empty or only whitespace")
         text = self.segmenter.normalise_text(content)
         turn = self.turn if role == "system" and not self.messages else self.turn + 1
         message = MessageRecord(index=len(self.messages), role=role, content=content, turn=turn)

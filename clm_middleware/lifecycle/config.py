@@ -32,6 +32,10 @@ class GenerationSettings:
             raise ConfigError("max_new_tokens", f"must be ≥ 1, got {self.max_new_tokens}")
         if self.block_tokens < 0:
             raise ConfigError("block_tokens", f"must be ≥ 0, got {self.block_tokens}")
+        if not self.temperature >= 0:
+            raise ConfigError("temperature", f"must be ≥ 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
         check_penalties(self)
 
 

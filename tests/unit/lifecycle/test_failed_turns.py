@@ -34,3 +34,16 @@ def test_discard_refuses_to_remove_an_answered_message(converse):
     with pytest.raises(ConfigError, match="unanswered"):
         conversation.discard(0)
     assert len(conversation.history) == 2
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t"])
+def test_an_empty_message_is_a_clear_error_and_generates_nothing(converse, engine, scripted, text):
+    from clm_middleware.adapters import ChatCLM
+
+    conversation = converse()
+    with pytest.raises(ConfigError, match="must not be empty"):
+        conversation.send(text)
+    assert conversation.history == [] and engine.stats.prefill_tokens == 0
+    llm = ChatCLM(engine=scripted("unused")[0], tagging="signals")
+    with pytest.raises(ConfigError, match="must not be empty"):
+        llm.invoke(text)

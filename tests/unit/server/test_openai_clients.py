@@ -151,3 +151,19 @@ def _tenant_hash(user: str) -> str:
     import hashlib
 
     return hashlib.sha256(user.encode()).hexdigest()[:16]
+
+
+def test_histories_as_people_have_them_are_answered(client, model_id):
+    greeting_first = [
+        {"role": "assistant", "content": "Hi! I am the booking bot. How can I help?"},
+        {"role": "user", "content": "I need a table."},
+        {"role": "user", "content": "For two, tonight."},
+    ]
+    reply = _chat(client, model_id, greeting_first, session="people")
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    with_tool = [
+        *greeting_first,
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "tool", "tool_call_id": "call_from_elsewhere", "content": "table 12 is free"},
+    ]
+    assert _chat(client, model_id, with_tool, session="people").model_extra["clm"]["route"] == "extend"

@@ -1,0 +1,70 @@
+"""ChatCLM's constructor checks: an unknown argument or a bad setting fails at construction.
+
+Other LangChain chat models reject or warn about arguments they do not know; silently
+dropping ``num_ctx=`` or ``base_url=`` would let a user believe a setting took effect.
+Settings are checked by the same validators the library uses (``ConfigError`` names the
+field), and a model path that is not there fails now, not at the first ``invoke``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from clm_middleware.errors import ConfigError
+
+# what users of other chat models reach for, and what it is called here
+LOOKALIKES = {
+    "num_ctx": "budget",
+    "max_context_tokens": "budget",
+    "model_name": "model",
+    "max_new_tokens": "max_tokens",
+    "num_predict": "max_tokens",
+    "repeat_penalty": "repetition_penalty",
+}
+REMOTE = ("base_url", "api_base", "openai_api_base", "openai_api_key")
+
+
+def unknown_arguments(values: dict[str, Any], known: set[str]) -> None:
+    """Raise ``ConfigError`` for the first argument ChatCLM does not have, with a hint."""
+    for name in values:
+        if name in known:
+            continue
+        if name in REMOTE:
+            hint = "ChatCLM runs the model in this process; to reach a server, run `clm serve` and use ChatOpenAI"
+        elif name in LOOKALIKES:
+            hint = f"ChatCLM calls it {LOOKALIKES[name]!r}"
+        else:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else None
+        raise ConfigError(name, "ChatCLM has no such argument", hint=hint)
+
+
+def check_settings(model: Any) -> None:
+    """Validate a constructed ChatCLM's settings with the library's own validators."""
+    from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
+    from clm_middleware.lifecycle.tagging import TaggingConfig
+
+    LifecycleConfig(
+        tagging=TaggingConfig(mode=model.tagging),
+        budget=model.budget,
+        k=model.k,
+        compression=model.compression,
+    )
+    GenerationSettings(
+        max_new_tokens=model.max_tokens,
+        temperature=model.temperature,
+        top_p=model.top_p,
+        repetition_penalty=model.repetition_penalty,
+        frequency_penalty=model.frequency_penalty,
+        presence_penalty=model.presence_penalty,
+        no_repeat_ngram_size=model.no_repeat_ngram_size,
+    )
+    if model.engine is None:
+        from clm_middleware.cli.setup import TINY_MODEL
+        from clm_middleware.models.loading import resolve_model_source
+
+        for name in ("model", "summarizer"):
+            value = getattr(model, name)
+            if value is not None and value != TINY_MODEL:
+                resolve_model_source(value)  # ModelNotFoundError names the path
