@@ -147,6 +147,8 @@ class Conversation:
         self.reclaimer = Reclaimer(self.engine.pool, self.config.k)
         self.messages: list[MessageRecord] = []
         self.fold = 0  # messages before this index are rendered in the digest
+        self._live_folded: list[int] = []  # folded messages that still show something (_rendered_messages)
+        self._live_until = 0  # ... among those before this index
         self._segments: dict[SegmentId, Segment] = {}
         self._next_index = 0
         self.turn = 0
@@ -274,7 +276,7 @@ class Conversation:
         let the model pick among fixed options, e.g. which bound tool to call.
         """
         rendered = self.renderer.render(
-            self.messages, self._segments, reply_id=segment_id(self._next_index), fold=self.fold
+            self._rendered_messages(self.fold), self._segments, reply_id=segment_id(self._next_index), fold=self.fold
         )
         prompt = rendered.token_ids + self.chat_format.encode(prefix)
         return self.engine.score(prompt, [self.chat_format.encode(c) for c in candidates], cache_salt=self.cache_salt)
@@ -451,7 +453,11 @@ class Conversation:
 
     def _render(self, reply_id: SegmentId | None, *, for_generation: bool = True) -> RenderedContext:
         rendered = self.renderer.render(
-            self.messages, self._segments, reply_id=reply_id, for_generation=for_generation, fold=self.fold
+            self._rendered_messages(self.fold),
+            self._segments,
+            reply_id=reply_id,
+            for_generation=for_generation,
+            fold=self.fold,
         )
         if for_generation:
             self._last_render = rendered
@@ -459,7 +465,30 @@ class Conversation:
 
     def _next_prompt_length(self, fold: int) -> int:
         reply_id = segment_id(self._next_index)
-        return len(self.renderer.render(self.messages, self._segments, reply_id=reply_id, fold=fold).token_ids)
+        messages = self._rendered_messages(fold)
+        return len(self.renderer.render(messages, self._segments, reply_id=reply_id, fold=fold).token_ids)
+
+    def _rendered_messages(self, fold: int) -> list[MessageRecord]:
+        """The messages a render needs: all but the folded ones that show nothing.
+
+        Folded messages whose segments are all removed render as nothing, and over a long
+        history they are most of it; skipping them keeps a turn's cost bound to the
+        context, not the history. The folded messages still showing something are kept
+        from call to call and only re-checked; a removed segment shows again only through
+        ``_restore`` (pin, a reference within K rounds, the model's relabel), which makes
+        the next call look at every folded message. The system message, if first, stays."""
+        first = 1 if self.messages and self.messages[0].role == "system" else 0
+        limit = max(first, min(fold, len(self.messages)))
+        if limit < self._live_until:  # fewer messages folded than last time: look again
+            self._live_folded, self._live_until = [], first
+        start = max(self._live_until, first)
+        candidates = [*self._live_folded, *range(start, limit)]
+        self._live_folded = [
+            i for i in candidates if any(self._segments[s].visible for s in self.messages[i].segment_ids)
+        ]
+        self._live_until = limit
+        live = [self.messages[i] for i in self._live_folded]
+        return [*self.messages[:first], *live, *self.messages[limit:]]
 
     def _new_segment(
         self,
@@ -500,6 +529,7 @@ class Conversation:
         return segment.removed_round is not None and turn - segment.removed_round <= self.config.k
 
     def _restore(self, segment: Segment) -> None:
+        self._live_folded, self._live_until = [], 0  # its message may be among the skipped ones
         segment.status = Status.ACTIVE
         segment.removed_round = None
         self._dirty.add(segment.id)

@@ -14,6 +14,7 @@ Judged from the stored messages alone, so a reloaded conversation judges the sam
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from itertools import pairwise
 
@@ -35,6 +36,7 @@ _FILLER_WORDS = frozenset(_FILLER_TEXT.split())
 REJECTING_WORDS = frozenset(_REJECTING_TEXT.split())
 
 
+@functools.lru_cache(maxsize=8192)  # asked again for the same pairs on every compaction
 def opens_with_acceptance(text: str, reply: str = "") -> bool:
     """Whether a user message opens by accepting ``reply``, the message before it."""
     words = casefolded_words(_CLAUSE_END.split(text.strip(), maxsplit=1)[0])

@@ -327,3 +327,24 @@ def _verbatim_tail_tokens(recent_share: float, converse) -> int:
 def test_budget_pressure_keeps_the_newest_messages_verbatim_for_recent_share_of_the_budget(converse):
     kept, legacy = _verbatim_tail_tokens(0.5, converse), _verbatim_tail_tokens(0.0, converse)
     assert kept > legacy  # passes 2-4 may still drop chatter from the tail, by value
+
+
+def test_a_turns_render_work_depends_on_the_context_not_on_the_history(converse, monkeypatch):
+    from clm_middleware.lifecycle.renderer import ContextRenderer
+
+    conversation = converse(budget=256, max_new_tokens=2)
+    seen: list[int] = []
+    render = ContextRenderer.render
+    monkeypatch.setattr(
+        ContextRenderer,
+        "render",
+        lambda self, messages, *a, **k: seen.append(len(messages)) or render(self, messages, *a, **k),
+    )
+    widths = []
+    for index in range(120):
+        seen.clear()
+        conversation.add("user", f"Order {index} goes to gate {index % 9}, thanks.")
+        conversation.respond(f"Noted order {index}.")
+        widths.append(max(seen))
+    assert len(conversation.history) == 240 and conversation.fold > 150
+    assert max(widths[-20:]) <= max(widths[30:50]) + 8  # bounded by the context, not growing with history
