@@ -16,11 +16,13 @@ Flags (``reply_flags``), one list per generated reply, in the report:
   copies its last answer instead of answering the new message;
 - ``empty``: nothing visible was delivered.
 
-Cut (``first_repeated_sentence``): a reply is cut before the first complete sentence
-that repeats an earlier sentence of the same reply (``I'm glad to help. I'm glad to
-help. ...``), and generation stops there (flag ``repetition_cut``): a repeated sentence
-tells the user nothing, and a small greedy model that repeats one sentence rarely
-stops on its own. Sentences of fewer than ``REPEAT_MIN_WORDS`` words never count.
+Cut (``first_repeated_sentence``): a reply is cut before the first complete sentence,
+or clause (split at ``, ; :`` too), that repeats an earlier one of the same reply
+(``I'm glad to help. I'm glad to help. ...``, ``you can add up the total, and you can
+add up the total, and you can add up the total``), and generation stops there (flag
+``repetition_cut``): a repeated sentence tells the user nothing, and a small greedy
+model that repeats one rarely stops on its own. Clauses of fewer than
+``REPEAT_MIN_WORDS`` words never count, nor does punctuation.
 
 The patterns are also usable on partial text (``could_become_artifact``), so a stream
 holds back a suffix that may still turn into a marker instead of showing half of one.
@@ -48,7 +50,8 @@ _ARTIFACT = regex.compile(rf"(?:{_MARKER}|{_TAG})[ \t]?", regex.IGNORECASE)
 _ARTIFACT_PARTIAL = regex.compile(rf"{_MARKER}|{_TAG}", regex.IGNORECASE)
 _BLOCK_LINE_FULL = regex.compile(_BLOCK_LINE, regex.IGNORECASE)
 _WORD = regex.compile(r"\w+|[^\w\s]")
-_SENTENCE = regex.compile(r"[^\n.!?…]*(?:[.!?…]+(?=\s)|\n)")  # a complete sentence: its terminator is followed by space
+# a complete sentence, or clause of one: its terminator (. ! ? … , ; :) is followed by space
+_SENTENCE = regex.compile(r"[^\n.!?…,;:]*(?:[.!?…,;:]+(?=\s)|\n)")
 
 
 def strip_artifacts(text: str) -> str:
@@ -124,8 +127,8 @@ def reply_flags(answer: str, delivered: str, earlier: Iterable[str] = ()) -> lis
 
 
 def _sentence_key(sentence: str) -> str | None:
-    words = _words(sentence)
-    return " ".join(words) if sum(w[0].isalnum() for w in words) >= REPEAT_MIN_WORDS else None
+    words = [w for w in _words(sentence) if w[0].isalnum()]  # "the total," repeats "the total."
+    return " ".join(words) if len(words) >= REPEAT_MIN_WORDS else None
 
 
 def first_repeated_sentence(text: str) -> int | None:

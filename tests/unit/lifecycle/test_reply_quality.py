@@ -141,3 +141,12 @@ def test_a_hostile_marker_echo_reaches_neither_the_user_nor_the_context(converse
     assert streamed == reply.text and "[seg_" not in reply.text
     assert reply.stats.reply_flags == ["protocol_artifact"]
     assert "[seg_" not in conversation.context
+
+
+def test_a_clause_that_repeats_inside_a_sentence_is_cut_too():
+    raw = "The tip is 2 euros. You can add up the tip, and you can add up the total, and you can add up the total."
+    assert visible_answer(raw, stops=(), cut_repeats=True) == (
+        "The tip is 2 euros. You can add up the tip, and you can add up the total,"
+    )
+    listed = "Rooms cost 2,400 euros; the suite costs 3,100 euros: both include breakfast."
+    assert visible_answer(listed, stops=(), cut_repeats=True) == listed  # no clause repeats
