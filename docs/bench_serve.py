@@ -7,7 +7,8 @@ machine is shared and noisy). Per call: prompt and cached tokens (from ``usage``
 prefill tokens and the server's own turn time (from the ``clm`` object), client-side
 TTFT (to the first content delta of a stream) and wall time.
 
-    python docs/bench_serve.py --turns 20 --out docs/bench/serve
+    python docs/bench_serve.py --turns 20 --out docs/bench/serve            # clm serve as it starts
+    python docs/bench_serve.py --turns 20 --budget 1024 --out docs/bench/serve_budget
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _call(client: OpenAI, model: str, messages: list[dict], max_tokens: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=20)
-    parser.add_argument("--budget", type=int, default=1024)
+    parser.add_argument("--budget", type=int, default=None, help="clm serve --budget [default: none, as clm serve]")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path, default=Path("docs/bench/serve"))
     args = parser.parse_args()
@@ -69,7 +70,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         servers = {
-            "clm": start_server(Path(scratch), "--budget", str(args.budget), model=None),
+            "clm": start_server(Path(scratch), *(["--budget", str(args.budget)] if args.budget else []), model=None),
             "stateless": start_server(Path(scratch), "--mode", "stateless", model=None),
         }
         try:
@@ -112,7 +113,8 @@ def _summary(rows: dict[str, list[dict]], args: argparse.Namespace) -> str:
     shares = [c["cached_tokens"] / c["prompt_tokens"] for c in clm]
     overhead = [(c["wall_s"] - c["server_turn_s"]) / c["wall_s"] for c in clm if c["server_turn_s"]]
     lines = [
-        f"`python docs/bench_serve.py --turns {args.turns} --budget {args.budget} --max-tokens {args.max_tokens}`",
+        f"`python docs/bench_serve.py --turns {args.turns}{f' --budget {args.budget}' if args.budget else ''} "
+        f"--max-tokens {args.max_tokens} --out {args.out}`",
         "",
         "| metric | clm serve | stateless | stateless ÷ clm |",
         "| --- | --- | --- | --- |",
