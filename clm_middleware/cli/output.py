@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,31 +17,58 @@ from clm_middleware.replay.report import ReplayReport, TurnRecord
 REPLY_PREVIEW_CHARS = 48
 
 
-def turn_table(report: ReplayReport) -> Table:
-    table = Table(title=f"{report.mode} · {report.model}", title_justify="left")
-    for name in ("turn", "prompt", "cached", "prefill", "context", "TTFT s", "turn s"):
-        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+# columns a narrow terminal drops first, in order; "turn" and the token counts stay
+_DROP_ORDER = ("reply", "turn s", "by", "TTFT s", "context", "k/c/d", "prefill")
+_MIN_REPLY = 12
+
+
+def turn_table(report: ReplayReport, width: int | None = None) -> Table:
+    """One row per turn. In ``width`` columns (a terminal's), columns are dropped by
+    ``_DROP_ORDER`` until the rest fit whole: a number is never cut, the turn column never
+    goes, and the reply preview takes what room is left (every reply is printed in full
+    below the table anyway)."""
     lifecycle = any("decisions" in turn.extra for turn in report.turns)
+    names = ["turn", "prompt", "cached", "prefill", "context", "TTFT s", "turn s"]
     if lifecycle:
-        table.add_column("k/c/d", justify="right", no_wrap=True, min_width=5)
-        table.add_column("by", justify="left", no_wrap=True, min_width=5)
-    # the reply preview gives way first when the terminal is narrow
-    table.add_column("reply", overflow="ellipsis", no_wrap=True, max_width=REPLY_PREVIEW_CHARS, ratio=1)
-    for turn in report.turns:
-        cells = [
-            str(turn.turn),
-            str(turn.prompt_tokens),
-            str(turn.cached_tokens),
-            str(turn.prefill_tokens),
-            str(turn.context_tokens),
-            f"{turn.ttft_s:.3f}",
-            f"{turn.turn_s:.3f}",
-        ]
-        if lifecycle:
-            cells.extend(_decision_cells(turn))
-        cells.append(" ".join(turn.reply.split())[:REPLY_PREVIEW_CHARS])
-        table.add_row(*cells)
+        names += ["k/c/d", "by"]
+    names.append("reply")
+    rows = [_row(turn, lifecycle) for turn in report.turns]
+    widths = {name: max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(names)}
+    widths["reply"] = min(widths["reply"], _MIN_REPLY)
+    shown = list(names)
+    for name in _DROP_ORDER:
+        if width is None or _table_width(shown, widths) <= width:
+            break
+        shown.remove(name)
+    table = Table(title=f"{report.mode} · {report.model}", title_justify="left")
+    for name in shown:
+        if name == "reply":
+            table.add_column(name, overflow="ellipsis", no_wrap=True, max_width=REPLY_PREVIEW_CHARS, ratio=1)
+        else:
+            table.add_column(name, justify="left" if name == "by" else "right", no_wrap=True, min_width=widths[name])
+    for row in rows:
+        table.add_row(*(cell for name, cell in zip(names, row, strict=True) if name in shown))
     return table
+
+
+def _table_width(names: list[str], widths: dict[str, int]) -> int:
+    return sum(widths[name] + 3 for name in names) + 1  # "│ cell " per column, one closing border
+
+
+def _row(turn: TurnRecord, lifecycle: bool) -> list[str]:
+    cells = [
+        str(turn.turn),
+        str(turn.prompt_tokens),
+        str(turn.cached_tokens),
+        str(turn.prefill_tokens),
+        str(turn.context_tokens),
+        f"{turn.ttft_s:.3f}",
+        f"{turn.turn_s:.3f}",
+    ]
+    if lifecycle:
+        cells.extend(_decision_cells(turn))
+    cells.append(" ".join(turn.reply.split())[:REPLY_PREVIEW_CHARS])
+    return cells
 
 
 def replies_text(report: ReplayReport) -> Text | None:
@@ -113,11 +141,19 @@ def _decision_cells(turn: TurnRecord) -> list[str]:
     return [counts, sources or "-"]
 
 
+PLAIN_PROGRESS_EVERY_S = 10.0
+
+
 @contextmanager
 def turn_progress(total: int, console: Console, enabled: bool) -> Iterator[Any]:
-    """A progress bar over turns on stderr; yields ``advance()``."""
+    """A progress bar over turns on stderr; yields ``advance()``. Not on a terminal (a
+    pipe, CI, ``make demo | tee``), a plain line every ``PLAIN_PROGRESS_EVERY_S`` seconds
+    and at the end instead, so a long run is never silent."""
     if not enabled:
         yield lambda: None
+        return
+    if not console.is_terminal:
+        yield _plain_progress(total, console)
         return
     progress = Progress(
         TextColumn("[bold]replay"),
@@ -130,3 +166,18 @@ def turn_progress(total: int, console: Console, enabled: bool) -> Iterator[Any]:
     with progress:
         task = progress.add_task("turns", total=total)
         yield lambda: progress.advance(task)
+
+
+def _plain_progress(total: int, console: Console):
+    started = last = time.monotonic()
+    done = 0
+
+    def advance() -> None:
+        nonlocal done, last
+        done += 1
+        now = time.monotonic()
+        if now - last >= PLAIN_PROGRESS_EVERY_S or done == total:
+            last = now
+            console.print(f"replay: {done}/{total} turns, {now - started:.0f} s", markup=False, highlight=False)
+
+    return advance

@@ -130,7 +130,7 @@ def replay(
     finish_on_failure(run, save, stderr)
     save()
     if not quiet:
-        stdout.print(turn_table(report))
+        stdout.print(turn_table(report, width=stdout.width))
         replies = replies_text(report)
         if replies is not None:
             stdout.print(replies)

@@ -184,3 +184,17 @@ def test_teacher_forced_reply_nll_is_the_same_in_every_mode_without_a_budget(tmp
         values[mode] = [t["reply_nll"] for t in json.loads(report_path.read_text())["turns"]]
     assert values["prefix"] == pytest.approx(values["stateless"], abs=1e-4)
     assert values["clm"] == pytest.approx(values["prefix"], abs=1e-4)
+
+
+def test_at_80_columns_without_a_terminal_the_table_fits_whole_and_progress_is_printed(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    path = write_transcript(tmp_path / "chat.jsonl")
+    args = ["replay", str(path), "--model", "tiny", "--mode", "clm", "--budget", "256", "--max-new-tokens", "4"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    table = [line for line in result.output.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and all(len(line) <= 80 for line in table)
+    header = next(line for line in table if line.startswith("┃"))
+    assert [cell.strip() for cell in header.strip("┃").split("┃")][:4] == ["turn", "prompt", "cached", "prefill"]
+    assert "…" not in "".join(line for line in table if line.startswith("│"))  # no number cut
+    assert "replay: 3/3 turns" in result.output  # a plain progress line, not a silent run
