@@ -38,6 +38,9 @@ MODES = ("stateless", "prefix", "truncate", "clm")
     help="Probes JSON [default: FILE.probes.json beside the transcript].",
 )
 @model_options
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N conversations of the file."
+)
 @click.option("--quiet", is_flag=True, help="No per-turn table or progress bar; print only the totals.")
 def replay(
     transcript: Path,
@@ -59,6 +62,7 @@ def replay(
     report_path: Path | None,
     plot_path: Path | None,
     probes_path: Path | None,
+    limit: int | None,
     quiet: bool,
     **engine_options: Any,
 ) -> None:
@@ -76,7 +80,12 @@ def replay(
     from clm_middleware.replay.runner import ReplayOptions, count_turns
     from clm_middleware.replay.runner import replay as run_replay
 
-    transcripts = read_transcripts(transcript, transcript_format)
+    transcripts = read_transcripts(transcript, transcript_format)[:limit]
+    stderr = Console(stderr=True)
+    if mode in ("stateless", "prefix"):
+        ignored = [name for name, value in (("--budget", budget), ("--db", db), ("--summarizer", summarizer)) if value]
+        if ignored:  # these modes keep the whole history by definition
+            stderr.print(f"[yellow]warning: {', '.join(ignored)} only apply to --mode clm or truncate[/yellow]")
     probes = load_probes(transcript, probes_path)
     options = ReplayOptions(
         mode=mode,
@@ -106,7 +115,7 @@ def replay(
     if mode in ("clm", "truncate"):
         settings.update(lifecycle.settings())
     report = ReplayReport(mode=mode, model=engine.model_name, settings=settings)
-    stdout, stderr = Console(), Console(stderr=True)
+    stdout = Console()
 
     def save() -> None:
         engine.close()  # spill to the disk tier, if one is set

@@ -198,3 +198,15 @@ def test_at_80_columns_without_a_terminal_the_table_fits_whole_and_progress_is_p
     assert [cell.strip() for cell in header.strip("┃").split("┃")][:4] == ["turn", "prompt", "cached", "prefill"]
     assert "…" not in "".join(line for line in table if line.startswith("│"))  # no number cut
     assert "replay: 3/3 turns" in result.output  # a plain progress line, not a silent run
+
+
+def test_limit_replays_the_first_conversations_and_budget_in_prefix_mode_is_flagged(tmp_path):
+    lines = [json.dumps({**m, "conversation_id": cid}) for cid in ("a", "b", "c") for m in TRANSCRIPT[:3]]
+    path = tmp_path / "three.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    report = tmp_path / "r.json"
+    args = ["replay", str(path), "--model", "tiny", "--teacher-force", "--limit", "2", "--budget", "256"]
+    result = CliRunner().invoke(cli, [*args, "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    assert "--budget only apply to --mode clm or truncate" in result.output
+    assert {t["conversation_id"] for t in json.loads(report.read_text())["turns"]} == {"a", "b"}
