@@ -77,10 +77,19 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
+    card = {"id": model_id, "object": "model", "created": created, "owned_by": "clm-middleware"}
+
     @app.get("/v1/models")
     async def models(_: str | None = Depends(api_key)) -> dict[str, Any]:
-        card = {"id": model_id, "object": "model", "created": created, "owned_by": "clm-middleware"}
         return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str, _: str | None = Depends(api_key)) -> dict[str, Any]:
+        if name != model_id:
+            raise APIError(
+                404, f"the model {name!r} does not exist; this server serves {model_id!r}", code="model_not_found"
+            )
+        return card
 
     def caller(request: Request, key: str | None = Depends(api_key)) -> str | None:
         """The tenant of a session request: the key's, or the ``user`` query parameter's."""

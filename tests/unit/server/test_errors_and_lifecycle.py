@@ -57,9 +57,11 @@ def test_a_body_that_is_not_json_is_a_400(server):
     assert "JSON" in error["message"]
 
 
-def test_an_unknown_model_is_a_404(server):
+def test_an_unknown_model_is_a_404(server, model_id):
     error = _error(_post(server.api, _hello("gpt-5")), 404)
     assert error["param"] == "model" and error["code"] == "model_not_found"
+    assert _error(httpx.get(server.api + "/models/gpt-5", timeout=TIMEOUT_S), 404)["code"] == "model_not_found"
+    assert httpx.get(f"{server.api}/models/{model_id}", timeout=TIMEOUT_S).json()["id"] == model_id
 
 
 def test_a_prompt_over_the_context_window_is_a_400_and_the_session_is_left_as_it_was(server, model_id):
