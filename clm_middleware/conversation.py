@@ -186,6 +186,8 @@ class Conversation:
             raise ConfigError("content", f"must be a string, got {type(content).__name__}")
         if role in ("user", "system") and not content.strip():
             raise ConfigError("content", f"a {role} message must not be empty or only whitespace")
+        if not is_unicode_text(content):
+            raise ConfigError("content", "holds a lone surrogate (e.g. \\ud800): not Unicode text")
         text = self.segmenter.normalise_text(content)
         turn = self.turn if role == "system" and not self.messages else self.turn + 1
         message = MessageRecord(index=len(self.messages), role=role, content=content, turn=turn)
@@ -543,6 +545,15 @@ class Conversation:
     def _persist(self, stats: TurnStats | None) -> None:
         if self.store is not None:
             self.store.save(self, stats)
+
+
+def is_unicode_text(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8 (no lone surrogate from a broken JSON escape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _open_store(store: Any):
