@@ -125,6 +125,7 @@ def summary_table(report: ReplayReport) -> Table:
             ("decisions keep/compress/drop", f"{decisions['keep']}/{decisions['compress']}/{decisions['drop']}"),
             ("tagging modes", ", ".join(f"{m} {n}" for m, n in totals["tagging_modes"].items())),
             ("compactions", ", ".join(f"{m} {n}" for m, n in totals["compactions"].items()) or "none"),
+            ("compactions per 10 turns", f"{totals['compactions_per_10_turns']:.1f}"),
             ("max context tokens", totals["max_context_tokens"]),
         ]
     for name, value in rows:

@@ -151,6 +151,8 @@ def lifecycle_totals(turns: list[TurnRecord]) -> dict[str, Any]:
         "parse_rate": sum(parsed) / len(parsed) if parsed else None,
         "parse_attempts": len(parsed),
         "compactions": _count(e["compaction"] for e in managed if e["compaction"]),
+        # how often the context changed (each change re-prefills from its first changed token)
+        "compactions_per_10_turns": 10 * sum(1 for e in managed if e["compaction"]) / len(managed) if managed else 0.0,
     }
 
 
