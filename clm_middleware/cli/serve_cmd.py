@@ -41,6 +41,13 @@ API_KEY_ENV = "CLM_API_KEY"
     "--max-sessions", type=click.IntRange(min=1), default=64, show_default=True, help="Open sessions per tenant."
 )
 @click.option(
+    "--max-concurrent-turns",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Turns generating at once; further requests wait for a free slot.",
+)
+@click.option(
     "--max-tokens",
     type=click.IntRange(min=1),
     default=256,
@@ -67,6 +74,7 @@ def serve(
     db: Path | None,
     api_keys: tuple[str, ...],
     max_sessions: int,
+    max_concurrent_turns: int,
     max_tokens: int,
     temperature: float,
     repetition_penalty: float | None,
@@ -103,6 +111,7 @@ def serve(
         db=str(db) if db else None,
         api_keys=keys,
         max_sessions=max_sessions,
+        max_concurrent_turns=max_concurrent_turns,
         generation=generation,
     )
     service = ChatService(engine, config, owns_engine=True)

@@ -11,6 +11,7 @@ Generation runs in worker threads, never on the event loop (streaming.py for str
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from collections.abc import AsyncIterator
@@ -43,6 +44,9 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
         service.close()  # in-flight turns have finished (uvicorn drains them first)
 
     app = FastAPI(title="clm-middleware", lifespan=lifespan)
+    # a turn is CPU- or GPU-bound: past a few at once they only slow each other down, so
+    # more requests wait here (without blocking the event loop) for a free slot
+    slots = asyncio.Semaphore(service.config.max_concurrent_turns)  # released by whoever ends the turn
     install_error_handlers(app)
     model_id = service.config.model_id
     created = int(time.time())
@@ -134,8 +138,13 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
         tenant = service.tenant(key, body.user)
         completion_id = convert.completion_id()
         if body.stream:
-            events = TurnEvents()
-            events.start(service.call(chat, tenant, events.tick))
+            await slots.acquire()
+            try:
+                events = TurnEvents(on_finished=slots.release)  # the worker releases the slot
+                events.start(service.call(chat, tenant, events.tick))
+            except BaseException:
+                slots.release()
+                raise
             first = await events.next()
             if first[0] == "error":  # failed before its first token: a real status, not a 200 stream
                 await events.finished()
@@ -144,7 +153,8 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             stream = sse(service, events, first, completion_id, model_id, session_id, include_usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        answer = await anyio.to_thread.run_sync(_run_to_end, service.call(chat, tenant))
+        async with slots:
+            answer = await anyio.to_thread.run_sync(_run_to_end, service.call(chat, tenant))
         service.metrics.turn(answer.reply.stats)
         return JSONResponse(convert.completion_body(answer, model_id, completion_id, session_id))
 

@@ -41,6 +41,7 @@ class ServerConfig:
     db: str | None = None
     api_keys: tuple[str, ...] = ()
     max_sessions: int = MAX_SESSIONS
+    max_concurrent_turns: int = 4  # turns generating at once; more requests wait their turn
     generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(max_new_tokens=256))
 
     def __post_init__(self) -> None:
@@ -48,6 +49,8 @@ class ServerConfig:
             raise ConfigError("mode", f"unknown mode {self.mode!r}; use one of {MODES}")
         if self.max_sessions < 1:
             raise ConfigError("max_sessions", f"must be ≥ 1, got {self.max_sessions}")
+        if self.max_concurrent_turns < 1:
+            raise ConfigError("max_concurrent_turns", f"must be ≥ 1, got {self.max_concurrent_turns}")
         if any(not key for key in self.api_keys):
             raise ConfigError("api_key", "must not be empty")
 

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from clm_middleware.adapters.chat_call import ChatAnswer, ChatCall
@@ -33,8 +33,9 @@ class TurnEvents:
     ``start(call)``. The first event is ``("started", None)`` once the first token exists
     (the pool admitted the request), or the turn's ``done`` / ``error``."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_finished: Callable[[], None] | None = None) -> None:
         self.cancelled = threading.Event()
+        self._on_finished = on_finished  # called once on the event loop when the turn is done or undone
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._started = False
@@ -72,6 +73,10 @@ class TurnEvents:
             self._post("done", self._call.answer)
         except BaseException as error:  # handed to the event loop, which answers it
             self._post("error", error)
+        finally:  # the worker, not the response, ends the turn: a stream never started still releases
+            if self._on_finished is not None:
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._on_finished)
 
 
 async def sse(

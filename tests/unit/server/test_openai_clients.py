@@ -167,3 +167,14 @@ def test_histories_as_people_have_them_are_answered(client, model_id):
         {"role": "tool", "tool_call_id": "call_from_elsewhere", "content": "table 12 is free"},
     ]
     assert _chat(client, model_id, with_tool, session="people").model_extra["clm"]["route"] == "extend"
+
+
+def test_more_streams_than_turn_slots_all_finish_and_no_slot_is_lost(client, model_id, server):
+    def stream(index: int) -> str:
+        chunks = _chat(client, model_id, [{"role": "user", "content": f"Stream {index}."}], stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    with ThreadPoolExecutor(max_workers=10) as pool:  # the server runs 4 turns at once
+        texts = list(pool.map(stream, range(10)))
+    assert len(texts) == 10
+    assert _chat(client, model_id, [{"role": "user", "content": "Still answering?"}]).choices
