@@ -17,7 +17,7 @@ Flags (``reply_flags``), one list per generated reply, in the report:
 - ``empty``: nothing visible was delivered.
 
 Cut (``first_repeated_sentence``): a reply is cut before the first complete sentence,
-or clause (split at ``, ; :`` too), that repeats an earlier one of the same reply
+or clause (split at ``, ; :`` and closing brackets too), that repeats an earlier one of the same reply
 (``I'm glad to help. I'm glad to help. ...``, ``you can add up the total, and you can
 add up the total, and you can add up the total``), and generation stops there (flag
 ``repetition_cut``): a repeated sentence tells the user nothing, and a small greedy
@@ -50,8 +50,9 @@ _ARTIFACT = regex.compile(rf"(?:{_MARKER}|{_TAG})[ \t]?", regex.IGNORECASE)
 _ARTIFACT_PARTIAL = regex.compile(rf"{_MARKER}|{_TAG}", regex.IGNORECASE)
 _BLOCK_LINE_FULL = regex.compile(_BLOCK_LINE, regex.IGNORECASE)
 _WORD = regex.compile(r"\w+|[^\w\s]")
-# a complete sentence, or clause of one: its terminator (. ! ? … , ; :) is followed by space
-_SENTENCE = regex.compile(r"[^\n.!?…,;:]*(?:[.!?…,;:]+(?=\s)|\n)")
+# a complete sentence, or clause of one: its terminator (. ! ? … , ; : or a closing
+# bracket, "[Your Name] [Your Email]") is followed by space
+_SENTENCE = regex.compile(r"[^\n.!?…,;:\])]*(?:[.!?…,;:\])]+(?=\s)|\n)")
 
 
 def strip_artifacts(text: str) -> str:
@@ -149,11 +150,18 @@ def repeat_in_progress(text: str) -> int:
     (its words so far begin an earlier sentence): a stream holds it back until it diverges."""
     complete = list(_SENTENCE.finditer(text))
     tail = text[complete[-1].end() if complete else 0 :]
-    folded = " ".join(tail.split()).casefold()
-    if not folded:
+    said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
+    if not said:
         return 0
     for match in complete:
-        earlier = " ".join(match.group().split()).casefold()
-        if _sentence_key(match.group()) is not None and earlier.startswith(folded):
+        key = _sentence_key(match.group())
+        if key is None:
+            continue
+        words = key.split()
+        if (
+            len(said) <= len(words)
+            and words[: len(said) - 1] == said[:-1]
+            and words[len(said) - 1].startswith(said[-1])
+        ):
             return len(tail)
     return 0

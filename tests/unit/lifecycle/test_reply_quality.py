@@ -143,6 +143,20 @@ def test_a_hostile_marker_echo_reaches_neither_the_user_nor_the_context(converse
     assert "[seg_" not in conversation.context
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "The tip is 2 euros. You can add up the tip, and you can add up the total, and you can add up the total. You",
+        "Options: [Your Name] [Your Phone Number] [Your Email Address] [Your Phone Number] [Your Email Address] [Yo",
+    ],
+)
+def test_a_stream_never_shows_a_repeated_clause_the_final_answer_cuts(raw):
+    stream = ReplyFilter(stops=(), cut_repeats=True)
+    shown = "".join(stream.delta(raw[:end]) for end in range(1, len(raw) + 1))
+    final = visible_answer(raw, stops=(), cut_repeats=True)
+    assert shown + stream.finish(final) == final and len(final) < len(raw) * 0.8
+
+
 def test_a_clause_that_repeats_inside_a_sentence_is_cut_too():
     raw = "The tip is 2 euros. You can add up the tip, and you can add up the total, and you can add up the total."
     assert visible_answer(raw, stops=(), cut_repeats=True) == (
@@ -150,3 +164,10 @@ def test_a_clause_that_repeats_inside_a_sentence_is_cut_too():
     )
     listed = "Rooms cost 2,400 euros; the suite costs 3,100 euros: both include breakfast."
     assert visible_answer(listed, stops=(), cut_repeats=True) == listed  # no clause repeats
+
+
+def test_a_run_of_bracketed_placeholders_that_repeats_is_cut():
+    raw = "The options are: [Your Name] [Your Phone Number] [Your Email Address] [Your Phone Number] [Your Email"
+    assert visible_answer(raw, stops=(), cut_repeats=True) == (
+        "The options are: [Your Name] [Your Phone Number] [Your Email Address]"
+    )
