@@ -324,3 +324,12 @@ def test_eval_retention_reports_every_variant_in_json_and_markdown(tmp_path):
     assert variants["clm:rules"]["context_tokens"] < variants["keep-all"]["context_tokens"]
     text = markdown.read_text()
     assert "| variant | retained |" in text and "- truncate: `88412`" in text
+
+
+def test_plot_lines_of_coinciding_modes_stay_visible():
+    from clm_middleware.cli.plot import line_style
+
+    styles = [line_style(i, 4) for i in range(4)]
+    assert len({s["marker"] for s in styles}) == 4 and len({s["color"] for s in styles}) == 4
+    widths = [s["linewidth"] for s in styles]
+    assert widths == sorted(widths, reverse=True) and widths[-1] >= 1  # each drawn over a wider one
