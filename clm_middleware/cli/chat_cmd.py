@@ -7,13 +7,23 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
 from clm_middleware.cli.options import model_options, penalty_options
 from clm_middleware.errors import ClmError
 
-COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /quit"
+COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /help  /quit"
+HELP = (
+    ("/segments", "every segment: id, role, status, label, who decided, text"),
+    ("/pin N", "keep segment N (or seg_N) in the context whatever the budget"),
+    ("/forget N", "drop segment N from the context (it stays in the history)"),
+    ("/stats", "turn, tokens prompted / cached / prefilled this session, hit rate, segments"),
+    ("/save [PATH]", "a .json PATH exports the conversation; otherwise save to a store (default clm_chat.db)"),
+    ("/help", "this list"),
+    ("/quit", "leave (also /exit, /q, end of input)"),
+)
 PREVIEW_CHARS = 60
 
 
@@ -61,8 +71,27 @@ def chat(
     engine = build_engine(**engine_options)
     store = Store(db) if db else None
     if store is not None and session is not None and session in store.conversation_ids():
-        conversation = Conversation.load(store, session, engine, cache_salt=tenant)
+        given = {
+            name: value
+            for name, value in (
+                ("budget", budget),
+                ("k", k),
+                ("tagging", tagging),
+                ("max_new_tokens", max_new_tokens),
+                ("repetition_penalty", repetition_penalty),
+                ("frequency_penalty", frequency_penalty),
+                ("presence_penalty", presence_penalty),
+                ("no_repeat_ngram_size", no_repeat_ngram_size),
+            )
+            if click.get_current_context().get_parameter_source(name) is ParameterSource.COMMANDLINE
+        }
+        conversation = Conversation.load(store, session, engine, cache_salt=tenant, **given)
         console.print(f"resumed {session}: {len(conversation.history)} messages, turn {conversation.turn}")
+        if given:  # they apply from now on, and the store records them with the next turn
+            applied = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in given.items())
+            console.print(f"applied to the resumed conversation: {applied}")
+        if system_prompt:
+            console.print("[yellow]--system is ignored on resume: the conversation keeps its own[/yellow]")
     else:
         conversation = Conversation(
             engine,
@@ -147,6 +176,7 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
         console.print(f"{segment.id}: {'pinned' if name == '/pin' else 'forgotten'}")
     elif name == "/stats":
         stats = conversation.stats()
+        console.print(f"{'turn':>18}: {conversation.turn}")
         for key in (
             "turns",
             "context_tokens",
@@ -159,13 +189,42 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
             "summaries",
         ):
             value = stats[key]
-            console.print(f"{key:>18}: {value:.1%}" if key == "hit_rate" else f"{key:>18}: {value}")
-        console.print(f"{'segments':>18}: {stats['segments_by_status']}")
+            label = "turns this run" if key == "turns" else key
+            console.print(f"{label:>18}: {value:.1%}" if key == "hit_rate" else f"{label:>18}: {value}")
+        by_status = ", ".join(f"{status} {count}" for status, count in stats["segments_by_status"].items())
+        console.print(f"{'segments':>18}: {by_status}")
     elif name == "/save":
-        _save(conversation, argument, console)
+        if argument.endswith(".json"):
+            _export(conversation, Path(argument), console)
+        else:
+            _save(conversation, argument, console)
+    elif name == "/help":
+        for usage, meaning in HELP:
+            console.print(f"  {usage:<14} {meaning}", markup=False, highlight=False)
     else:
-        console.print(f"unknown command {name}; {COMMANDS}")
+        console.print(f"unknown command {name}; /help lists them: {COMMANDS}")
     return True
+
+
+def _export(conversation: Any, path: Path, console: Console) -> None:
+    """Every message as said, every segment as the context holds it, and the totals, as JSON."""
+    from clm_middleware.replay.report import write_json_atomic
+
+    write_json_atomic(
+        path,
+        {
+            "conversation_id": conversation.id,
+            "settings": conversation.settings(),
+            "messages": [{"role": m.role, "content": m.content, "turn": m.turn} for m in conversation.history],
+            "segments": [
+                {"id": s.id, "role": s.role, "status": s.status.value, "label": s.label.value, "text": s.visible_text}
+                for s in conversation.segments
+            ],
+            "context": conversation.context,
+            "stats": conversation.stats(),
+        },
+    )
+    console.print(f"exported {conversation.id} to {path}")
 
 
 def _save(conversation: Any, argument: str, console: Console) -> None:

@@ -223,7 +223,7 @@ def test_chat_skips_a_line_that_is_not_utf8_and_survives_a_message_over_its_budg
     )
     assert result.exit_code == 0, result.output
     assert "not valid UTF-8" in result.output and "budget" in result.output
-    assert "turns: 2" in result.output  # hello and "still here?"; the oversize message left nothing
+    assert "turns this run: 2" in result.output  # hello and "still here?"; the oversize message left nothing
 
 
 def test_stats_lists_conversations_and_turns(tmp_path):
@@ -333,3 +333,17 @@ def test_plot_lines_of_coinciding_modes_stay_visible():
     assert len({s["marker"] for s in styles}) == 4 and len({s["color"] for s in styles}) == 4
     widths = [s["linewidth"] for s in styles]
     assert widths == sorted(widths, reverse=True) and widths[-1] >= 1  # each drawn over a wider one
+
+
+def test_chat_resume_applies_the_flags_given_and_save_exports_json_and_help_lists_commands(tmp_path):
+    db, exported = tmp_path / "c.db", tmp_path / "c.json"
+    base = ["chat", "--model", "tiny", "--max-new-tokens", "4", "--db", str(db), "--session", "trip"]
+    assert run(*base, input="hello there\nok\n/quit\n").exit_code == 0
+    resumed = run(*base, "--budget", "300", "--tagging", "signals", input=f"/stats\n/help\n/save {exported}\n/quit\n")
+    assert resumed.exit_code == 0, resumed.output
+    assert "applied to the resumed conversation: --budget 300, --tagging signals" in resumed.output
+    assert "turn: 2" in resumed.output and "turns this run: 0" in resumed.output
+    assert "/pin N" in resumed.output and "exports the conversation" in resumed.output
+    saved = json.loads(exported.read_text())
+    assert saved["settings"]["budget"] == 300 and saved["settings"]["tagging"] == "signals"
+    assert [m["content"] for m in saved["messages"]][:1] == ["hello there"]
