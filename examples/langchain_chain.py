@@ -1,38 +1,36 @@
-"""prompt | model | parser, with message history: a chat that remembers, over ChatCLM.
+"""prompt | model | parser, with the chat history kept by the caller: a chat that remembers, over ChatCLM.
 
     python examples/langchain_chain.py
 
-RunnableWithMessageHistory re-sends the growing history on every call; ChatCLM maps it
-onto one managed conversation, so each call prefills only the new turn.
+The history is a plain list of messages re-sent on every call (what LangGraph's message
+state or any agent loop does; no deprecated RunnableWithMessageHistory). ChatCLM maps the
+growing history onto one managed conversation, so each call prefills only the new turn.
 """
 
-from langchain_core.chat_history import InMemoryChatMessageHistory
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
-from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from clm_middleware.adapters import ChatCLM
 
-# SmolLM2-135M cannot follow the [LIFECYCLE] protocol in words; "auto" (the default) finds
-# that out over five turns, "signals" starts there (labels from the model's own computation).
-llm = ChatCLM(max_tokens=48, budget=1024, tagging="signals")
+# tagging "auto" (the default) calibrates the model once: SmolLM2-135M cannot follow the
+# [LIFECYCLE] protocol, so it is labelled from its own signals (self-information, attention)
+llm = ChatCLM(max_tokens=48, budget=1024)
 prompt = ChatPromptTemplate.from_messages(
     [("system", "You are a concise assistant."), MessagesPlaceholder("history"), ("human", "{question}")]
 )
-histories: dict[str, InMemoryChatMessageHistory] = {}
-chat = RunnableWithMessageHistory(
-    prompt | llm | StrOutputParser(),
-    lambda session_id: histories.setdefault(session_id, InMemoryChatMessageHistory()),
-    input_messages_key="question",
-    history_messages_key="history",
-)
-config = {"configurable": {"session_id": "demo"}}
+chain = prompt | llm | StrOutputParser()
+history: list[BaseMessage] = []
 questions = (
     "My name is Ana and my order number is 48213-KX.",
     "What is the capital of France?",
     "What was my order number?",
 )
 for question in questions:
-    print(f"> {question}\n{chat.invoke({'question': question}, config=config)}\n")
-stats = llm.invoke([("human", "One more question: what is 2 + 2?")]).response_metadata["pool"]
-print("pool blocks holding K/V:", stats["blocks_in_use"] + stats["blocks_cached_free"])
+    answer = chain.invoke({"history": history, "question": question})
+    history += [HumanMessage(question), AIMessage(answer)]
+    print(f"> {question}\n{answer}\n")
+messages = prompt.invoke({"history": history, "question": "One more question: what is 2 + 2?"})
+reply = llm.invoke(messages)  # the same history once more, one new question
+usage = reply.usage_metadata
+print(f"prompt tokens read from the cache: {usage['input_token_details']['cache_read']} of {usage['input_tokens']}")
