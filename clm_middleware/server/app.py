@@ -60,7 +60,9 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
             ).response()
         else:
             response = await call_next(request)
-        service.metrics.requests.labels(endpoint=request.url.path, status=str(response.status_code)).inc()
+        route = request.scope.get("route")  # the route's template: one label per endpoint, not per URL
+        endpoint = getattr(route, "path", None) or "unmatched"
+        service.metrics.requests.labels(endpoint=endpoint, status=str(response.status_code)).inc()
         return response
 
     def api_key(request: Request) -> str | None:

@@ -178,3 +178,9 @@ def test_more_streams_than_turn_slots_all_finish_and_no_slot_is_lost(client, mod
         texts = list(pool.map(stream, range(10)))
     assert len(texts) == 10
     assert _chat(client, model_id, [{"role": "user", "content": "Still answering?"}]).choices
+
+
+def test_request_metrics_are_labelled_by_route_not_by_url(server):
+    httpx.get(server.api + "/sessions/some-unknown-id", timeout=10)
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    assert 'endpoint="/v1/sessions/{session_id}"' in text and "some-unknown-id" not in text
