@@ -7,9 +7,8 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
-from clm_middleware.cli.eval_variants import eval_options, markdown_table, write_markdown
+from clm_middleware.cli.eval_variants import eval_options, markdown_table, print_table, write_markdown
 from clm_middleware.cli.options import model_options
 
 ANSWERS_EPILOG = """\b
@@ -64,15 +63,7 @@ def answers_command(
         results.append(answer_variant(name, engine, driver, probes, max_answer_tokens=max_answer_tokens))
     close_gaps(results, truncate=TRUNCATE, keep_all=KEEP_ALL)
     header = ["variant", "context tokens", "retained", "greedy hits", "mean gold logp", "gap closed"]
-    table = Table(
-        title=f"answers · {transcript.name} · budget {budget} · {len(probes)} probes",
-        title_justify="left",
-    )
-    for column in header:
-        table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=True)
-    for row in _answer_rows(results):
-        table.add_row(*row)
-    Console().print(table)
+    print_table(f"answers · {transcript.name} · budget {budget} · {len(probes)} probes", header, _answer_rows(results))
     if report_path:
         from clm_middleware.replay.report import write_json_atomic
 

@@ -8,9 +8,8 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
-from clm_middleware.cli.eval_variants import eval_options, markdown_table, write_markdown
+from clm_middleware.cli.eval_variants import eval_options, markdown_table, print_table, write_markdown
 from clm_middleware.cli.options import model_options
 
 DEFAULT_TAGGINGS = "auto,signals,constrained,free,rules"
@@ -49,23 +48,10 @@ def retention_command(
     for name, mode, lifecycle in planned:
         stderr.print(f"[bold]{name}[/bold] …")
         results.append(run_variant(name, sibling_engine(first), transcripts, probes, driver_factory, lifecycle, mode))
-    table = Table(
-        title=f"retention · {transcript.name} · budget {budget} · {len(probes)} probes",
-        title_justify="left",
+    header = ["variant", "retained", "context tokens", "prefill tokens", "lifecycle share", "signals share"]
+    print_table(
+        f"retention · {transcript.name} · budget {budget} · {len(probes)} probes", [*header, "invented"], _rows(results)
     )
-    for column in (
-        "variant",
-        "retained",
-        "context tokens",
-        "prefill tokens",
-        "lifecycle share",
-        "signals share",
-        "invented",
-    ):
-        table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=True)
-    for row in _rows(results):
-        table.add_row(*row)
-    Console().print(table)
     if report_path:
         from clm_middleware.replay.report import write_json_atomic
 
@@ -79,7 +65,6 @@ def retention_command(
             },
         )
     if markdown_path:
-        header = ["variant", "retained", "context tokens", "prefill tokens", "lifecycle share", "signals share"]
         lines = markdown_table([*header, "invented"], _rows(results))
         lines += ["", "Lost (answers not in the final context):", ""]
         lines += [f"- {r.name}: " + (", ".join(f"`{a}`" for a in r.lost) or "none") for r in results]

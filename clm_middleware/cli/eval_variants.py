@@ -89,6 +89,19 @@ def read_inputs(transcript: Path, transcript_format: str, probes_path: Path) -> 
     return read_transcripts(transcript, transcript_format), read_probes(probes_path)
 
 
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    """The results on stdout: the variant column left-aligned, the figures right-aligned."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in header:
+        table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [
         "| " + " | ".join(header) + " |",
