@@ -57,6 +57,7 @@ from clm_middleware.lifecycle.tagging import Tagger, TaggingConfig
 from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts
 from clm_middleware.lifecycle.turn_runner import TurnRunner
 from clm_middleware.render import ChatFormat
+from clm_middleware.render.chat_format import lone_surrogate
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
@@ -186,7 +187,7 @@ class Conversation:
             raise ConfigError("content", f"must be a string, got {type(content).__name__}")
         if role in ("user", "system") and not content.strip():
             raise ConfigError("content", f"a {role} message must not be empty or only whitespace")
-        if not is_unicode_text(content):
+        if lone_surrogate(content) is not None:
             raise ConfigError("content", "holds a lone surrogate (e.g. \\ud800): not Unicode text")
         text = self.segmenter.normalise_text(content)
         turn = self.turn if role == "system" and not self.messages else self.turn + 1
@@ -545,15 +546,6 @@ class Conversation:
     def _persist(self, stats: TurnStats | None) -> None:
         if self.store is not None:
             self.store.save(self, stats)
-
-
-def is_unicode_text(text: str) -> bool:
-    """Whether ``text`` can be encoded as UTF-8 (no lone surrogate from a broken JSON escape)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _open_store(store: Any):

@@ -33,6 +33,18 @@ import regex
 from clm_middleware.errors import ChatTemplateError
 
 ROLES = ("system", "user", "assistant", "tool")
+
+
+def lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate in ``text`` (a broken ``\\ud800`` JSON escape), which no
+    tokenizer can encode; ``None`` when ``text`` is Unicode text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return text[error.start]
+    return None
+
+
 _SPACE_MARKERS = frozenset({"Ġ", "▁", "Ċ", " ", "\n"})
 _SENTINEL = "\u2063CLM-CONTENT-\u2064"
 _ANCHOR = "\u2063CLM-ANCHOR-\u2064"

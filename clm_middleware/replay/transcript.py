@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from clm_middleware.errors import TranscriptError
+from clm_middleware.render.chat_format import lone_surrogate
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -125,11 +126,9 @@ def _content_text(content: Any, path: str, line: int | None) -> str:
         content = "".join(parts)
     if not isinstance(content, str):
         raise TranscriptError(path, line, f'"content" must be a string, got {type(content).__name__}')
-    try:
-        content.encode("utf-8")
-    except UnicodeEncodeError as error:
-        bad = content[error.start]
-        raise TranscriptError(path, line, f'"content" holds {bad!r}, a lone surrogate: not Unicode text') from None
+    bad = lone_surrogate(content)
+    if bad is not None:
+        raise TranscriptError(path, line, f'"content" holds {bad!r}, a lone surrogate: not Unicode text')
     return content
 
 

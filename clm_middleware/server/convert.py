@@ -15,8 +15,8 @@ from typing import Any
 
 from clm_middleware.adapters.chat_call import ChatAnswer, ChatRequest
 from clm_middleware.adapters.messages import Turn, assistant_text, turn_digest
-from clm_middleware.conversation import is_unicode_text
 from clm_middleware.lifecycle.config import GenerationSettings
+from clm_middleware.render.chat_format import lone_surrogate
 
 from .errors import APIError
 from .schemas import ChatCompletionRequest, ChatMessage, ToolCall
@@ -70,7 +70,7 @@ def to_turn(message: ChatMessage, index: int) -> Turn:
         raise _bad_message(index, "tool_call_id", "a tool message needs one")
     if not text.strip() and role in ("user", "system"):
         raise _bad_message(index, "content", "must not be empty")
-    if not is_unicode_text(text):
+    if lone_surrogate(text) is not None:
         raise _bad_message(index, "content", "holds a lone surrogate (e.g. \\ud800): not Unicode text")
     return Turn(role, text, turn_digest(role, text, message.name or "", message.tool_call_id or ""))
 
