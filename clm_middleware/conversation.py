@@ -38,6 +38,7 @@ from clm_middleware.lifecycle.compaction import Compactor
 from clm_middleware.lifecycle.compressor import Compressor
 from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
 from clm_middleware.lifecycle.prompts import PROTOCOL_PROMPT, resolve_prompt, summarizer_prompt
+from clm_middleware.lifecycle.protocol import neutralise
 from clm_middleware.lifecycle.reclaimer import Reclaimer
 from clm_middleware.lifecycle.renderer import ContextRenderer, RenderedContext
 from clm_middleware.lifecycle.rules import RuleConfig
@@ -143,6 +144,7 @@ class Conversation:
             target_ratio=self.config.target_ratio,
             summarizer=summarizer,
             summarizer_prompt=summarizer_prompt(summarizer_prompt_text),
+            shown=self.shown_text,
         )
         self.compactor = Compactor(self.config, self.compressor, self._next_prompt_length)
         self.reclaimer = Reclaimer(self.engine.pool, self.config.k)
@@ -200,7 +202,7 @@ class Conversation:
                 self._new_segment(
                     message,
                     piece.text,
-                    self.chat_format.encode(piece.text),
+                    self.encode_content(piece.text, role),
                     piece.kind,
                     piece.separator,
                 )
@@ -492,6 +494,16 @@ class Conversation:
         self._live_until = limit
         live = [self.messages[i] for i in self._live_folded]
         return [*self.messages[:first], *live, *self.messages[limit:]]
+
+    def shown_text(self, text: str, role: str = "user") -> str:
+        """The text the model is shown of ``text``: with the protocol in the context,
+        content of every role but the operator's system prompt has its protocol
+        look-alikes neutralised (``protocol.neutralise``); otherwise ``text`` itself.
+        A segment keeps the ids it was created with when the protocol leaves."""
+        return neutralise(text) if self.protocol_context and role != "system" else text
+
+    def encode_content(self, text: str, role: str = "user") -> list[int]:
+        return self.chat_format.encode(self.shown_text(text, role))
 
     def _new_segment(
         self,

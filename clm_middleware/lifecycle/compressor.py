@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,12 +154,17 @@ class Compressor:
         summarizer: Engine | None = None,
         summarizer_prompt: str,
         retries: int = 2,
+        shown: Callable[[str], str] | None = None,
     ) -> None:
+        """``shown`` maps a text to the text the model is shown of it (the conversation's
+        look-alike neutralising, ``protocol.neutralise``); it must keep the length, so
+        offsets into one are offsets into the other. Summary ids are ids of ``shown(summary)``."""
         if method not in METHODS:
             raise ConfigError("compression", f"unknown method {method!r}; use one of {METHODS}")
         if target_ratio <= 1:
             raise ConfigError("target_ratio", f"must be > 1, got {target_ratio}")
         self.engine, self.format = engine, chat_format
+        self._shown = shown or (lambda text: text)
         self.summarizer = summarizer or engine
         self.summarizer_format = chat_format if summarizer is None else ChatFormat.from_tokenizer(summarizer.tokenizer)
         self.prompt = summarizer_prompt
@@ -198,7 +204,7 @@ class Compressor:
         }
         words = [w.group() for w in _WORD.finditer(segment.visible_text) if _bare(w.group()) in required]
         tightened = " ".join(words)
-        ids = self.format.encode(tightened)
+        ids = self._encode(tightened)
         if not words or len(ids) >= current:
             return CompressionResult(False, "none", original_tokens=current, error="not shorter than the original")
         return CompressionResult(True, TIGHTENED, tightened, ids, current)
@@ -226,7 +232,7 @@ class Compressor:
                 error=f"extractive failed: {error}",
                 rejected=rejected,
             )
-        ids = self.format.encode(text)
+        ids = self._encode(text)
         if not text.strip() or len(ids) >= original_tokens:
             return CompressionResult(
                 False,
@@ -243,7 +249,7 @@ class Compressor:
         summary = summary.strip()
         if not summary:
             return "empty summary"
-        ids = self.format.encode(summary)
+        ids = self._encode(summary)
         if len(ids) >= original_tokens:
             return "summary not shorter"
         check = check_faithful(original, summary)
@@ -300,14 +306,17 @@ class Compressor:
 
     def _compute_word_scores(self, text: str, words: list[regex.Match[str]], segment: Segment) -> list[float]:
         ids, surprisal = self._token_surprisal(text, segment)
-        offsets = self._offsets(text, ids)
+        offsets = self._offsets(self._shown(text), ids)
         if offsets is None:  # cannot align: every token scores every word alike
             known = [v for v in surprisal if v is not None]
             return [sum(known) / len(known) if known else 0.0] * len(words)
         return word_means(words, offsets, surprisal)
 
+    def _encode(self, text: str) -> list[int]:
+        return self.format.encode(self._shown(text))
+
     def _token_surprisal(self, text: str, segment: Segment) -> tuple[list[int], list[float | None]]:
-        ids = self.format.encode(text)
+        ids = self._encode(text)
         if segment.surprisal is not None and ids == segment.token_ids and len(segment.surprisal) == len(ids):
             return ids, list(segment.surprisal)
         # No usable record of the model's own prefill (e.g. a generated reply that

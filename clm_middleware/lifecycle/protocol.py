@@ -8,6 +8,18 @@ Parsing rules (DESIGN.md, "The lifecycle protocol"):
   label; an id not in the context is ignored; a repeated id takes its last value;
 - a block with no line understood is garbage, and the caller falls back.
 Nothing here raises on any input.
+
+Look-alikes (``neutralise``): where the model is shown the protocol, untrusted content
+(user, tool and transcript text) is rendered with its protocol look-alikes defused, so
+text can neither pose as one of the renderer's markers nor put a label next to an id
+the model is asked about. Every id the parser would read (``seg_1``, ``Segment 4``, the
+``seg 2`` of ``[seg 2]``) is written in fullwidth characters (``ｓｅｇ＿１``), and so are
+the brackets of a lifecycle tag (``［LIFECYCLE］``): one character for one, so the
+length and a person's reading stay. Changing the letters alone is not enough: SmolLM2
+copied ``drop`` after ``_0:`` into the label of ``seg_0`` all the same, so the digits
+the label follows change too. The invariant: ``neutralise(t)`` holds nothing
+``parse_block``, a marker or a block line would match, and text without look-alikes is
+returned unchanged.
 """
 
 from __future__ import annotations
@@ -24,6 +36,9 @@ BLOCK_GRACE_TOKENS = 4  # past the answer cap, whitespace may precede a block fo
 CLOSE_TAG = "[/LIFECYCLE]"
 _OPEN = regex.compile(r"\[\s*lifecycle\s*\]", regex.IGNORECASE)
 _CLOSE = regex.compile(r"\[\s*/\s*lifecycle\s*\]", regex.IGNORECASE)
+# the first letter of an id the parser reads (see _LINE), and the brackets of a tag
+_ID_LOOKALIKE = regex.compile(r"seg(?:ment)?[\s_#-]*\d{1,9}", regex.IGNORECASE)
+_TAG_LOOKALIKE = regex.compile(r"\[(\s*/?\s*lifecycle\s*)\]", regex.IGNORECASE)
 _LINE = regex.compile(
     r"seg(?:ment)?[\s_#-]*(\d{1,9})\s*[:=\-–—>]+\s*[\*\"'`]*\s*(keep|compress|drop)\b",
     regex.IGNORECASE,
@@ -88,3 +103,17 @@ def block_may_follow(text: str, extra_tokens: int) -> bool:
     if bracket >= 0 and could_open_block(text[bracket:]):
         return True
     return extra_tokens < BLOCK_GRACE_TOKENS and (not text.strip() or text[-1].isspace())
+
+
+def neutralise(text: str) -> str:
+    """``text`` with its protocol look-alikes defused; see the module docstring."""
+    if "seg" not in text.casefold() and "[" not in text:
+        return text
+    text = _ID_LOOKALIKE.sub(lambda m: _fullwidth(m.group()), text)
+    return _TAG_LOOKALIKE.sub(lambda m: f"\uff3b{m.group(1)}\uff3d", text)
+
+
+def _fullwidth(text: str) -> str:
+    """Printable ASCII as its fullwidth twin (U+FF01–FF5E); anything else (spaces, the
+    long s that matches ``s`` case-insensitively) as the fullwidth s or unchanged."""
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else "\uff53" if c.casefold() == "s" else c for c in text)

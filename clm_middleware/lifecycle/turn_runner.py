@@ -156,7 +156,7 @@ class TurnRunner:
         c = self.conversation
         prompt = rendered.token_ids + prefix_ids
         asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn)
-        forced_ids = c.chat_format.encode(forced) if forced else None
+        forced_ids = c.encode_content(forced, "assistant") if forced else None
         if forced is not None:
             max_new, stops = 1, ()
         else:
@@ -209,7 +209,7 @@ class TurnRunner:
             return answer, ids  # the context keeps every generated id: they are cached
         if raw.startswith(answer):
             return answer, ids_for_prefix(c.engine.tokenizer, ids, len(answer))
-        return answer, c.chat_format.encode(answer)  # machinery was cut from inside: its ids are gone
+        return answer, c.encode_content(answer, "assistant")  # machinery was cut from inside: its ids are gone
 
     def _probe_block(self, prefix: list[int], stats: TurnStats) -> str:
         """After a forced reply, let the model continue and see whether it writes a block.
