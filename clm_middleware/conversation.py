@@ -202,7 +202,7 @@ class Conversation:
                 self._new_segment(
                     message,
                     piece.text,
-                    self.encode_content(piece.text, role),
+                    self.encode_content(piece.text, role, after_space=piece.separator == " "),
                     piece.kind,
                     piece.separator,
                 )
@@ -502,8 +502,13 @@ class Conversation:
         A segment keeps the ids it was created with when the protocol leaves."""
         return neutralise(text) if self.protocol_context and role != "system" else text
 
-    def encode_content(self, text: str, role: str = "user") -> list[int]:
-        return self.chat_format.encode(self.shown_text(text, role))
+    def encode_content(self, text: str, role: str = "user", *, after_space: bool = False) -> list[int]:
+        """Ids of content as shown (``shown_text``); ``after_space``: a sentence that a
+        space separated from the previous one, with that space merged into its first
+        word where the tokenizer does so (``ChatFormat.encode_after_space``), so a
+        message whose segments are all shown tokenizes as the whole message would."""
+        shown = self.shown_text(text, role)
+        return self.chat_format.encode_after_space(shown) if after_space else self.chat_format.encode(shown)
 
     def _new_segment(
         self,

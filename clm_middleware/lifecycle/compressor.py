@@ -305,8 +305,10 @@ class Compressor:
         return cached
 
     def _compute_word_scores(self, text: str, words: list[regex.Match[str]], segment: Segment) -> list[float]:
-        ids, surprisal = self._token_surprisal(text, segment)
-        offsets = self._offsets(self._shown(text), ids)
+        ids, surprisal, lead = self._token_surprisal(text, segment)
+        offsets = self._offsets(lead + self._shown(text), ids)
+        if offsets is not None and lead:  # offsets into the text, not into its leading space
+            offsets = [(max(0, start - len(lead)), max(0, end - len(lead))) for start, end in offsets]
         if offsets is None:  # cannot align: every token scores every word alike
             known = [v for v in surprisal if v is not None]
             return [sum(known) / len(known) if known else 0.0] * len(words)
@@ -315,16 +317,21 @@ class Compressor:
     def _encode(self, text: str) -> list[int]:
         return self.format.encode(self._shown(text))
 
-    def _token_surprisal(self, text: str, segment: Segment) -> tuple[list[int], list[float | None]]:
-        ids = self._encode(text)
-        if segment.surprisal is not None and ids == segment.token_ids and len(segment.surprisal) == len(ids):
-            return ids, list(segment.surprisal)
+    def _token_surprisal(self, text: str, segment: Segment) -> tuple[list[int], list[float | None], str]:
+        """The ids of ``text`` as shown, their self-information, and the leading space the
+        segment's ids carry ("" or " ", see ``ChatFormat.encode_after_space``)."""
+        shown = self._shown(text)
+        if segment.surprisal is not None and len(segment.surprisal) == len(segment.token_ids):
+            for lead in ("", " "):
+                if self.format.encode(lead + shown) == segment.token_ids:
+                    return list(segment.token_ids), list(segment.surprisal), lead
         # No usable record of the model's own prefill (e.g. a generated reply that
         # re-tokenizes differently): score the text on its own, with no context.
+        ids = self.format.encode(shown)
         generation = self.engine.generate(
             ids, max_new_tokens=0, use_pool=False, observe=Observe(logprobs=True)
         ).result()
-        return ids, [None if lp is None else -lp for lp in generation.prompt_logprobs or []]
+        return ids, [None if lp is None else -lp for lp in generation.prompt_logprobs or []], ""
 
     def _offsets(self, text: str, ids: list[int]) -> list[tuple[int, int]] | None:
         encoded: Any = self.format.tokenizer(

@@ -13,6 +13,12 @@ condensed): one line per message with visible content, its segments joined by sp
 no chat glue and no markers. It only grows at its end, so folding more messages keeps
 the digest's own earlier lines cached.
 
+Separators: a segment that a space separated from the previous one usually carries that
+space in its first token (``ĠI``, see ``ChatFormat.encode_after_space``); then no
+separator token is added, so a message shown whole has the ids of the whole message
+tokenized at once, as the bare model would see it. Otherwise the separator is its own
+ids, as the whole message would tokenize them (before digits; newlines).
+
 Prefix stability: every piece is a cached token sequence (glue, separators, markers)
 or a segment's own ids (tokenized once; a generated reply keeps its generated ids).
 So the prompt of turn t+1 starts with the prompt of turn t plus its reply, unless a
@@ -53,6 +59,7 @@ class ContextRenderer:
         self.markers = markers
         self.preamble_ids = chat_format.encode(preamble) if preamble else []
         self._ids_cache: dict[str, list[int]] = {}
+        self._separator_cache: dict[str, list[int]] = {}
         self.tool_role = "tool" if chat_format.supports_role("tool") else "user"
 
     def marker_ids(self, segment: SegmentId) -> list[int]:
@@ -116,7 +123,7 @@ class ContextRenderer:
         for line in lines:
             ids.extend(self._encoded("\n"))
             for position, segment in enumerate(line):
-                if position:
+                if position and not self.format.leads_with_space(segment.visible_ids):
                     ids.extend(self._encoded(" "))
                 start = len(ids)
                 ids.extend(segment.visible_ids)
@@ -128,15 +135,26 @@ class ContextRenderer:
 
     def _segments(self, ids: list[int], rendered: RenderedContext, visible: list[Segment]) -> None:
         for position, segment in enumerate(visible):
-            if position and segment.separator:
-                ids.extend(self._encoded(segment.separator))
-            elif position:
-                ids.extend(self._encoded(" "))
+            spaced = self.format.leads_with_space(segment.visible_ids)
+            if position and (self.markers or not spaced or segment.separator not in ("", " ")):
+                ids.extend(self._separator_ids(segment.separator or " "))
             if self.markers and segment.role != "system":
-                ids.extend(self.marker_ids(segment.id))
+                ids.extend(self._encoded(f"[{segment.id}]") if spaced else self.marker_ids(segment.id))
             start = len(ids)
             ids.extend(segment.visible_ids)
             rendered.spans[segment.id] = (start, len(ids))
+
+    def _separator_ids(self, separator: str) -> list[int]:
+        """A separator's ids as they are inside the whole message: a GPT-2-style
+        pre-tokenizer splits ``\n\n`` before a word into two ``Ċ``, not one ``ĊĊ``."""
+        cached = self._separator_cache.get(separator)
+        if cached is None:
+            word = self.format.encode("a")
+            joined = self.format.encode(separator + "a")
+            inside = joined[: len(joined) - len(word)]
+            cached = inside if inside and joined[len(inside) :] == word else self.format.encode(separator)
+            self._separator_cache[separator] = cached
+        return cached
 
     def _encoded(self, text: str) -> list[int]:
         cached = self._ids_cache.get(text)

@@ -46,6 +46,7 @@ def lone_surrogate(text: str) -> str | None:
 
 
 _SPACE_MARKERS = frozenset({"Ġ", "▁", "Ċ", " ", "\n"})
+_LEADING_SPACE = frozenset({"Ġ", "▁", " "})
 _SENTINEL = "\u2063CLM-CONTENT-\u2064"
 _ANCHOR = "\u2063CLM-ANCHOR-\u2064"
 
@@ -65,6 +66,7 @@ class ChatFormat:
     generation_prompt_ids: tuple[int, ...] = ()
     glue: dict[str, RoleGlue] = field(default_factory=dict)
     control_ids: frozenset[int] = frozenset()  # special tokens: only the glue may hold them
+    _leading_space: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ChatFormat:
@@ -115,6 +117,28 @@ class ChatFormat:
         if self.control_ids.isdisjoint(ids):
             return ids
         return self._encode_halving_specials(text)
+
+    def encode_after_space(self, text: str) -> list[int]:
+        """Ids of ``text`` as it reads after a space inside one message: ``" " + text``
+        when the tokenizer merges that space into the first word (``ĠI``, as the whole
+        message would tokenize), else ``encode(text)`` (the space stays the renderer's
+        own token, e.g. before a digit, or the tokenizer already marks a word start)."""
+        plain = self.encode(text)
+        joined = self.encode(" " + text)
+        if joined and len(joined) <= len(plain) and self.leads_with_space(joined):
+            return joined
+        return plain
+
+    def leads_with_space(self, token_ids: Sequence[int]) -> bool:
+        """Whether the first token carries a space before its text (``Ġ`` / ``▁``):
+        such ids need no separating space before them."""
+        if not token_ids:
+            return False
+        cached = self._leading_space.get(token_ids[0])
+        if cached is None:
+            piece = self.tokenizer.convert_ids_to_tokens(token_ids[0]) or ""
+            cached = self._leading_space[token_ids[0]] = len(piece) > 1 and piece[0] in _LEADING_SPACE
+        return cached
 
     def _encode_halving_specials(self, text: str) -> list[int]:
         specials = sorted((self.tokenizer.convert_ids_to_tokens(i) for i in self.control_ids), key=len, reverse=True)

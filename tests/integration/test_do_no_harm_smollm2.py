@@ -48,3 +48,21 @@ def test_a_ten_turn_generated_replay_carries_no_protocol_artifact(tmp_path):
     assert len(report["turns"]) == 10
     assert report["totals"]["reply_flags"].get("protocol_artifact", 0) == 0
     assert not any(has_artifact(turn["reply"]) for turn in report["turns"])
+
+
+def test_a_context_that_fits_has_the_ids_of_the_bare_chat_template(smol_engine):
+    """Segments joined by a space, a blank line or a list break tokenize as the whole
+    message does (``ĠI``, not ``Ġ`` ``I``; two ``Ċ``, not ``ĊĊ``)."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for line in DEMO.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        messages.append({"role": record["role"], "content": record["content"]})
+    messages.append({"role": "user", "content": "Thanks.\n\nOne more thing. Is 7pm OK?\n1. first\n2. second"})
+    chat = Conversation(smol_engine, tagging="signals", budget=100_000)
+    for message in messages:
+        chat.add(message["role"], message["content"])
+    bare = smol_engine.tokenizer.apply_chat_template(messages, tokenize=True)
+    bare_ids = list(bare["input_ids"]) if hasattr(bare, "keys") else list(bare)
+    assert sum(len(m.segment_ids) for m in chat.history) > len(messages)  # sentences are segments
+    assert chat.context_ids == bare_ids
+    chat.close()
