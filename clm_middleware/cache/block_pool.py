@@ -49,6 +49,10 @@ class Block:
     key: BlockKey | None = None
     parent_key: BlockKey | None = None
     token_ids: tuple[int, ...] = ()
+    # log p of each token given every token before it, where the request that computed
+    # the block measured it (None elsewhere): a property of the prefix, like the K/V, so
+    # a hit serves it too and a conversation's scores never depend on who cached first
+    logprobs: tuple[float | None, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,11 @@ class BlockPool:
             self._hit_blocks += len(matched)
         return matched
 
+    def logprobs(self, block_ids: Sequence[int]) -> list[tuple[float | None, ...] | None]:
+        """The measured log-probs of each block (see ``Block.logprobs``); call while holding them."""
+        with self._lock:
+            return [self._blocks[b].logprobs for b in block_ids]
+
     def cached_block(self, key: BlockKey) -> int | None:
         """The block holding ``key``, if any (no reference taken)."""
         with self._lock:
@@ -194,14 +203,17 @@ class BlockPool:
         key: BlockKey,
         parent_key: BlockKey | None,
         token_ids: Sequence[int],
+        logprobs: Sequence[float | None] | None = None,
     ) -> int:
         """Publish a freshly written block under ``key``; returns the block now holding it.
 
         If another request committed the same key first, ``block_id`` is returned to
-        the free list and the existing block is acquired instead, so every key is held
-        once and the caller's block table stays correct.
+        the free list and the existing block is acquired instead (gaining the log-probs
+        it lacked from ``logprobs``), so every key is held once and the caller's block
+        table stays correct.
         """
         tokens = tuple(token_ids)
+        measured = tuple(logprobs) if logprobs is not None and any(v is not None for v in logprobs) else None
         with self._lock:
             block = self._blocks[block_id]
             if block.key is not None or block.ref_count != 1:
@@ -210,11 +222,13 @@ class BlockPool:
             if existing_id is not None:
                 existing = self._blocks[existing_id]
                 if existing.token_ids == tokens and existing.parent_key == parent_key:
+                    existing.logprobs = _merged(existing.logprobs, measured)
                     self._acquire_locked(existing)
                     self._release_locked(block)
                     return existing_id
                 return block_id  # a collision with different content: keep ours uncached
             block.key, block.parent_key, block.token_ids = key, parent_key, tokens
+            block.logprobs = measured
             self._cached[key] = block_id
             return block_id
 
@@ -340,7 +354,7 @@ class BlockPool:
             keys, values = self.read_block(block_id)
             evicted.append((block.key, block.parent_key, block.token_ids, keys, values))
         del self._cached[block.key]
-        block.key, block.parent_key, block.token_ids = None, None, ()
+        block.key, block.parent_key, block.token_ids, block.logprobs = None, None, (), None
         self._evictions += 1
         return block
 
@@ -348,7 +362,16 @@ class BlockPool:
         """Every block holding a key (in use or cached-free), as snapshots."""
         with self._lock:
             return [
-                Block(b.block_id, b.ref_count, b.key, b.parent_key, b.token_ids)
+                Block(b.block_id, b.ref_count, b.key, b.parent_key, b.token_ids, b.logprobs)
                 for b in self._blocks
                 if b.key is not None
             ]
+
+
+def _merged(
+    kept: tuple[float | None, ...] | None, new: tuple[float | None, ...] | None
+) -> tuple[float | None, ...] | None:
+    """``kept`` with its gaps filled from ``new`` (values of one prefix agree where both have one)."""
+    if kept is None or new is None:
+        return kept or new
+    return tuple(k if k is not None else n for k, n in zip(kept, new, strict=True))

@@ -394,6 +394,15 @@ class Engine:
         target = torch.tensor(forced, device=logits.device)[:, None]
         return (logits.gather(1, target)[:, 0] - torch.logsumexp(logits, dim=-1)).tolist()
 
+    def _cached_logprobs(self, logprobs: list[float | None], chain: Sequence[int]) -> None:
+        """Fill the positions of the hit blocks (the prefill measures only later ones:
+        the token it recomputes predicts the first new token, its own log p is cached)."""
+        size = self.pool.block_size
+        for index, measured in enumerate(self.pool.logprobs(chain)):
+            for offset, value in enumerate(measured or ()):
+                if value is not None:
+                    logprobs[index * size + offset] = value
+
     def _forward_chunks(self, token_ids: list[int], arena: ArenaCache) -> torch.Tensor:
         """Feed ``token_ids`` in chunks; logits of the last position."""
         logits = None
@@ -402,12 +411,17 @@ class Engine:
         assert logits is not None
         return logits
 
-    def _prefill(self, request: Request, result: Generation, arena: ArenaCache, start: int) -> torch.Tensor:
-        """Compute the prompt from position ``start`` on; returns the last position's logits."""
+    def _prefill(
+        self, request: Request, result: Generation, arena: ArenaCache, start: int, chain: Sequence[int]
+    ) -> torch.Tensor:
+        """Compute the prompt from position ``start`` on; returns the last position's logits.
+        Log-probs at the positions of ``chain`` (the hit blocks) are the ones they measured."""
         prompt, observe = request.prompt, request.observe
         if not observe.logprobs and not observe.attention_window:
             return self._forward_chunks(prompt[start:], arena)
         logprobs: list[float | None] = [None] * len(prompt)
+        if observe.logprobs:
+            self._cached_logprobs(logprobs, chain)
         wanted = observe.logprob_positions
         probe = AttentionProbe(self.model, observe.attention_layers or self.probe_layers)
         last = None
@@ -488,7 +502,7 @@ class Engine:
             stats.cached_tokens = start
             stats.prefill_tokens = len(prompt) - start
             store = request.use_pool
-            logits = self._prefill(request, result, arena, start)
+            logits = self._prefill(request, result, arena, start, chain)
             generator = sampling.generator(self.device)
             first_token_at = None
             if request.forced is not None:
@@ -571,10 +585,12 @@ class Engine:
         )
         targets = reserved[: len(new_keys)]
         pool.store_from(arena, first_new, targets)
+        measured = _measured_logprobs(request, result, len(tokens))
         for offset, (block_id, key) in enumerate(zip(targets, new_keys, strict=True)):
             index = first_new + offset
             block_tokens = tokens[index * size : (index + 1) * size]
-            chain.append(pool.commit(block_id, key, parent, block_tokens))
+            block_logprobs = measured[index * size : (index + 1) * size] if measured else None
+            chain.append(pool.commit(block_id, key, parent, block_tokens, block_logprobs))
             parent = key
         pool.release(reserved[len(new_keys) :])
         result.stats.stored_blocks = len(new_keys)
@@ -585,6 +601,16 @@ class Engine:
             return False
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return any(marker in text for marker in stop)
+
+
+def _measured_logprobs(request: Request, result: Generation, num_tokens: int) -> list[float | None] | None:
+    """log p of each of prompt + reply tokens given the tokens before it, where this call
+    measured it (the model's own distribution, before any sampling shaping)."""
+    if not request.observe.logprobs or result.prompt_logprobs is None:
+        return None
+    reply = list(result.token_logprobs)
+    reply = reply if len(reply) == len(result.token_ids) else [None] * len(result.token_ids)
+    return (list(result.prompt_logprobs) + reply)[:num_tokens]
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:

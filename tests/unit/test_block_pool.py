@@ -181,3 +181,16 @@ def test_concurrent_store_match_release_keeps_every_invariant():
     assert errors == []
     pool.check_invariants()
     assert pool.stats().blocks_in_use == 0
+
+
+def test_a_block_keeps_the_log_probs_measured_for_it_and_fills_its_gaps_from_a_second_commit():
+    pool = make_pool(2)
+    key = chain_keys([1, 2, 3, 4], SIZE, EXTRA)[0]
+    first = pool.allocate(1)[0]
+    assert pool.commit(first, key, None, [1, 2, 3, 4], [None, -1.0, None, None]) == first
+    second = pool.allocate(1)[0]
+    assert pool.commit(second, key, None, [1, 2, 3, 4], [None, -1.0, -2.0, None]) == first  # same key: one block
+    assert pool.logprobs([first]) == [(None, -1.0, -2.0, None)]
+    pool.release([first, first])
+    other = pool.allocate(2)  # pressure evicts the cached block: its log-probs go with it
+    assert first in other and pool.logprobs([first]) == [None]

@@ -206,3 +206,19 @@ def test_threads_sharing_a_prefix_produce_the_same_tokens_as_a_sequential_run(ma
     assert [results[i] for i in range(4)] == expected
     assert engine.pool.stats().blocks_in_use == 0
     engine.pool.check_invariants()
+
+
+def test_a_cache_hit_serves_the_log_probs_the_computing_call_measured(make_engine):
+    from clm_middleware.engine import Observe
+
+    engine = make_engine()
+    prompt = list(b"The measured log-probs travel with the cached blocks of a prefix. " * 2)
+    positions = frozenset(range(1, len(prompt), 3))
+    first = engine.generate(prompt, max_new_tokens=1, observe=Observe(logprobs=True, logprob_positions=positions))
+    first = first.result()
+    second = engine.generate(prompt, max_new_tokens=1, observe=Observe(logprobs=True, logprob_positions=positions))
+    second = second.result()
+    assert second.stats.cached_tokens > len(prompt) // 2  # served from the pool
+    assert [v is None for v in second.prompt_logprobs] == [v is None for v in first.prompt_logprobs]
+    for a, b in zip(first.prompt_logprobs, second.prompt_logprobs, strict=True):
+        assert a is None or abs(a - b) < 1e-4

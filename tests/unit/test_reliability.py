@@ -111,3 +111,27 @@ def test_a_turn_that_cannot_fit_the_pool_is_a_clear_error(make_engine):
     with pytest.raises(PoolExhaustedError, match="cannot supply"):
         conversation.send("x" * 200)
     assert conversation.turn == 0 and engine.pool.stats().blocks_in_use == 0
+
+
+def _compressed_run(engine) -> tuple[list[int], list[str]]:
+    """Context size per turn and every summary, of one budgeted conversation."""
+    conversation = Conversation(engine, tagging="signals", budget=200, max_new_tokens=4)
+    sizes = []
+    for i in range(10):
+        reply = conversation.send(
+            f"Note {i}: my code is {200 + i}-ZX and the meeting place is hall {i} near the old station. "
+            f"Also, the weather on day {i} was mild, so we walked along the river for a while."
+        )
+        sizes.append(reply.stats.prompt_tokens)
+    summaries = [s.summary for s in conversation.segments if s.summary]
+    conversation.close()
+    return sizes, summaries
+
+
+def test_a_conversation_compresses_the_same_whatever_its_neighbours_cached(make_engine):
+    alone = _compressed_run(make_engine())
+    shared = make_engine()
+    _compressed_run(shared)  # a neighbour caches every block this conversation will hit
+    after_neighbour = _compressed_run(shared)
+    assert alone[1], "the budget must force compression for this test to mean anything"
+    assert after_neighbour == alone
