@@ -11,7 +11,7 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import model_options, penalty_options
+from clm_middleware.cli.options import model_options, penalty_options, sampling_options
 from clm_middleware.errors import ClmError
 
 COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /help  /quit"
@@ -44,6 +44,7 @@ PREVIEW_CHARS = 60
 )
 @click.option("--tagging", default="auto", show_default=True, help="auto, free, constrained, signals or rules.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Reply length cap.")
+@sampling_options
 @penalty_options
 @click.option("--tenant", default=None, help="Tenant key mixed into every KV block key; tenants never share blocks.")
 @model_options
@@ -55,6 +56,11 @@ def chat(
     k: int,
     tagging: str,
     max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int | None,
+    min_p: float | None,
+    seed: int | None,
     repetition_penalty: float | None,
     frequency_penalty: float,
     presence_penalty: float,
@@ -78,6 +84,11 @@ def chat(
                 ("k", k),
                 ("tagging", tagging),
                 ("max_new_tokens", max_new_tokens),
+                ("temperature", temperature),
+                ("top_p", top_p),
+                ("top_k", top_k),
+                ("min_p", min_p),
+                ("seed", seed),
                 ("repetition_penalty", repetition_penalty),
                 ("frequency_penalty", frequency_penalty),
                 ("presence_penalty", presence_penalty),
@@ -101,6 +112,11 @@ def chat(
             budget=budget,
             k=k,
             max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            seed=seed,
             repetition_penalty=repetition_penalty,
             frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty,

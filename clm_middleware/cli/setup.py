@@ -113,6 +113,7 @@ def _mode_factory(
             k=lifecycle.k,
             compression=lifecycle.compression,
             max_new_tokens=options.max_new_tokens,
+            **options.sampling,
             repetition_penalty=options.repetition_penalty,
             frequency_penalty=options.frequency_penalty,
             presence_penalty=options.presence_penalty,

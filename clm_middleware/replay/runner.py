@@ -16,10 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from clm_middleware.engine import Engine, Generation
 from clm_middleware.engine.penalties import check_penalties, penalty_processors
+from clm_middleware.engine.sampling import check_sampling_filters
 from clm_middleware.errors import ClmError, ConfigError
 from clm_middleware.lifecycle.reply_quality import reply_flags
 from clm_middleware.render import ChatFormat
@@ -46,6 +47,13 @@ class ReplayOptions:
     mode: str = "prefix"
     max_new_tokens: int = 64
     teacher_force: bool = False
+    # sampling (engine/sampling.py): greedy by default, so a replay is reproducible;
+    # top_k / min_p None: the model's generation config
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
     # repetition controls, the same in every mode (engine/penalties.py)
     repetition_penalty: float | None = None
     frequency_penalty: float = 0.0
@@ -55,11 +63,27 @@ class ReplayOptions:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError("max_new_tokens", f"must be ≥ 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0:
+            raise ConfigError("temperature", f"must be ≥ 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
+        check_sampling_filters(self.top_k, self.min_p)
         check_penalties(self)
 
     @property
     def tokens_to_generate(self) -> int:
         return 1 if self.teacher_force else self.max_new_tokens
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The sampling keywords of ``Engine.generate`` (and of ``Conversation``)."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "seed": self.seed,
+        }
 
 
 class TurnDriver(Protocol):
@@ -101,6 +125,7 @@ class PlainChatDriver:
         generation = self.engine.generate(
             prompt,
             max_new_tokens=self.options.tokens_to_generate,
+            **self.options.sampling,
             use_pool=self.options.mode == "prefix",
             logits_processors=penalty_processors(self.options, self.engine.generation_defaults),
             forced_token_ids=forced_ids(forced, self.format),

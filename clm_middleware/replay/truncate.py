@@ -68,6 +68,7 @@ class TruncationDriver:
         generation = self.engine.generate(
             prompt,
             max_new_tokens=self.options.tokens_to_generate,
+            **self.options.sampling,
             logits_processors=penalty_processors(self.options, self.engine.generation_defaults),
             forced_token_ids=forced_ids(forced, self.format),
         ).result()
