@@ -32,7 +32,7 @@ from clm_middleware.models.loading import DEFAULT_MODEL
 from .chat_call import ChatAnswer, ChatCall, ChatRequest
 from .messages import to_turn
 from .sessions import SessionRouter
-from .settings import check_settings, unknown_arguments
+from .settings import check_settings, resolve_aliases, unknown_arguments
 
 Stops = list[str] | None
 
@@ -122,13 +122,20 @@ class ChatCLM(BaseChatModel):
     """0 is greedy decoding."""
     top_p: float = 1.0
     """Nucleus sampling mass (with temperature > 0)."""
+    top_k: int | None = None
+    """Sample only among the k most likely tokens (with temperature > 0); 0 is off; None
+    uses the model's generation config (as transformers' ``TopKLogitsWarper``)."""
+    min_p: float | None = None
+    """In [0, 1]: drop tokens less likely than ``min_p`` × the top token's probability (with
+    temperature > 0); 0 is off; None uses the model's generation config."""
     stop: list[str] | None = None
     """Stop strings: the reply ends before the first one."""
     seed: int | None = None
     """Sampling seed, for reproducible sampled replies."""
     repetition_penalty: float | None = None
     """Divides positive (multiplies negative) logits of tokens already in the reply; 1.0 is
-    off; None uses the model's generation config. The prompt is never penalised."""
+    off; None uses the model's generation config. The prompt is never penalised.
+    ``repeat_penalty`` (ChatOllama's and llama.cpp's name) is accepted for it."""
     frequency_penalty: float = 0.0
     """OpenAI semantics, in [-2, 2]: subtracted from a token's logit once per time it is in the reply."""
     presence_penalty: float = 0.0
@@ -155,6 +162,7 @@ class ChatCLM(BaseChatModel):
     @classmethod
     def _known_arguments(cls, values: Any) -> Any:
         if isinstance(values, dict):
+            values = resolve_aliases(values)
             known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
             unknown_arguments(values, known)
         return values
@@ -180,6 +188,8 @@ class ChatCLM(BaseChatModel):
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
             "repetition_penalty": self.repetition_penalty,
             "frequency_penalty": self.frequency_penalty,
             "presence_penalty": self.presence_penalty,
@@ -384,6 +394,8 @@ class ChatCLM(BaseChatModel):
             max_new_tokens=self.max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
             seed=self.seed,
             stop=self.stop,
             repetition_penalty=self.repetition_penalty,
@@ -400,10 +412,13 @@ class ChatCLM(BaseChatModel):
 
     def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationSettings:
         stops = [*(self.stop or []), *(stop or []), *(kwargs.get("stop") or [])]
+        kwargs = resolve_aliases(kwargs)
         return GenerationSettings(
             max_new_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
             temperature=float(kwargs.get("temperature", self.temperature)),
             top_p=float(kwargs.get("top_p", self.top_p)),
+            top_k=kwargs.get("top_k", self.top_k),
+            min_p=kwargs.get("min_p", self.min_p),
             seed=kwargs.get("seed", self.seed),
             stop=tuple(dict.fromkeys(stops)),
             repetition_penalty=kwargs.get("repetition_penalty", self.repetition_penalty),

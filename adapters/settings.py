@@ -20,9 +20,26 @@ LOOKALIKES = {
     "model_name": "model",
     "max_new_tokens": "max_tokens",
     "num_predict": "max_tokens",
-    "repeat_penalty": "repetition_penalty",
 }
+# other chat models' names that ChatCLM accepts as they are, for the setting named here
+ALIASES = {"repeat_penalty": "repetition_penalty"}  # ChatOllama's, llama.cpp's
 REMOTE = ("base_url", "api_base", "openai_api_base", "openai_api_key")
+
+
+def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each alias (``ALIASES``) renamed to its setting; ``ConfigError`` when
+    both names are given with different values (which one was meant is unknowable)."""
+    if not any(alias in values for alias in ALIASES):
+        return values
+    resolved = dict(values)
+    for alias, name in ALIASES.items():
+        if alias not in resolved:
+            continue
+        value = resolved.pop(alias)
+        if name in resolved and resolved[name] != value:
+            raise ConfigError(alias, f"is another name for {name!r}, which is also given ({resolved[name]!r})")
+        resolved[name] = value
+    return resolved
 
 
 def unknown_arguments(values: dict[str, Any], known: set[str]) -> None:
@@ -55,6 +72,8 @@ def check_settings(model: Any) -> None:
         max_new_tokens=model.max_tokens,
         temperature=model.temperature,
         top_p=model.top_p,
+        top_k=model.top_k,
+        min_p=model.min_p,
         repetition_penalty=model.repetition_penalty,
         frequency_penalty=model.frequency_penalty,
         presence_penalty=model.presence_penalty,

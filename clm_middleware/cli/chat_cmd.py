@@ -11,7 +11,7 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import model_options, penalty_options
+from clm_middleware.cli.options import model_options, penalty_options, sampling_options
 from clm_middleware.errors import ClmError
 
 COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /help  /quit"
@@ -44,8 +44,16 @@ PREVIEW_CHARS = 60
 )
 @click.option("--tagging", default="auto", show_default=True, help="auto, free, constrained, signals or rules.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Reply length cap.")
+@sampling_options
 @penalty_options
 @click.option("--tenant", default=None, help="Tenant key mixed into every KV block key; tenants never share blocks.")
+@click.option(
+    "--json",
+    "json_lines",
+    is_flag=True,
+    help="Print one JSON object per turn on stdout (reply, tokens, labels), for scripts; "
+    "no prompt, and everything else (banner, command output) goes to stderr.",
+)
 @model_options
 def chat(
     db: Path | None,
@@ -55,19 +63,26 @@ def chat(
     k: int,
     tagging: str,
     max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int | None,
+    min_p: float | None,
+    seed: int | None,
     repetition_penalty: float | None,
     frequency_penalty: float,
     presence_penalty: float,
     no_repeat_ngram_size: int | None,
     tenant: str | None,
+    json_lines: bool,
     **engine_options: Any,
 ) -> None:
     """Chat with a managed model. After each reply it shows what was cached and decided."""
+    from clm_middleware.cli import json_lines as lines
     from clm_middleware.cli.setup import build_engine
     from clm_middleware.conversation import Conversation
     from clm_middleware.store import Store
 
-    console = Console()
+    console = Console(stderr=json_lines)  # with --json, stdout carries only the JSON lines
     engine = build_engine(**engine_options)
     store = Store(db) if db else None
     if store is not None and session is not None and session in store.conversation_ids():
@@ -78,6 +93,11 @@ def chat(
                 ("k", k),
                 ("tagging", tagging),
                 ("max_new_tokens", max_new_tokens),
+                ("temperature", temperature),
+                ("top_p", top_p),
+                ("top_k", top_k),
+                ("min_p", min_p),
+                ("seed", seed),
                 ("repetition_penalty", repetition_penalty),
                 ("frequency_penalty", frequency_penalty),
                 ("presence_penalty", presence_penalty),
@@ -101,6 +121,11 @@ def chat(
             budget=budget,
             k=k,
             max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            seed=seed,
             repetition_penalty=repetition_penalty,
             frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty,
@@ -111,11 +136,14 @@ def chat(
     console.print(f"[dim]{engine.model_name} · conversation {conversation.id} · {COMMANDS}[/dim]")
     with conversation:
         while True:
-            text = _read_line("you> ")
+            text = _read_line("" if json_lines else "you> ")
             if text is None:
                 break
             if isinstance(text, bytes):  # e.g. piped in from a file in another encoding
-                console.print("[red]that line is not valid UTF-8; it was skipped[/red]")
+                if json_lines:
+                    lines.emit(lines.error_line("that line is not valid UTF-8; it was skipped"))
+                else:
+                    console.print("[red]that line is not valid UTF-8; it was skipped[/red]")
                 continue
             text = text.strip()
             if not text:
@@ -123,6 +151,16 @@ def chat(
             if text.startswith("/"):
                 if not _command(text, conversation, console):
                     break
+                continue
+            if json_lines:
+                answered = len(conversation.history)
+                try:
+                    reply = conversation.send(text)
+                except ClmError as error:
+                    conversation.discard(answered)
+                    lines.emit(lines.error_line(str(error)))
+                    continue
+                lines.emit(lines.chat_turn_line(conversation.id, reply))
                 continue
             console.print("[bold]model>[/bold] ", end="")
             answered = len(conversation.history)

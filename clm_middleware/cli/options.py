@@ -100,9 +100,61 @@ def penalty_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def sampling_filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--top-k, --min-p: the filters applied when sampling (engine/sampling.py); greedy
+    decoding (temperature 0) ignores them; unset, they come from the model's generation config."""
+    for option in reversed(
+        [
+            click.option(
+                "--top-k",
+                type=click.IntRange(min=0),
+                default=None,
+                help="Sample only among the K most likely tokens; 0 is off [default: the model's generation config].",
+            ),
+            click.option(
+                "--min-p",
+                type=click.FloatRange(0, 1),
+                default=None,
+                help="Drop tokens less likely than MIN_P x the top token's probability; 0 is off "
+                "[default: the model's generation config].",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def sampling_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--temperature, --top-p, --seed and the ``sampling_filter_options``."""
+    for option in reversed(
+        [
+            click.option(
+                "--temperature",
+                type=click.FloatRange(min=0),
+                default=0.0,
+                show_default=True,
+                help="Sampling temperature; 0 is greedy (reproducible, ignores the filters below).",
+            ),
+            click.option(
+                "--top-p",
+                type=click.FloatRange(0, 1, min_open=True),
+                default=1.0,
+                show_default=True,
+                help="Nucleus sampling: the smallest set of likeliest tokens with this mass; 1 is off.",
+            ),
+        ]
+    ):
+        command = option(command)
+    command = sampling_filter_options(command)
+    return click.option("--seed", type=int, default=None, help="Sampling seed, for reproducible sampled replies.")(
+        command
+    )
+
+
 def generation_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--max-new-tokens, --teacher-force and the ``penalty_options``."""
+    """--max-new-tokens, --teacher-force, the ``sampling_options`` and the ``penalty_options``."""
     command = penalty_options(command)
+    command = sampling_options(command)
     for option in reversed(
         [
             click.option(

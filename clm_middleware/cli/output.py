@@ -26,13 +26,19 @@ def turn_table(report: ReplayReport, width: int | None = None) -> Table:
     """One row per turn. In ``width`` columns (a terminal's), columns are dropped by
     ``_DROP_ORDER`` until the rest fit whole: a number is never cut, the turn column never
     goes, and the reply preview takes what room is left (every reply is printed in full
-    below the table anyway)."""
+    below the table anyway). A turn ``--on-error skip`` went past is a row of its own,
+    its reply cell saying why."""
     lifecycle = any("decisions" in turn.extra for turn in report.turns)
     names = ["turn", "prompt", "cached", "prefill", "context", "TTFT s", "turn s"]
     if lifecycle:
         names += ["k/c/d", "by"]
     names.append("reply")
-    rows = [_row(turn, lifecycle) for turn in report.turns]
+    numbered: list[tuple[int, list[str]]] = [(turn.turn, _row(turn, lifecycle)) for turn in report.turns]
+    for failure in report.failures:
+        if failure.turn is not None:
+            blanks = ["-"] * (len(names) - 2)
+            numbered.append((failure.turn, [str(failure.turn), *blanks, f"failed: {failure.error}"]))
+    rows = [row for _, row in sorted(numbered, key=lambda pair: pair[0])]
     widths = {name: max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(names)}
     widths["reply"] = min(widths["reply"], _MIN_REPLY)
     shown = list(names)
@@ -93,8 +99,12 @@ def summary_table(report: ReplayReport) -> Table:
     table = Table(title="totals", show_header=False, title_justify="left")
     table.add_column("what")
     table.add_column("value", justify="right")
-    rows: list[tuple[str, Any]] = [
-        ("turns", totals["turns"]),
+    rows: list[tuple[str, Any]] = [("turns", totals["turns"])]
+    if report.failures or report.settings.get("on_error") == "skip":
+        rows.append(("failed turns (skipped)", totals["failed_turns"]))
+        if totals["skipped_records"]:
+            rows.append(("unreadable records (skipped)", totals["skipped_records"]))
+    rows += [
         ("prompt tokens", totals["prompt_tokens"]),
         ("cached tokens", totals["cached_tokens"]),
         ("prefill tokens", totals["prefill_tokens"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import click
 from rich.console import Console
 
 from clm_middleware.cli.options import format_option, generation_options, lifecycle_options, model_options
+from clm_middleware.replay.report import ON_ERROR
 
 MODES = ("stateless", "prefix", "truncate", "clm")
 
@@ -41,6 +43,20 @@ MODES = ("stateless", "prefix", "truncate", "clm")
 @click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N conversations of the file."
 )
+@click.option(
+    "--on-error",
+    type=click.Choice(ON_ERROR),
+    default="stop",
+    show_default=True,
+    help="stop: a failing turn (a message over the budget or the context window, a bad record) ends the replay; "
+    "skip: record it in the report and go on.",
+)
+@click.option(
+    "--json",
+    "json_lines",
+    is_flag=True,
+    help="Print one JSON object per turn (and the totals last) on stdout, for scripts; progress goes to stderr.",
+)
 @click.option("--quiet", is_flag=True, help="No per-turn table or progress bar; print only the totals.")
 def replay(
     transcript: Path,
@@ -48,6 +64,11 @@ def replay(
     mode: str,
     max_new_tokens: int,
     teacher_force: bool,
+    temperature: float,
+    top_p: float,
+    top_k: int | None,
+    min_p: float | None,
+    seed: int | None,
     repetition_penalty: float | None,
     frequency_penalty: float,
     presence_penalty: float,
@@ -63,6 +84,8 @@ def replay(
     plot_path: Path | None,
     probes_path: Path | None,
     limit: int | None,
+    on_error: str,
+    json_lines: bool,
     quiet: bool,
     **engine_options: Any,
 ) -> None:
@@ -71,16 +94,19 @@ def replay(
     Several conversations in one file replay one after another through one pool, so
     prefixes they share (a system prompt, a document) are cache hits.
     """
+    from clm_middleware.cli import json_lines as lines
     from clm_middleware.cli.output import replies_text, summary_table, turn_progress, turn_table
     from clm_middleware.cli.plot import plot_reports
     from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes
     from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory
+    from clm_middleware.errors import TranscriptError
     from clm_middleware.replay.formats import read_transcripts
-    from clm_middleware.replay.report import ReplayReport
+    from clm_middleware.replay.report import Failure, ReplayReport, TurnRecord
     from clm_middleware.replay.runner import ReplayOptions, count_turns
     from clm_middleware.replay.runner import replay as run_replay
 
-    transcripts = read_transcripts(transcript, transcript_format)[:limit]
+    skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
+    transcripts = read_transcripts(transcript, transcript_format, skipped)[:limit]
     stderr = Console(stderr=True)
     if mode in ("stateless", "prefix"):
         ignored = [name for name, value in (("--budget", budget), ("--db", db), ("--summarizer", summarizer)) if value]
@@ -91,6 +117,11 @@ def replay(
         mode=mode,
         max_new_tokens=max_new_tokens,
         teacher_force=teacher_force,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        seed=seed,
         repetition_penalty=repetition_penalty,
         frequency_penalty=frequency_penalty,
         presence_penalty=presence_penalty,
@@ -106,16 +137,35 @@ def replay(
         "transcript": str(transcript),
         "max_new_tokens": max_new_tokens,
         "teacher_force": teacher_force,
+        **options.sampling,
         "repetition_penalty": repetition_penalty,
         "frequency_penalty": frequency_penalty,
         "presence_penalty": presence_penalty,
         "no_repeat_ngram_size": no_repeat_ngram_size,
         "block_size": engine.block_size,
+        "on_error": on_error,
     }
     if mode in ("clm", "truncate"):
         settings.update(lifecycle.settings())
     report = ReplayReport(mode=mode, model=engine.model_name, settings=settings)
+    report.failures.extend(Failure(str(error)) for error in skipped or [])
     stdout = Console()
+
+    def answered(record: TurnRecord, advance: Callable[[], None]) -> None:
+        advance()
+        if json_lines:
+            lines.emit(lines.turn_line(record))
+
+    def failed(failure: Failure, advance: Callable[[], None] = lambda: None) -> None:
+        advance()
+        if json_lines:
+            lines.emit(lines.failure_line(failure))
+        else:
+            where = f"turn {failure.turn} ({failure.conversation_id})" if failure.turn else "a record"
+            stderr.print(f"skipped {where}: {failure.error}", markup=False, highlight=False)
+
+    for failure in report.failures:  # the records left out while reading
+        failed(failure)
 
     def save() -> None:
         engine.close()  # spill to the disk tier, if one is set
@@ -133,11 +183,16 @@ def replay(
                 driver_factory(engine, options, lifecycle),
                 report,
                 teacher_force=teacher_force,
-                on_turn=lambda _: advance(),
+                on_turn=lambda record: answered(record, advance),
+                on_error=on_error,
+                on_failure=lambda failure: failed(failure, advance),
             )
 
     finish_on_failure(run, save, stderr)
     save()
+    if json_lines:
+        lines.emit(lines.totals_line(report))
+        return
     if not quiet:
         stdout.print(turn_table(report, width=stdout.width))
         replies = replies_text(report)

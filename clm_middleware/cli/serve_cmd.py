@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from clm_middleware.cli.options import model_options, penalty_options
+from clm_middleware.cli.options import model_options, penalty_options, sampling_filter_options
 
 API_KEY_ENV = "CLM_API_KEY"
 
@@ -61,6 +61,7 @@ API_KEY_ENV = "CLM_API_KEY"
     show_default=True,
     help="Sampling temperature when a request gives none (0: greedy).",
 )
+@sampling_filter_options
 @penalty_options
 @model_options
 def serve(
@@ -77,6 +78,8 @@ def serve(
     max_concurrent_turns: int,
     max_tokens: int,
     temperature: float,
+    top_k: int | None,
+    min_p: float | None,
     repetition_penalty: float | None,
     frequency_penalty: float,
     presence_penalty: float,
@@ -96,6 +99,8 @@ def serve(
     generation = GenerationSettings(
         max_new_tokens=max_tokens,
         temperature=temperature,
+        top_k=top_k,
+        min_p=min_p,
         repetition_penalty=repetition_penalty,
         frequency_penalty=frequency_penalty,
         presence_penalty=presence_penalty,

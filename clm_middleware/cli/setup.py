@@ -10,7 +10,8 @@ from clm_middleware.cache import PoolConfig
 from clm_middleware.engine import Engine
 from clm_middleware.errors import ConfigError
 from clm_middleware.render import ChatFormat
-from clm_middleware.replay.runner import PlainChatDriver, ReplayOptions, TurnDriver
+from clm_middleware.replay.plain import PlainChatDriver
+from clm_middleware.replay.runner import ReplayOptions, TurnDriver
 from clm_middleware.replay.transcript import Transcript
 
 TINY_MODEL = "tiny"  # the random test model: exercises every path in milliseconds
@@ -113,6 +114,7 @@ def _mode_factory(
             k=lifecycle.k,
             compression=lifecycle.compression,
             max_new_tokens=options.max_new_tokens,
+            **options.sampling,
             repetition_penalty=options.repetition_penalty,
             frequency_penalty=options.frequency_penalty,
             presence_penalty=options.presence_penalty,

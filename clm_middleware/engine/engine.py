@@ -40,7 +40,7 @@ from clm_middleware.cache.layout import KVLayout, PoolConfig
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request
 from clm_middleware.engine.observe import AttentionProbe, Observe, default_probe_layers
 from clm_middleware.engine.penalties import GenerationDefaults
-from clm_middleware.engine.sampling import SamplingParams, choose_token
+from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters, choose_token
 from clm_middleware.engine.stats import EngineStats
 from clm_middleware.errors import ConfigError, ContextWindowError, PoolExhaustedError
 from clm_middleware.models.fingerprint import model_fingerprint
@@ -146,7 +146,7 @@ class Engine:
 
     @property
     def generation_defaults(self) -> GenerationDefaults:
-        """The model's own repetition settings (``model.generation_config``), read live."""
+        """The model's own repetition and sampling-filter settings (``model.generation_config``), read live."""
         return GenerationDefaults.from_model(self.model)
 
     def extra_key(self, cache_salt: str | None = None) -> bytes:
@@ -169,6 +169,8 @@ class Engine:
         observe: Observe | None = None,
         logits_processors: Sequence[LogitsProcessor] = (),
         forced_token_ids: Sequence[int] | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
     ) -> Generation:
         """Start a generation; nothing runs until the result is iterated.
 
@@ -188,6 +190,8 @@ class Engine:
         their full blocks stored like generated ones, so a next prompt that repeats them
         hits. ``ttft_s`` is still the time to the prompt's last logits: when the first
         token of a generated reply would have been chosen.
+        ``top_k`` / ``min_p`` filter sampled tokens (``engine/sampling.py``; 0 is off);
+        ``None`` takes the model's generation config. Greedy decoding ignores them.
         """
         prompt = [int(token) for token in prompt_token_ids]
         forced = None if forced_token_ids is None else tuple(int(t) for t in forced_token_ids)
@@ -196,7 +200,16 @@ class Engine:
                 raise ConfigError("forced_token_ids", "must hold at least one token")
             self._check_vocabulary(list(forced), "forced_token_ids")
             max_new_tokens = len(forced)
-        sampling = SamplingParams(max_new_tokens, temperature, top_p, seed)
+        check_sampling_filters(top_k, min_p)
+        defaults = self.generation_defaults
+        sampling = SamplingParams(
+            max_new_tokens,
+            temperature,
+            top_p,
+            seed,
+            top_k=defaults.top_k if top_k is None else top_k,
+            min_p=defaults.min_p if min_p is None else min_p,
+        )
         self._validate(prompt, sampling.max_new_tokens)
         if stop and self.tokenizer is None:
             raise ConfigError("stop", "stop strings need an engine created with a tokenizer")

@@ -29,7 +29,8 @@ a small n can make these impossible to write.
 
 ``None`` for ``repetition_penalty`` / ``no_repeat_ngram_size`` means "the model's own
 generation config" (``GenerationDefaults.from_model``); OpenAI's two penalties have no
-counterpart there and default to 0.
+counterpart there and default to 0. ``GenerationDefaults`` also carries the model's
+``top_k`` / ``min_p``, which the sampler applies (``engine/sampling.py``).
 """
 
 from __future__ import annotations
@@ -73,16 +74,24 @@ def check_penalties(settings: PenaltySettings) -> None:
 
 @dataclass(frozen=True, slots=True)
 class GenerationDefaults:
-    """The model's own repetition settings, used where a setting is ``None``."""
+    """The model's own repetition and sampling-filter settings, used where a setting is
+    ``None``. Every default is "off", as for a model whose config sets nothing
+    (transformers ≥ 5 leaves unset ``top_k`` / ``min_p`` at ``None``, not 50)."""
 
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+    top_k: int = 0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.repetition_penalty > 0:
             raise ConfigError("generation_config.repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
         if self.no_repeat_ngram_size < 0:
             raise ConfigError("generation_config.no_repeat_ngram_size", f"must be ≥ 0, got {self.no_repeat_ngram_size}")
+        if self.top_k < 0:
+            raise ConfigError("generation_config.top_k", f"must be ≥ 0, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ConfigError("generation_config.min_p", f"must be in [0, 1], got {self.min_p}")
 
     @classmethod
     def from_model(cls, model: Any) -> GenerationDefaults:
@@ -90,9 +99,13 @@ class GenerationDefaults:
         config = getattr(model, "generation_config", None)
         repetition = getattr(config, "repetition_penalty", None)
         ngram = getattr(config, "no_repeat_ngram_size", None)
+        top_k = getattr(config, "top_k", None)
+        min_p = getattr(config, "min_p", None)
         return cls(
             repetition_penalty=1.0 if repetition is None else float(repetition),
             no_repeat_ngram_size=0 if ngram is None else int(ngram),
+            top_k=0 if top_k is None else int(top_k),
+            min_p=0.0 if min_p is None else float(min_p),
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clm_middleware.engine.penalties import check_penalties
+from clm_middleware.engine.sampling import check_sampling_filters
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.compressor import METHODS
 from clm_middleware.lifecycle.tagging import TaggingConfig
@@ -16,6 +17,10 @@ class GenerationSettings:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    # sampling filters (engine/sampling.py), applied with temperature > 0; 0 is off,
+    # None: the model's generation_config
+    top_k: int | None = None
+    min_p: float | None = None
     stop: tuple[str, ...] = ()
     block_tokens: int = 96  # extra room for a free-form [LIFECYCLE] block
     # repetition controls (engine/penalties.py); None: the model's generation_config
@@ -36,6 +41,7 @@ class GenerationSettings:
             raise ConfigError("temperature", f"must be ≥ 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
+        check_sampling_filters(self.top_k, self.min_p)
         check_penalties(self)
 
 

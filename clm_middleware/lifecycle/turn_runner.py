@@ -168,6 +168,8 @@ class TurnRunner:
             max_new_tokens=max(1, min(max_new, budget_room)),
             temperature=settings.temperature,
             top_p=settings.top_p,
+            top_k=settings.top_k,
+            min_p=settings.min_p,
             seed=settings.seed,
             stop=stops or None,
             hold_blocks=True,

@@ -14,6 +14,16 @@ from clm_middleware.replay.transcript_text import message_text
 class ClmDriver:
     def __init__(self, conversation: Conversation) -> None:
         self.conversation = conversation
+        self._answered = len(conversation.messages)  # messages after the last reply
+
+    def discard_turn(self) -> None:
+        """The unanswered messages go (``Conversation.discard``); an assistant message
+        that opened the transcript stays, since ``discard`` keeps answered history."""
+        messages = self.conversation.messages
+        start = len(messages)
+        while start > self._answered and messages[start - 1].role != "assistant":
+            start -= 1
+        self.conversation.discard(start)
 
     def add(self, message: Message) -> None:
         self.conversation.add(message.role, message_text(message))
@@ -21,6 +31,7 @@ class ClmDriver:
     def respond(self, forced: Message | None) -> TurnRecord:
         started = time.perf_counter()
         reply = self.conversation.respond(message_text(forced) if forced is not None else None)
+        self._answered = len(self.conversation.messages)
         stats = reply.stats
         pool = self.conversation.engine.pool.stats()
         return TurnRecord(

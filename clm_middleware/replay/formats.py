@@ -11,7 +11,10 @@
   "data": {...}}]``, or ``{"messages": [...]}``.
 
 Errors name the file and where: ``FILE:LINE`` for JSONL and for JSON syntax, a JSON
-path (``conversations[2].from``) for structure. Probes for retention can sit next to
+path (``conversations[2].from``) for structure. Given a ``skipped`` list (``clm replay
+--on-error skip``), ``read_transcripts`` leaves out a JSONL line or one conversation of
+a many-conversation file that cannot be read, and appends its error there; a problem
+with the file as a whole (not JSON, empty, no format) still raises. Probes for retention can sit next to
 a transcript as ``<name>.probes.json``.
 """
 
@@ -51,13 +54,15 @@ _SHAREGPT_ROLES = {
 _LANGCHAIN_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "chat": "user"}
 
 
-def read_transcripts(path: str | Path, fmt: str = "auto") -> list[Transcript]:
-    """Read ``path`` in format ``fmt`` (``auto`` sniffs it)."""
+def read_transcripts(
+    path: str | Path, fmt: str = "auto", skipped: list[TranscriptError] | None = None
+) -> list[Transcript]:
+    """Read ``path`` in format ``fmt`` (``auto`` sniffs it); ``skipped``: see the module docstring."""
     path = Path(path)
     if fmt not in FORMATS:
         raise TranscriptError(str(path), None, f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl"):
-        return read_jsonl(path)
+        return read_jsonl(path, skipped)
     text = _read_text(path)
     if not text.strip():
         raise TranscriptError(str(path), None, "the file is empty")
@@ -65,14 +70,14 @@ def read_transcripts(path: str | Path, fmt: str = "auto") -> list[Transcript]:
         data = load_json(text, str(path), None)
     except TranscriptError:
         if fmt == "auto" and "\n" in text.strip():
-            return read_jsonl(path)  # JSON lines with another extension
+            return read_jsonl(path, skipped)  # JSON lines with another extension
         if fmt != "jsonl" and _looks_like_json_lines(text):
             raise TranscriptError(
                 str(path), None, f"holds one JSON object per line, not one {fmt} document; use --format jsonl"
             ) from None
         raise
     reader = _READERS[_detect(data, str(path)) if fmt == "auto" else fmt]
-    transcripts = reader(data, str(path))
+    transcripts = reader(data, str(path), skipped)
     if not transcripts or not any(t.messages for t in transcripts):
         raise TranscriptError(str(path), None, "the file holds no messages")
     return transcripts
@@ -114,25 +119,43 @@ def _detect(data: Any, path: str) -> str:
     )
 
 
-def _openai(data: Any, path: str) -> list[Transcript]:
+def _openai(data: Any, path: str, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list):
         raise TranscriptError(path, None, "expected a list of messages or of conversations")
     if data and isinstance(data[0], dict) and "role" in data[0]:
         return [Transcript(Path(path).stem, _openai_messages(data, path, "$"), path)]
+    return _each(data, path, skipped, _openai_conversation)
+
+
+def _openai_conversation(item: Any, number: int, path: str) -> Transcript:
+    where = f"$[{number}]"
+    if not isinstance(item, dict):
+        raise TranscriptError(path, None, f"{where}: expected an object with a messages list")
+    messages = item.get("messages", item.get("traj"))
+    if not isinstance(messages, list):
+        raise TranscriptError(path, None, f'{where}: expected a "messages" list')
+    name = str(item.get("id", item.get("conversation_id", item.get("task_id", number))))
+    return Transcript(f"{Path(path).stem}-{name}", _openai_messages(messages, path, f"{where}.messages"), path)
+
+
+def _each(
+    items: list[Any],
+    path: str,
+    skipped: list[TranscriptError] | None,
+    read: Callable[[Any, int, str], Transcript],
+) -> list[Transcript]:
+    """``read`` each conversation of a many-conversation file; with ``skipped``, one that
+    fails is left out and its error (naming its JSON path) appended there."""
     transcripts = []
-    for number, item in enumerate(data):
-        where = f"$[{number}]"
-        if not isinstance(item, dict):
-            raise TranscriptError(path, None, f"{where}: expected an object with a messages list")
-        messages = item.get("messages", item.get("traj"))
-        if not isinstance(messages, list):
-            raise TranscriptError(path, None, f'{where}: expected a "messages" list')
-        name = str(item.get("id", item.get("conversation_id", item.get("task_id", number))))
-        transcripts.append(
-            Transcript(f"{Path(path).stem}-{name}", _openai_messages(messages, path, f"{where}.messages"), path)
-        )
+    for number, item in enumerate(items):
+        try:
+            transcripts.append(read(item, number, path))
+        except TranscriptError as error:
+            if skipped is None:
+                raise
+            skipped.append(error)
     return transcripts
 
 
@@ -145,36 +168,37 @@ def _openai_messages(messages: list[Any], path: str, where: str) -> tuple[Messag
     return tuple(out)
 
 
-def _sharegpt(data: Any, path: str) -> list[Transcript]:
+def _sharegpt(data: Any, path: str, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
     items = data if isinstance(data, list) else [data]
     if items and isinstance(items[0], dict) and "from" in items[0]:
         items = [{"conversations": items}]
-    transcripts = []
-    for number, item in enumerate(items):
-        where = f"$[{number}]"
-        turns = item.get("conversations") if isinstance(item, dict) else None
-        if not isinstance(turns, list):
-            raise TranscriptError(path, None, f'{where}: expected {{"conversations": [...]}}')
-        messages = []
-        for index, turn in enumerate(turns):
-            at = f"{where}.conversations[{index}]"
-            if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
-                raise TranscriptError(path, None, f'{at}: expected {{"from": ..., "value": "..."}}')
-            source = str(turn.get("from", "")).lower()
-            role = _SHAREGPT_ROLES.get(source)
-            if role is None:
-                raise TranscriptError(
-                    path,
-                    None,
-                    f"{at}.from: unknown speaker {turn.get('from')!r}; expected one of {sorted(_SHAREGPT_ROLES)}",
-                )
-            record: dict[str, Any] = {"role": role, "content": turn["value"]}
-            if source == "function_call":
-                record = {"role": "assistant", "content": "", "tool_calls": [_sharegpt_call(turn["value"])]}
-            messages.append(_checked(lambda r=record: message_from_record(r, path, None), path, at))
-        name = str(item.get("id", number))
-        transcripts.append(Transcript(f"{Path(path).stem}-{name}", tuple(messages), path))
-    return transcripts
+    return _each(items, path, skipped, _sharegpt_conversation)
+
+
+def _sharegpt_conversation(item: Any, number: int, path: str) -> Transcript:
+    where = f"$[{number}]"
+    turns = item.get("conversations") if isinstance(item, dict) else None
+    if not isinstance(turns, list):
+        raise TranscriptError(path, None, f'{where}: expected {{"conversations": [...]}}')
+    messages = []
+    for index, turn in enumerate(turns):
+        at = f"{where}.conversations[{index}]"
+        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+            raise TranscriptError(path, None, f'{at}: expected {{"from": ..., "value": "..."}}')
+        source = str(turn.get("from", "")).lower()
+        role = _SHAREGPT_ROLES.get(source)
+        if role is None:
+            raise TranscriptError(
+                path,
+                None,
+                f"{at}.from: unknown speaker {turn.get('from')!r}; expected one of {sorted(_SHAREGPT_ROLES)}",
+            )
+        record: dict[str, Any] = {"role": role, "content": turn["value"]}
+        if source == "function_call":
+            record = {"role": "assistant", "content": "", "tool_calls": [_sharegpt_call(turn["value"])]}
+        messages.append(_checked(lambda r=record: message_from_record(r, path, None), path, at))
+    name = str(item.get("id", number))
+    return Transcript(f"{Path(path).stem}-{name}", tuple(messages), path)
 
 
 def _sharegpt_call(value: str) -> dict[str, Any]:
@@ -185,7 +209,8 @@ def _sharegpt_call(value: str) -> dict[str, Any]:
     return call if isinstance(call, dict) else {"name": "unknown", "arguments": call}
 
 
-def _langchain(data: Any, path: str) -> list[Transcript]:
+def _langchain(data: Any, path: str, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
+    """One conversation: nothing to skip past, so ``skipped`` is unused."""
     if isinstance(data, dict):
         data = data.get("messages")
     if not isinstance(data, list):
@@ -227,7 +252,7 @@ def _checked(read: Callable[[], Message], path: str, where: str) -> Message:
         raise TranscriptError(path, None, f"{where}: {problem}") from None
 
 
-_READERS: dict[str, Callable[[Any, str], list[Transcript]]] = {
+_READERS: dict[str, Callable[[Any, str, list[TranscriptError] | None], list[Transcript]]] = {
     "openai": _openai,
     "sharegpt": _sharegpt,
     "langchain": _langchain,

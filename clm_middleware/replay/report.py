@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+ON_ERROR = ("stop", "skip")  # what a failing turn does to a replay (``replay_interleaved``)
+
 
 @dataclass(slots=True)
 class TurnRecord:
@@ -44,6 +46,19 @@ class TurnRecord:
         return data
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A turn that failed under ``--on-error skip`` (``turn`` and ``conversation_id`` set),
+    or a transcript record that could not be read (both ``None``; ``error`` says where)."""
+
+    error: str
+    turn: int | None = None
+    conversation_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"turn": self.turn, "conversation_id": self.conversation_id, "error": self.error}
+
+
 @dataclass(slots=True)
 class ReplayReport:
     mode: str
@@ -54,6 +69,9 @@ class ReplayReport:
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     disk_stats: dict[str, int] = field(default_factory=dict)  # disk_hits, disk_writes, ... (see DiskStats)
+    # what --on-error skip went past, in order; ``turns`` holds only the answered turns, so
+    # every total and percentile is over turns that ran (turn numbers count failed turns too)
+    failures: list[Failure] = field(default_factory=list)
 
     def totals(self) -> dict[str, Any]:
         turns = self.turns
@@ -87,6 +105,8 @@ class ReplayReport:
             "max_context_tokens": max((t.context_tokens for t in turns), default=0),
             "max_pool_blocks_in_use": max((t.pool_blocks_in_use for t in turns), default=0),
             "wall_s": self.wall_s,
+            "failed_turns": sum(f.turn is not None for f in self.failures),
+            "skipped_records": sum(f.turn is None for f in self.failures),
             **self.disk_stats,
             **lifecycle_totals(turns),
         }
@@ -98,6 +118,7 @@ class ReplayReport:
             "complete": self.complete,
             "settings": self.settings,
             "turns": [turn.as_dict() for turn in self.turns],
+            "failures": [failure.as_dict() for failure in self.failures],
             "totals": self.totals(),
         }
         data.update(self.extra)

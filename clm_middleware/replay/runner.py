@@ -16,16 +16,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from clm_middleware.engine import Engine, Generation
-from clm_middleware.engine.penalties import check_penalties, penalty_processors
+from clm_middleware.engine.penalties import check_penalties
+from clm_middleware.engine.sampling import check_sampling_filters
 from clm_middleware.errors import ClmError, ConfigError
-from clm_middleware.lifecycle.reply_quality import reply_flags
-from clm_middleware.render import ChatFormat
-from clm_middleware.replay.report import ReplayReport, TurnRecord
+from clm_middleware.replay.plain import (  # noqa: F401 -- re-exported: the drivers used to live here
+    PlainChatDriver,
+    forced_ids,
+    plain_turn_record,
+    reply_of,
+    strip_stop_token,
+)
+from clm_middleware.replay.report import ON_ERROR, Failure, ReplayReport, TurnRecord
 from clm_middleware.replay.transcript import Message, Transcript
-from clm_middleware.replay.transcript_text import message_text
 
 PLAIN_MODES = ("stateless", "prefix")
 
@@ -46,6 +50,13 @@ class ReplayOptions:
     mode: str = "prefix"
     max_new_tokens: int = 64
     teacher_force: bool = False
+    # sampling (engine/sampling.py): greedy by default, so a replay is reproducible;
+    # top_k / min_p None: the model's generation config
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
     # repetition controls, the same in every mode (engine/penalties.py)
     repetition_penalty: float | None = None
     frequency_penalty: float = 0.0
@@ -55,11 +66,27 @@ class ReplayOptions:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError("max_new_tokens", f"must be ≥ 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0:
+            raise ConfigError("temperature", f"must be ≥ 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
+        check_sampling_filters(self.top_k, self.min_p)
         check_penalties(self)
 
     @property
     def tokens_to_generate(self) -> int:
         return 1 if self.teacher_force else self.max_new_tokens
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The sampling keywords of ``Engine.generate`` (and of ``Conversation``)."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "seed": self.seed,
+        }
 
 
 class TurnDriver(Protocol):
@@ -71,141 +98,11 @@ class TurnDriver(Protocol):
     def respond(self, forced: Message | None) -> TurnRecord:
         """Answer now; with ``forced``, keep that reply instead of the generated one."""
 
+    def discard_turn(self) -> None:
+        """Forget the messages added since the last answer: a failed turn leaves nothing in the context."""
+
     def close(self) -> None:
         """Give back every pool reference the conversation holds."""
-
-
-class PlainChatDriver:
-    """``stateless`` and ``prefix`` modes: the whole history, rendered append-only.
-
-    ``stateless`` recomputes the whole prompt every turn, as a stateless chat-model
-    wrapper does; ``prefix`` sends the same token ids through the block pool.
-    """
-
-    def __init__(self, engine: Engine, chat_format: ChatFormat, options: ReplayOptions, conversation_id: str) -> None:
-        self.engine, self.format, self.options = engine, chat_format, options
-        self.conversation_id = conversation_id
-        self.history: list[int] | None = None
-        self.replies: list[str] = []  # the assistant's replies so far, as the model saw them
-        self.turn = 0
-
-    def add(self, message: Message) -> None:
-        role = message.role if self.format.supports_role(message.role) else "user"
-        self._append(role, self.format.encode(message_text(message)))
-
-    def respond(self, forced: Message | None) -> TurnRecord:
-        started = time.perf_counter()
-        if self.history is None:
-            self.history = self.format.start_ids(None)
-        prompt = self.history + list(self.format.generation_prompt_ids)
-        generation = self.engine.generate(
-            prompt,
-            max_new_tokens=self.options.tokens_to_generate,
-            use_pool=self.options.mode == "prefix",
-            logits_processors=penalty_processors(self.options, self.engine.generation_defaults),
-            forced_token_ids=forced_ids(forced, self.format),
-        ).result()
-        reply, reply_ids = reply_of(generation, forced, self.format, self.engine)
-        self._append("assistant", reply_ids)
-        record = plain_turn_record(
-            self.conversation_id,
-            self.engine,
-            generation,
-            reply,
-            started,
-            self.replies,
-            pooled=self.options.mode == "prefix",
-        )
-        self.replies.append(reply)
-        return record
-
-    @property
-    def context_tokens(self) -> int:
-        return len(self.history) if self.history is not None else 0
-
-    @property
-    def context_ids(self) -> list[int]:
-        """The ids the next turn's prompt starts with (before its generation prompt): the whole history."""
-        return list(self.history if self.history is not None else self.format.start_ids(None))
-
-    @property
-    def context(self) -> str:
-        """What the model sees now: the whole history."""
-        return self.format.tokenizer.decode(self.context_ids, skip_special_tokens=False)
-
-    def close(self) -> None:
-        """Holds no references: every call releases its blocks to the LRU queue."""
-
-    def _append(self, role: str, content_ids: list[int]) -> None:
-        if self.history is None:
-            self.history = self.format.start_ids(role)
-        self.history.extend(self.format.message_ids(role, content_ids))
-
-
-def forced_ids(forced: Message | None, chat_format: ChatFormat) -> list[int] | None:
-    """The ids a teacher-forced turn feeds after its prompt (None: generate; an empty reply
-    generates one token that is not kept)."""
-    if forced is None:
-        return None
-    return chat_format.encode(message_text(forced)) or None
-
-
-def reply_of(
-    generation: Generation, forced: Message | None, chat_format: ChatFormat, engine: Engine
-) -> tuple[str, list[int]]:
-    """The turn's reply text and the ids the history keeps: the forced reply, or what was generated."""
-    if forced is not None:
-        reply = message_text(forced)
-        return reply, list(generation.token_ids) if generation.request.forced else []
-    reply_ids = strip_stop_token(generation.token_ids, engine.default_stop_ids)
-    return chat_format.tokenizer.decode(reply_ids, skip_special_tokens=True), reply_ids
-
-
-def plain_turn_record(
-    conversation_id: str,
-    engine: Engine,
-    generation: Generation,
-    reply: str,
-    started: float,
-    earlier_replies: list[str],
-    *,
-    pooled: bool,
-) -> TurnRecord:
-    """A turn record for drivers whose context is the prompt they sent (``earlier_replies``:
-    the replies before this one, for ``reply_flags``)."""
-    stats, pool = generation.stats, engine.pool.stats()
-    forced = generation.request.forced is not None
-    return TurnRecord(
-        turn=0,
-        conversation_id=conversation_id,
-        prompt_tokens=stats.prompt_tokens,
-        cached_tokens=stats.cached_tokens,
-        prefill_tokens=stats.prefill_tokens,
-        context_tokens=stats.prompt_tokens,
-        generated_tokens=stats.generated_tokens,
-        ttft_s=stats.ttft_s,
-        turn_s=time.perf_counter() - started,
-        bookkeeping_s=stats.bookkeeping_s,
-        arena_s=stats.arena_s,
-        reply=reply,
-        forced_tokens=stats.forced_tokens,
-        reply_nll=generation.forced_nll,
-        reply_flags=[] if forced else reply_flags(reply, reply, earlier_replies),
-        pool_blocks_in_use=pool.blocks_in_use,
-        kv_bytes=pool.kv_bytes if pooled else 0,
-        working_kv_bytes=(stats.prompt_tokens + stats.generated_tokens) * engine.layout.bytes_per_token,
-        # the stored chain of this prompt and reply: what the next turn's hit depends on
-        live_kv_bytes=(stats.prompt_tokens + stats.generated_tokens - 1) // engine.block_size * pool.block_bytes
-        if pooled
-        else 0,
-    )
-
-
-def strip_stop_token(token_ids: list[int], stop_ids: Iterable[int]) -> list[int]:
-    """Generated ids without the final EOS: the template's footer puts it back."""
-    if token_ids and token_ids[-1] in set(stop_ids):
-        return token_ids[:-1]
-    return list(token_ids)
 
 
 def replay(
@@ -215,11 +112,14 @@ def replay(
     *,
     teacher_force: bool,
     on_turn: Callable[[TurnRecord], None] | None = None,
+    on_error: str = "stop",
+    on_failure: Callable[[Failure], None] | None = None,
 ) -> ReplayReport:
     """Replay every transcript in order, appending a record per turn to ``report``.
 
     If interrupted (Ctrl-C), the report keeps the finished turns, ``complete`` is
-    False, and the interrupt propagates after every driver is closed.
+    False, and the interrupt propagates after every driver is closed. ``on_error``:
+    see ``replay_interleaved``.
     """
     replay_interleaved(
         transcripts,
@@ -227,6 +127,8 @@ def replay(
         {report.mode: report},
         teacher_force=teacher_force,
         on_turn=(lambda _mode, record: on_turn(record)) if on_turn else None,
+        on_error=on_error,
+        on_failure=(lambda _mode, failure: on_failure(failure)) if on_failure else None,
     )
     return report
 
@@ -238,13 +140,24 @@ def replay_interleaved(
     *,
     teacher_force: bool,
     on_turn: Callable[[str, TurnRecord], None] | None = None,
+    on_error: str = "stop",
+    on_failure: Callable[[str, Failure], None] | None = None,
 ) -> dict[str, ReplayReport]:
     """Replay the same transcripts under several modes, turn by turn.
 
     Each turn runs every mode once, and the order of the modes rotates from turn to
     turn, so a noisy machine slows all modes alike: ratios measured in one run are
     comparable even when absolute times are not.
+
+    A turn whose messages or answer raise a ``ClmError`` (a message over the budget, a
+    prompt over the context window, a message no entry point accepts) stops the replay
+    with ``on_error="stop"``: a ``ReplayTurnError`` naming the conversation and turn.
+    With ``"skip"`` the mode's report records a ``Failure`` instead, the driver forgets
+    that turn's messages (``discard_turn``), and the replay goes on with the next turn;
+    the other modes are not affected. A failed turn keeps its turn number.
     """
+    if on_error not in ON_ERROR:
+        raise ConfigError("on_error", f"must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
     modes = list(make_drivers)
     started = time.perf_counter()
     for report in reports.values():
@@ -259,16 +172,23 @@ def replay_interleaved(
                 for context, answer in turn_plan(transcript):
                     shift = turn_index % len(modes)
                     for mode in modes[shift:] + modes[:shift]:
-                        driver = drivers[mode]
-                        for message in context:
-                            driver.add(message)
+                        driver, report = drivers[mode], reports[mode]
+                        turn = len(report.turns) + sum(f.turn is not None for f in report.failures) + 1
                         try:
+                            for message in context:
+                                driver.add(message)
                             record = driver.respond(answer if teacher_force else None)
                         except ClmError as error:
-                            turn = len(reports[mode].turns) + 1
-                            raise ReplayTurnError(transcript.conversation_id, turn, error) from error
-                        record.turn = len(reports[mode].turns) + 1
-                        reports[mode].turns.append(record)
+                            if on_error == "stop":
+                                raise ReplayTurnError(transcript.conversation_id, turn, error) from error
+                            driver.discard_turn()
+                            failure = Failure(str(error), turn, transcript.conversation_id)
+                            report.failures.append(failure)
+                            if on_failure is not None:
+                                on_failure(mode, failure)
+                            continue
+                        record.turn = turn
+                        report.turns.append(record)
                         if on_turn is not None:
                             on_turn(mode, record)
                     turn_index += 1

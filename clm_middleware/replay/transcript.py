@@ -40,11 +40,13 @@ class Transcript:
         return sum(message.role == "user" for message in self.messages)
 
 
-def read_jsonl(path: str | Path) -> list[Transcript]:
+def read_jsonl(path: str | Path, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
     """One JSON object per line: ``{"role", "content"}``, optional ``conversation_id``.
 
     Blank lines are skipped. Lines of one conversation need not be adjacent; the
-    conversations come out in order of first appearance.
+    conversations come out in order of first appearance. With a ``skipped`` list, a
+    line that cannot be read is appended there (``FILE:LINE: problem``) and left out,
+    instead of ending the read.
     """
     path = Path(path)
     text = _read_text(path)
@@ -52,19 +54,30 @@ def read_jsonl(path: str | Path) -> list[Transcript]:
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
-        record = load_json(raw, str(path), number)
-        if not isinstance(record, dict):
-            raise TranscriptError(str(path), number, 'expected an object like {"role": "user", "content": "..."}')
-        message = message_from_record(record, str(path), number)
-        conversation = record.get("conversation_id", path.stem)
-        if not isinstance(conversation, str | int) or isinstance(conversation, bool):
-            kind = type(conversation).__name__
-            raise TranscriptError(str(path), number, f'"conversation_id" must be a string or a number, got {kind}')
-        conversation = str(conversation)
+        try:
+            conversation, message = _jsonl_line(raw, path, number)
+        except TranscriptError as error:
+            if skipped is None:
+                raise
+            skipped.append(error)
+            continue
         groups.setdefault(conversation, []).append(message)
     if not groups:
         raise TranscriptError(str(path), None, "the file holds no messages")
     return [Transcript(cid, tuple(messages), str(path)) for cid, messages in groups.items()]
+
+
+def _jsonl_line(raw: str, path: Path, number: int) -> tuple[str, Message]:
+    """``(conversation id, message)`` of one JSONL line."""
+    record = load_json(raw, str(path), number)
+    if not isinstance(record, dict):
+        raise TranscriptError(str(path), number, 'expected an object like {"role": "user", "content": "..."}')
+    message = message_from_record(record, str(path), number)
+    conversation = record.get("conversation_id", path.stem)
+    if not isinstance(conversation, str | int) or isinstance(conversation, bool):
+        kind = type(conversation).__name__
+        raise TranscriptError(str(path), number, f'"conversation_id" must be a string or a number, got {kind}')
+    return str(conversation), message
 
 
 def message_from_record(record: dict[str, Any], path: str, line: int | None) -> Message:

@@ -12,8 +12,9 @@ import time
 from clm_middleware.engine import Engine, penalty_processors
 from clm_middleware.errors import ConfigError
 from clm_middleware.render import ChatFormat
+from clm_middleware.replay.plain import forced_ids, plain_turn_record, reply_of
 from clm_middleware.replay.report import TurnRecord
-from clm_middleware.replay.runner import ReplayOptions, forced_ids, plain_turn_record, reply_of
+from clm_middleware.replay.runner import ReplayOptions
 from clm_middleware.replay.transcript import Message
 from clm_middleware.replay.transcript_text import message_text
 
@@ -35,6 +36,8 @@ class TruncationDriver:
         self.messages: list[list[int]] = []  # rendered ids of each non-system message
         self.last_prompt: list[int] = []
         self.replies: list[str] = []  # the assistant's replies so far (``reply_flags`` compares against them)
+        self._answered = 0  # len(messages) after the last reply
+        self._replied = False
 
     def add(self, message: Message) -> None:
         role = message.role if self.format.supports_role(message.role) else "user"
@@ -68,16 +71,24 @@ class TruncationDriver:
         generation = self.engine.generate(
             prompt,
             max_new_tokens=self.options.tokens_to_generate,
+            **self.options.sampling,
             logits_processors=penalty_processors(self.options, self.engine.generation_defaults),
             forced_token_ids=forced_ids(forced, self.format),
         ).result()
         reply, reply_ids = reply_of(generation, forced, self.format, self.engine)
         self.messages.append(self.format.message_ids("assistant", reply_ids))
+        self._answered = len(self.messages)
+        self._replied = True
         record = plain_turn_record(
             self.conversation_id, self.engine, generation, reply, started, self.replies, pooled=True
         )
         self.replies.append(reply)
         return record
+
+    def discard_turn(self) -> None:
+        del self.messages[self._answered :]
+        if not self._replied:
+            self.system = None  # it came with the failed turn
 
     @property
     def context_tokens(self) -> int:

@@ -39,6 +39,8 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
         max_new_tokens=body.max_completion_tokens or body.max_tokens or defaults.max_new_tokens,
         temperature=defaults.temperature if body.temperature is None else body.temperature,
         top_p=defaults.top_p if body.top_p is None else body.top_p,
+        top_k=defaults.top_k if body.top_k is None else max(body.top_k, 0),  # vLLM's -1 is off
+        min_p=defaults.min_p if body.min_p is None else body.min_p,
         seed=body.seed,
         stop=tuple(dict.fromkeys([*defaults.stop, *stops])),
         repetition_penalty=defaults.repetition_penalty,

@@ -4,6 +4,10 @@ Fields we do not use (``logprobs``, ``parallel_tool_calls``, ``service_tier``, .
 accepted and ignored, as vLLM and llama.cpp's server do, except where ignoring one would
 return something other than what was asked: ``n`` above 1 and ``logprobs`` are refused
 by name (see ``convert.py``).
+
+Beyond OpenAI's fields, the sampling filters vLLM and llama.cpp's server take as extra
+body fields are honoured under their names there: ``top_k`` (vLLM's ``-1``, like ``0``,
+is off) and ``min_p``.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ class ChatCompletionRequest(_Lenient):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # extra body field, as vLLM / llama.cpp
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # extra body field, as vLLM / llama.cpp
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1)

@@ -1,6 +1,7 @@
 """Every CLI command through click's runner: formats, plots, chat, stats, errors, interrupts."""
 
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -71,6 +72,30 @@ def test_sharegpt_many_conversations_replay_through_one_pool(tmp_path):
     data = json.loads(report.read_text())
     assert data["totals"]["conversations"] == 2
     assert data["turns"][1]["cached_tokens"] > 0  # the shared system prompt hit across conversations
+
+
+def test_the_bundled_sharegpt_sample_replays_with_format_sharegpt(tmp_path):
+    sample = Path(__file__).parents[2] / "examples" / "transcripts" / "bike_repair.sharegpt.json"
+    report = tmp_path / "r.json"
+    result = run(
+        "replay",
+        str(sample),
+        "--format",
+        "sharegpt",
+        "--model",
+        "tiny",
+        "--max-new-tokens",
+        "4",
+        "--report",
+        str(report),
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["complete"] is True and data["failures"] == []
+    assert [t["conversation_id"] for t in data["turns"]] == ["bike_repair.sharegpt-commuter"] * 5 + [
+        "bike_repair.sharegpt-tubeless"
+    ] * 3
+    assert data["turns"][5]["cached_tokens"] > 0  # the second conversation starts on the shared system prompt
 
 
 def test_langchain_message_dicts_replay(tmp_path):

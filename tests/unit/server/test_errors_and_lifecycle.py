@@ -37,6 +37,8 @@ def _hello(model_id: str, **extra) -> dict:
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
         ({"messages": []}, "messages"),
         ({"temperature": 5}, "temperature"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"top_k": -2}, "top_k"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"n": 2}, "n"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),

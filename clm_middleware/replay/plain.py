@@ -1,0 +1,164 @@
+"""The ``stateless`` and ``prefix`` replay modes, and what every plain driver shares.
+
+A plain driver's context is exactly the prompt it sends: the rendered history (or, for
+``truncate``, a window of it), with no lifecycle in between.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from clm_middleware.engine import Engine, Generation
+from clm_middleware.engine.penalties import penalty_processors
+from clm_middleware.lifecycle.reply_quality import reply_flags
+from clm_middleware.render import ChatFormat
+from clm_middleware.replay.report import TurnRecord
+from clm_middleware.replay.transcript import Message
+from clm_middleware.replay.transcript_text import message_text
+
+if TYPE_CHECKING:
+    from clm_middleware.replay.runner import ReplayOptions
+
+
+class PlainChatDriver:
+    """``stateless`` and ``prefix`` modes: the whole history, rendered append-only.
+
+    ``stateless`` recomputes the whole prompt every turn, as a stateless chat-model
+    wrapper does; ``prefix`` sends the same token ids through the block pool.
+    """
+
+    def __init__(self, engine: Engine, chat_format: ChatFormat, options: ReplayOptions, conversation_id: str) -> None:
+        self.engine, self.format, self.options = engine, chat_format, options
+        self.conversation_id = conversation_id
+        self.history: list[int] | None = None
+        self.replies: list[str] = []  # the assistant's replies so far, as the model saw them
+        self.turn = 0
+        self._answered: int | None = None  # len(history) after the last reply (None: no reply yet)
+
+    def add(self, message: Message) -> None:
+        role = message.role if self.format.supports_role(message.role) else "user"
+        self._append(role, self.format.encode(message_text(message)))
+
+    def respond(self, forced: Message | None) -> TurnRecord:
+        started = time.perf_counter()
+        if self.history is None:
+            self.history = self.format.start_ids(None)
+        prompt = self.history + list(self.format.generation_prompt_ids)
+        generation = self.engine.generate(
+            prompt,
+            max_new_tokens=self.options.tokens_to_generate,
+            **self.options.sampling,
+            use_pool=self.options.mode == "prefix",
+            logits_processors=penalty_processors(self.options, self.engine.generation_defaults),
+            forced_token_ids=forced_ids(forced, self.format),
+        ).result()
+        reply, reply_ids = reply_of(generation, forced, self.format, self.engine)
+        self._append("assistant", reply_ids)
+        self._answered = len(self.history)
+        record = plain_turn_record(
+            self.conversation_id,
+            self.engine,
+            generation,
+            reply,
+            started,
+            self.replies,
+            pooled=self.options.mode == "prefix",
+        )
+        self.replies.append(reply)
+        return record
+
+    @property
+    def context_tokens(self) -> int:
+        return len(self.history) if self.history is not None else 0
+
+    @property
+    def context_ids(self) -> list[int]:
+        """The ids the next turn's prompt starts with (before its generation prompt): the whole history."""
+        return list(self.history if self.history is not None else self.format.start_ids(None))
+
+    @property
+    def context(self) -> str:
+        """What the model sees now: the whole history."""
+        return self.format.tokenizer.decode(self.context_ids, skip_special_tokens=False)
+
+    def discard_turn(self) -> None:
+        if self._answered is None:
+            self.history = None
+        elif self.history is not None:
+            del self.history[self._answered :]
+
+    def close(self) -> None:
+        """Holds no references: every call releases its blocks to the LRU queue."""
+
+    def _append(self, role: str, content_ids: list[int]) -> None:
+        if self.history is None:
+            self.history = self.format.start_ids(role)
+        self.history.extend(self.format.message_ids(role, content_ids))
+
+
+def forced_ids(forced: Message | None, chat_format: ChatFormat) -> list[int] | None:
+    """The ids a teacher-forced turn feeds after its prompt (None: generate; an empty reply
+    generates one token that is not kept)."""
+    if forced is None:
+        return None
+    return chat_format.encode(message_text(forced)) or None
+
+
+def reply_of(
+    generation: Generation, forced: Message | None, chat_format: ChatFormat, engine: Engine
+) -> tuple[str, list[int]]:
+    """The turn's reply text and the ids the history keeps: the forced reply, or what was generated."""
+    if forced is not None:
+        reply = message_text(forced)
+        return reply, list(generation.token_ids) if generation.request.forced else []
+    reply_ids = strip_stop_token(generation.token_ids, engine.default_stop_ids)
+    return chat_format.tokenizer.decode(reply_ids, skip_special_tokens=True), reply_ids
+
+
+def plain_turn_record(
+    conversation_id: str,
+    engine: Engine,
+    generation: Generation,
+    reply: str,
+    started: float,
+    earlier_replies: list[str],
+    *,
+    pooled: bool,
+) -> TurnRecord:
+    """A turn record for drivers whose context is the prompt they sent (``earlier_replies``:
+    the replies before this one, for ``reply_flags``)."""
+    stats, pool = generation.stats, engine.pool.stats()
+    forced = generation.request.forced is not None
+    return TurnRecord(
+        turn=0,
+        conversation_id=conversation_id,
+        prompt_tokens=stats.prompt_tokens,
+        cached_tokens=stats.cached_tokens,
+        prefill_tokens=stats.prefill_tokens,
+        context_tokens=stats.prompt_tokens,
+        generated_tokens=stats.generated_tokens,
+        ttft_s=stats.ttft_s,
+        turn_s=time.perf_counter() - started,
+        bookkeeping_s=stats.bookkeeping_s,
+        arena_s=stats.arena_s,
+        reply=reply,
+        forced_tokens=stats.forced_tokens,
+        reply_nll=generation.forced_nll,
+        reply_flags=[] if forced else reply_flags(reply, reply, earlier_replies),
+        pool_blocks_in_use=pool.blocks_in_use,
+        kv_bytes=pool.kv_bytes if pooled else 0,
+        working_kv_bytes=(stats.prompt_tokens + stats.generated_tokens) * engine.layout.bytes_per_token,
+        # the stored chain of this prompt and reply: what the next turn's hit depends on
+        live_kv_bytes=(stats.prompt_tokens + stats.generated_tokens - 1) // engine.block_size * pool.block_bytes
+        if pooled
+        else 0,
+    )
+
+
+def strip_stop_token(token_ids: list[int], stop_ids: Iterable[int]) -> list[int]:
+    """Generated ids without the final EOS: the template's footer puts it back."""
+    if token_ids and token_ids[-1] in set(stop_ids):
+        return token_ids[:-1]
+    return list(token_ids)

@@ -1,0 +1,150 @@
+"""`clm replay` options for scripts and sampling: --temperature/--top-k/--min-p, --on-error, --json."""
+
+import json
+
+from click.testing import CliRunner
+
+from clm_middleware.cli.main import cli
+
+TRANSCRIPT = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "My order number is 88412. Please note it."},
+    {"role": "assistant", "content": "Noted: order 88412."},
+    {"role": "user", "content": "What was my order number?"},
+    {"role": "assistant", "content": "88412."},
+]
+
+
+def write_transcript(path, messages=TRANSCRIPT):
+    path.write_text("\n".join(json.dumps(m) for m in messages) + "\n")
+    return path
+
+
+def replay(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["replay", *args, "--model", "tiny", "--max-new-tokens", "4"])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_sampling_flags_reach_the_report_and_top_k_1_replays_as_greedy(tmp_path):
+    path = write_transcript(tmp_path / "chat.jsonl")
+    code, out, _ = replay(str(path), "--report", str(tmp_path / "greedy.json"))
+    assert code == 0, out
+    sampled = ["--temperature", "0.9", "--top-k", "1", "--min-p", "0.05", "--seed", "3"]
+    code, out, _ = replay(str(path), *sampled, "--report", str(tmp_path / "top1.json"))
+    assert code == 0, out
+    greedy, top1 = (json.loads((tmp_path / name).read_text()) for name in ("greedy.json", "top1.json"))
+    settings = top1["settings"]
+    assert (settings["temperature"], settings["top_k"], settings["min_p"], settings["seed"]) == (0.9, 1, 0.05, 3)
+    assert [t["reply"] for t in top1["turns"]] == [t["reply"] for t in greedy["turns"]]
+
+
+def test_an_out_of_range_min_p_is_refused_naming_the_option(tmp_path):
+    code, _, err = replay(str(write_transcript(tmp_path / "chat.jsonl")), "--min-p", "1.5")
+    assert code == 2 and "--min-p" in err
+
+
+# ------------------------------------------------------------- --on-error
+
+OVERSIZED = [
+    {"role": "user", "content": "My order number is 88412."},
+    {"role": "assistant", "content": "Noted."},
+    {"role": "user", "content": "word " * 1500},  # over the tiny model's context window
+    {"role": "assistant", "content": "Too long."},
+    {"role": "user", "content": "What was my order number?"},
+    {"role": "assistant", "content": "88412."},
+]
+
+
+def test_on_error_stop_is_the_default_and_ends_the_replay_at_the_failing_turn(tmp_path):
+    path = write_transcript(tmp_path / "long.jsonl", OVERSIZED)
+    code, _, err = replay(str(path), "--report", str(tmp_path / "r.json"))
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert code == 1 and "turn 2" in err
+    assert report["complete"] is False and [t["turn"] for t in report["turns"]] == [1]
+
+
+def test_on_error_skip_records_the_failed_turn_with_its_error_and_replays_the_next(tmp_path):
+    path = write_transcript(tmp_path / "long.jsonl", OVERSIZED)
+    code, out, err = replay(str(path), "--on-error", "skip", "--report", str(tmp_path / "r.json"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["complete"] is True
+    assert [t["turn"] for t in report["turns"]] == [1, 3]  # a failed turn keeps its number
+    [failure] = report["failures"]
+    assert failure["turn"] == 2 and "positions" in failure["error"]
+    assert report["totals"]["failed_turns"] == 1 and report["totals"]["turns"] == 2
+    # the failed message left nothing behind: turn 3's prompt is turn 1's history plus its own message
+    assert report["turns"][1]["prompt_tokens"] < 200
+    assert "skipped turn 2" in err
+    assert "failed turns (skipped)" in out and "failed: " in out
+
+
+def test_on_error_skip_goes_past_a_message_over_the_budget_in_clm_mode(tmp_path):
+    messages = [*OVERSIZED[:2], {"role": "user", "content": "word " * 600}, *OVERSIZED[3:]]
+    path = write_transcript(tmp_path / "budget.jsonl", messages)
+    args = ("--mode", "clm", "--tagging", "rules", "--budget", "128", "--on-error", "skip")
+    code, _, err = replay(str(path), *args, "--report", str(tmp_path / "r.json"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [t["turn"] for t in report["turns"]] == [1, 3]
+    assert "budget" in report["failures"][0]["error"]
+
+
+def test_on_error_skip_leaves_out_an_unreadable_record_and_says_where(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = json.dumps({"role": "user", "content": "hello"})
+    path.write_text(good + "\n" + json.dumps({"role": "wizard", "content": "abracadabra"}) + "\n")
+    code, _, err = replay(str(path))
+    assert code == 1 and "bad.jsonl:2" in err
+    code, _, err = replay(str(path), "--on-error", "skip", "--report", str(tmp_path / "r.json"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert len(report["turns"]) == 1 and report["totals"]["skipped_records"] == 1
+    assert "bad.jsonl:2" in report["failures"][0]["error"] and report["failures"][0]["turn"] is None
+
+
+def test_on_error_skip_leaves_out_one_bad_conversation_of_a_sharegpt_file(tmp_path):
+    path = tmp_path / "many.json"
+    hello = {"conversations": [{"from": "human", "value": "hello"}, {"from": "gpt", "value": "hi"}]}
+    path.write_text(json.dumps([hello, {"conversations": [{"from": "wizard", "value": "?"}]}, hello]))
+    code, _, err = replay(str(path), "--format", "sharegpt", "--on-error", "skip", "--report", str(tmp_path / "r.json"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert {t["conversation_id"] for t in report["turns"]} == {"many-0", "many-2"}
+    assert "$[1].conversations[0].from" in report["failures"][0]["error"]
+
+
+# ------------------------------------------------------------- --json
+
+
+def test_json_prints_one_object_per_turn_then_the_totals_and_nothing_else_on_stdout(tmp_path):
+    path = write_transcript(tmp_path / "long.jsonl", OVERSIZED)
+    code, out, err = replay(str(path), "--json", "--on-error", "skip")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]  # every stdout line is JSON
+    assert [line["type"] for line in lines] == ["turn", "failed_turn", "turn", "totals"]
+    first = lines[0]
+    assert first["turn"] == 1 and first["role"] == "assistant" and isinstance(first["reply"], str)
+    for field in ("conversation_id", "prompt_tokens", "cached_tokens", "prefill_tokens", "ttft_s", "reply_flags"):
+        assert field in first
+    assert lines[1]["turn"] == 2 and "positions" in lines[1]["error"]
+    assert lines[2]["cached_tokens"] > 0
+    assert lines[3]["turns"] == 2 and lines[3]["failed_turns"] == 1
+    assert "replay:" in err  # the progress line, on stderr
+
+
+def test_chat_json_prints_one_object_per_turn_and_an_error_object_for_a_refused_message():
+    script = "hello\n" + "word " * 600 + "\n/stats\nstill here?\n/quit\n"
+    result = CliRunner().invoke(
+        cli, ["chat", "--model", "tiny", "--max-new-tokens", "4", "--budget", "128", "--json"], input=script
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]  # no prompt, no banner, no table
+    assert [line["type"] for line in lines] == ["turn", "error", "turn"]
+    first, refused, last = lines
+    assert first["turn"] == 1 and first["role"] == "assistant" and isinstance(first["reply"], str)
+    for field in ("conversation_id", "prompt_tokens", "cached_tokens", "ttft_s", "reply_flags", "labels"):
+        assert field in first
+    assert "budget" in refused["error"]
+    assert last["turn"] == 2 and last["cached_tokens"] > 0
+    assert "turns this run" in result.stderr and "conversation" in result.stderr  # /stats and the banner
