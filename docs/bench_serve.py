@@ -126,7 +126,8 @@ def _summary(rows: dict[str, list[dict]], args: argparse.Namespace) -> str:
         "",
         "cached ÷ prompt tokens per call (clm): " + ", ".join(f"{s:.0%}" for s in shares),
         "",
-        f"min from the third call on: {min(shares[2:]):.0%}; server overhead (HTTP + routing, "
+        f"from the third call on: {total(clm[2:], 'cached_tokens') / total(clm[2:], 'prompt_tokens'):.1%} of all "
+        f"prompt tokens cached, min per call {min(shares[2:]):.0%}; server overhead (HTTP + routing, "
         f"wall − the server's turn time) per call: mean {sum(overhead) / len(overhead):.1%}, max {max(overhead):.1%}",
         "",
     ]
