@@ -39,6 +39,7 @@ from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
 
 if TYPE_CHECKING:
     from clm_middleware.conversation import Conversation
+    from clm_middleware.structured.grammar import GrammarCompiler
 
 
 class TurnRunner:
@@ -58,6 +59,9 @@ class TurnRunner:
         started = time.perf_counter()
         if not c.messages:
             raise ConfigError("messages", "there is nothing to answer yet; add a user message first")
+        structured = settings.response_format is not None and forced is None
+        if structured:
+            self._grammars().compile(settings.response_format)  # a schema it rejects fails before the turn starts
         c.turn += 1
         turn = c.turn
         stats = TurnStats(turn=turn)
@@ -80,7 +84,7 @@ class TurnRunner:
             rendered = c._render(reply_id)
             prefix_ids = c.chat_format.encode(prefix) if forced is None else []
             generation = self._generate(rendered, prefix_ids, forced, settings)
-            reply_filter = ReplyFilter(stops=settings.stop, cut_repeats=settings.cut_repeats)
+            reply_filter = ReplyFilter(stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=structured)
             detok = IncrementalText(c.engine.tokenizer, skip_ids=c.engine.default_stop_ids)
             answer_cap = settings.max_new_tokens
             for token in generation:
@@ -91,7 +95,7 @@ class TurnRunner:
                     delta = reply_filter.delta(prefix + detok.text)
                     if delta:
                         yield delta
-                    if settings.cut_repeats and self._repeats_itself(prefix + detok.text, settings):
+                    if settings.cut_repeats and not structured and self._repeats_itself(prefix + detok.text, settings):
                         generation.close()
                         generation.finish_reason = "repetition"
                         break
@@ -123,7 +127,7 @@ class TurnRunner:
             stats.reply_nll = generation.forced_nll
             yield answer_text
         self._hand_over_chain(generation)
-        asks_block = c.protocol_context and c.tagger.asks_for_block(turn)
+        asks_block = c.protocol_context and c.tagger.asks_for_block(turn) and not structured
         model_written = raw_output  # only what the model generated may be parsed as its block
         if forced is not None and asks_block:
             model_written = self._probe_block(rendered.token_ids + answer_ids, stats)
@@ -132,8 +136,10 @@ class TurnRunner:
         c.messages.append(reply_message)
         c._unsaved_messages.append(reply_message)
         kind = "ack" if is_ack(answer_text) else "reply"
-        if "repetition_loop" in stats.reply_flags or (
-            "repeats_earlier_reply" in stats.reply_flags and not self._adds_facts(answer_text)
+        # a document that was asked for stays in the context, however repetitive its values
+        if not structured and (
+            "repetition_loop" in stats.reply_flags
+            or ("repeats_earlier_reply" in stats.reply_flags and not self._adds_facts(answer_text))
         ):
             kind = LOOP_KIND
         reply_segment = c._new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)
@@ -155,10 +161,18 @@ class TurnRunner:
     ) -> Generation:
         c = self.conversation
         prompt = rendered.token_ids + prefix_ids
-        asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn)
+        structured = settings.response_format is not None and forced is None
+        asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn) and not structured
         forced_ids = c.chat_format.encode(forced) if forced else None
+        processors = penalty_processors(settings, c.engine.generation_defaults)
         if forced is not None:
             max_new, stops = 1, ()
+        elif structured:
+            # the grammar ends the reply with its document: no block follows, and the
+            # close tag may be text inside a JSON string, so it stops nothing; the
+            # constraint runs first so that the penalties only reorder allowed tokens
+            max_new, stops = settings.max_new_tokens, settings.stop
+            processors = (self._grammars().constraint(settings.response_format, prefix_ids), *processors)
         else:
             max_new = settings.max_new_tokens + (settings.block_tokens if asks_block else 0)
             stops = settings.stop + ((CLOSE_TAG,) if c.protocol_context else ())
@@ -174,9 +188,14 @@ class TurnRunner:
             use_pool=c.use_pool,
             observe=c.tagger.observe(self._unscored_positions(rendered)),
             cache_salt=c.cache_salt,
-            logits_processors=penalty_processors(settings, c.engine.generation_defaults),
+            logits_processors=processors,
             forced_token_ids=forced_ids,
         )
+
+    def _grammars(self) -> GrammarCompiler:
+        from clm_middleware.structured.grammar import compiler_for  # xgrammar loads on first use
+
+        return compiler_for(self.conversation.engine)
 
     def _unscored_positions(self, rendered: RenderedContext) -> frozenset[int]:
         """Word-initial prompt positions of segments with no self-information yet (a
@@ -204,7 +223,8 @@ class TurnRunner:
         if forced is not None:
             return forced, list(generation.token_ids) if forced else []
         ids = prefix_ids + [t for t in generation.token_ids if t not in c.engine.default_stop_ids]
-        answer = visible_answer(raw, stops=settings.stop, cut_repeats=settings.cut_repeats)
+        verbatim = settings.response_format is not None
+        answer = visible_answer(raw, stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=verbatim)
         if answer == raw.rstrip():
             return answer, ids  # the context keeps every generated id: they are cached
         if raw.startswith(answer):

@@ -1,0 +1,74 @@
+"""The per-reply grammar constraint, as an engine logits processor.
+
+``GrammarConstraint(generated_ids, logits) -> logits`` with ``-inf`` on every token the
+grammar does not allow next. It works with any choice rule (greedy, temperature,
+top-p, and whatever else the sampler adds), because it only removes candidates.
+
+Invariants:
+- Stateful, one per reply: the matcher has seen the prefix and exactly the generated
+  ids it was last called with. The engine calls it once per step with the ids generated
+  so far; it feeds the ones it has not seen, then masks. A generated id the grammar
+  rejects is a bug upstream (a processor after this one chose it): ``RuntimeError``.
+- The stop token is allowed only once the document is complete, and then nothing else
+  is: an answer ends exactly where its JSON ends. When ``max_new_tokens`` runs out
+  first, the engine's finish reason is ``length`` and the text is an unfinished prefix.
+- It never leaves every logit ``-inf``: if the logits it is given (after the engine's
+  own processors) are ``-inf`` on every allowed token, the allowed tokens get logit 0,
+  so the grammar wins and the choice is still one it allows. An empty allowed set means
+  the schema admits no document here: ``ConfigError``.
+- It never writes into the tensor it is given (the engine reads log-probs from it).
+"""
+
+from __future__ import annotations
+
+import torch
+import xgrammar
+
+from clm_middleware.errors import ConfigError
+
+_BITS = 32  # xgrammar packs the mask into int32 words
+
+
+class GrammarConstraint:
+    def __init__(
+        self, compiled: xgrammar.CompiledGrammar, vocab_size: int, banned_ids: torch.Tensor, prefix_ids: list[int]
+    ) -> None:
+        self.vocab_size = vocab_size
+        self._matcher = xgrammar.GrammarMatcher(compiled)
+        self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+        self._banned = banned_ids
+        self._shifts = torch.arange(_BITS, dtype=torch.int32)
+        self._seen = 0  # generated ids fed to the matcher
+        for token in prefix_ids:
+            if not self._matcher.accept_token(int(token)):
+                raise ConfigError("reply_prefix", "does not start a document the response format allows")
+
+    @property
+    def complete(self) -> bool:
+        """Whether the text so far is a whole document (the stop token may follow)."""
+        return self._matcher.is_completed() or self._matcher.is_terminated()
+
+    def allowed(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Boolean ``[vocab]``: the tokens the grammar allows next (state unchanged)."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        words = self._bitmask[0].to(device)
+        bits = (words.unsqueeze(-1) >> self._shifts.to(words.device)) & 1  # bit j of word i: token 32 i + j
+        mask = bits.flatten()[: self.vocab_size].bool()
+        if self._banned.numel():
+            mask[self._banned.to(mask.device)] = False
+        return mask
+
+    def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
+        for token in generated[self._seen :]:
+            if not self._matcher.accept_token(int(token)):
+                raise RuntimeError(f"token {token} breaks the grammar: a processor after the constraint chose it")
+        self._seen = len(generated)
+        allowed = self.allowed(logits.device)
+        if logits.shape[-1] != allowed.shape[0]:
+            allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[0]), value=False)
+        if not bool(allowed.any()):
+            raise ConfigError("response_format", "the schema admits no document here (it is unsatisfiable)")
+        shaped = logits.masked_fill(~allowed, float("-inf"))
+        if not bool((shaped > float("-inf")).any()):
+            shaped = torch.zeros_like(logits).masked_fill(~allowed, float("-inf"))  # the grammar wins
+        return shaped
