@@ -425,6 +425,7 @@ class Conversation:
             "frequency_penalty": generation.frequency_penalty,
             "presence_penalty": generation.presence_penalty,
             "no_repeat_ngram_size": generation.no_repeat_ngram_size,
+            "response_format": None if generation.response_format is None else generation.response_format.as_openai(),
             "cache_salt": self.cache_salt,
         }
 

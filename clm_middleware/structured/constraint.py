@@ -63,12 +63,25 @@ class GrammarConstraint:
             if not self._matcher.accept_token(int(token)):
                 raise RuntimeError(f"token {token} breaks the grammar: a processor after the constraint chose it")
         self._seen = len(generated)
-        allowed = self.allowed(logits.device)
-        if logits.shape[-1] != allowed.shape[0]:
-            allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[0]), value=False)
+        if logits.device.type == "cpu" and logits.shape[-1] == self.vocab_size:
+            # xgrammar's C++ kernel; unpacking the bits in torch is several times slower
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            shaped = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
+            xgrammar.apply_token_bitmask_inplace(shaped, self._bitmask)
+            if self._banned.numel():
+                shaped.index_fill_(0, self._banned, float("-inf"))
+        else:
+            shaped = logits.masked_fill(~self._padded(self.allowed(logits.device), logits.shape[-1]), float("-inf"))
+        if bool((shaped > float("-inf")).any()):
+            return shaped
+        allowed = self._padded(self.allowed(logits.device), logits.shape[-1])  # rare: nothing left
         if not bool(allowed.any()):
             raise ConfigError("response_format", "the schema admits no document here (it is unsatisfiable)")
-        shaped = logits.masked_fill(~allowed, float("-inf"))
-        if not bool((shaped > float("-inf")).any()):
-            shaped = torch.zeros_like(logits).masked_fill(~allowed, float("-inf"))  # the grammar wins
-        return shaped
+        return torch.zeros_like(shaped).masked_fill(~allowed, float("-inf"))  # the grammar wins
+
+    @staticmethod
+    def _padded(allowed: torch.Tensor, size: int) -> torch.Tensor:
+        """``allowed`` widened with ``False`` to the logits' size (rows past the model's vocab)."""
+        if allowed.shape[0] == size:
+            return allowed
+        return torch.nn.functional.pad(allowed, (0, size - allowed.shape[0]), value=False)

@@ -134,3 +134,15 @@ def test_the_compiler_is_built_once_per_engine_and_caches_grammars(engine, make_
     assert compiler_for(make_engine()) is not compiler
     fmt = ResponseFormat.from_schema(PERSON)
     assert compiler.compile(fmt) is compiler.compile(ResponseFormat.from_schema(PERSON, name="other"))
+
+
+def test_a_conversation_keeps_its_response_format_through_the_store(converse, engine, tmp_path):
+    from clm_middleware.conversation import Conversation
+
+    fmt = ResponseFormat.from_schema(PERSON, name="person")
+    conversation = converse(store=tmp_path / "c.db", conversation_id="p", response_format=fmt.as_openai())
+    conversation.send("Hi")
+    conversation.close()
+    loaded = Conversation.load(tmp_path / "c.db", "p", engine, max_new_tokens=BUDGET, temperature=1.0, seed=2)
+    assert loaded.generation.response_format == fmt
+    matches_person(json.loads(loaded.send("A customer, as JSON.").text))
