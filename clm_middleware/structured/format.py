@@ -106,7 +106,7 @@ def _check_types(schema: Mapping[str, Any], field: str) -> None:
         if isinstance(node, Mapping):
             kind = node.get("type")  # a dict here is a property named "type", not the keyword
             kinds = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else []
-            bad = [k for k in kinds if k not in JSON_TYPES]
+            bad = [k for k in kinds if not isinstance(k, str) or k not in JSON_TYPES]
             if bad:
                 raise ConfigError(field, f"unknown type {bad[0]!r}; JSON Schema types are {sorted(JSON_TYPES)}")
             stack.extend(v for k, v in node.items() if k not in ("enum", "const", "default", "examples"))

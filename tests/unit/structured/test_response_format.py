@@ -46,6 +46,8 @@ def test_the_schema_keeps_its_key_order():
             {"type": "json_schema", "schema": {"properties": {"a": {"type": "strng"}}}},
             "response_format.schema",
         ),
+        ({"type": "json_schema", "schema": {"type": [{}]}}, "response_format.schema"),
+        ({"type": "json_schema", "schema": {"const": float("nan")}}, "response_format.schema"),
     ],
 )
 def test_a_bad_format_is_a_config_error_naming_the_field(value, field):
