@@ -21,7 +21,7 @@ from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_fro
 from clm_middleware.lifecycle.observation import record_observation
 from clm_middleware.lifecycle.protocol import CLOSE_TAG, block_may_follow, could_open_block
 from clm_middleware.lifecycle.renderer import RenderedContext
-from clm_middleware.lifecycle.reply import IncrementalText, ids_for_prefix
+from clm_middleware.lifecycle.reply import IncrementalText, cut_at_stop, ids_for_prefix
 from clm_middleware.lifecycle.reply_filter import ReplyFilter, model_answer, visible_answer
 from clm_middleware.lifecycle.reply_quality import first_repeated_sentence, reply_flags
 from clm_middleware.lifecycle.segmenter import is_ack
@@ -36,9 +36,11 @@ from clm_middleware.lifecycle.segments import (
     segment_id,
 )
 from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
+from clm_middleware.structured.format import inside_string
 
 if TYPE_CHECKING:
     from clm_middleware.conversation import Conversation
+    from clm_middleware.structured.constraint import GrammarConstraint
     from clm_middleware.structured.grammar import GrammarCompiler
 
 
@@ -60,8 +62,8 @@ class TurnRunner:
         if not c.messages:
             raise ConfigError("messages", "there is nothing to answer yet; add a user message first")
         structured = settings.response_format is not None and forced is None
-        if structured:
-            self._grammars().compile(settings.response_format)  # a schema it rejects fails before the turn starts
+        # a schema the grammar rejects, or a reply_prefix it cannot continue, fails before the turn starts
+        constraint = self._constraint(settings, c.chat_format.encode(prefix)) if structured else None
         c.turn += 1
         turn = c.turn
         stats = TurnStats(turn=turn)
@@ -83,7 +85,8 @@ class TurnRunner:
             stats.protocol_context = c.protocol_context
             rendered = c._render(reply_id)
             prefix_ids = c.chat_format.encode(prefix) if forced is None else []
-            generation = self._generate(rendered, prefix_ids, forced, settings)
+            generation = self._generate(rendered, prefix_ids, forced, settings, constraint)
+            escaped_at = 0  # structured: where the text stood when a loop in a string was last closed
             reply_filter = ReplyFilter(stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=structured)
             detok = IncrementalText(c.engine.tokenizer, skip_ids=c.engine.default_stop_ids)
             answer_cap = settings.max_new_tokens
@@ -95,7 +98,13 @@ class TurnRunner:
                     delta = reply_filter.delta(prefix + detok.text)
                     if delta:
                         yield delta
-                    if settings.cut_repeats and not structured and self._repeats_itself(prefix + detok.text, settings):
+                    if constraint is not None:
+                        written = prefix + detok.text
+                        if settings.cut_repeats and self._loops_in_a_string(written, escaped_at, settings):
+                            constraint.close_string()  # the document cannot be cut: end the string instead
+                            escaped_at = len(written)
+                            stats.reply_flags.append("string_loop_closed")
+                    elif settings.cut_repeats and self._repeats_itself(prefix + detok.text, settings):
                         generation.close()
                         generation.finish_reason = "repetition"
                         break
@@ -120,7 +129,10 @@ class TurnRunner:
             if tail:
                 yield tail
             earlier = [s.visible_text for s in c.segments if s.role == "assistant" and s.visible]
-            stats.reply_flags = reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier)
+            stats.reply_flags = [
+                *reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier),
+                *stats.reply_flags,  # string_loop_closed, raised while generating
+            ]
             if generation.finish_reason == "repetition":
                 stats.reply_flags.append("repetition_cut")
         else:
@@ -157,11 +169,16 @@ class TurnRunner:
         c._persist(stats)
 
     def _generate(
-        self, rendered: RenderedContext, prefix_ids: list[int], forced: str | None, settings: GenerationSettings
+        self,
+        rendered: RenderedContext,
+        prefix_ids: list[int],
+        forced: str | None,
+        settings: GenerationSettings,
+        constraint: GrammarConstraint | None = None,
     ) -> Generation:
         c = self.conversation
         prompt = rendered.token_ids + prefix_ids
-        structured = settings.response_format is not None and forced is None
+        structured = constraint is not None
         asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn) and not structured
         forced_ids = c.chat_format.encode(forced) if forced else None
         processors = penalty_processors(settings, c.engine.generation_defaults)
@@ -172,7 +189,7 @@ class TurnRunner:
             # close tag may be text inside a JSON string, so it stops nothing; the
             # constraint runs first so that the penalties only reorder allowed tokens
             max_new, stops = settings.max_new_tokens, settings.stop
-            processors = (self._grammars().constraint(settings.response_format, prefix_ids), *processors)
+            processors = (constraint, *processors)
         else:
             max_new = settings.max_new_tokens + (settings.block_tokens if asks_block else 0)
             stops = settings.stop + ((CLOSE_TAG,) if c.protocol_context else ())
@@ -190,6 +207,19 @@ class TurnRunner:
             cache_salt=c.cache_salt,
             logits_processors=processors,
             forced_token_ids=forced_ids,
+        )
+
+    def _constraint(self, settings: GenerationSettings, prefix_ids: list[int]) -> GrammarConstraint:
+        assert settings.response_format is not None
+        return self._grammars().constraint(settings.response_format, prefix_ids)
+
+    @staticmethod
+    def _loops_in_a_string(written: str, since: int, settings: GenerationSettings) -> bool:
+        """A sentence repeats since the last close, and the document is inside a string
+        value: a loop the grammar allows forever (``The cat was a cat, and the cat was
+        a cat, ...``) and only the model could end."""
+        return first_repeated_sentence(cut_at_stop(written, settings.stop)[since:]) is not None and inside_string(
+            written
         )
 
     def _grammars(self) -> GrammarCompiler:

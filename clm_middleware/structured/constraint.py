@@ -17,6 +17,11 @@ Invariants:
   so the grammar wins and the choice is still one it allows. An empty allowed set means
   the schema admits no document here: ``ConfigError``.
 - It never writes into the tensor it is given (the engine reads log-probs from it).
+- ``close_string()`` (the turn calls it when the reply repeats itself inside a string
+  value) narrows the allowed tokens to those that end the string, for as long as one
+  is allowed and until one is generated; the document stays valid, and a small model
+  looping inside a value gets to write the rest of the document instead of spending
+  every remaining token there.
 """
 
 from __future__ import annotations
@@ -31,9 +36,18 @@ _BITS = 32  # xgrammar packs the mask into int32 words
 
 class GrammarConstraint:
     def __init__(
-        self, compiled: xgrammar.CompiledGrammar, vocab_size: int, banned_ids: torch.Tensor, prefix_ids: list[int]
+        self,
+        compiled: xgrammar.CompiledGrammar,
+        vocab_size: int,
+        banned_ids: torch.Tensor,
+        prefix_ids: list[int],
+        quote_ids: torch.Tensor | None = None,
     ) -> None:
         self.vocab_size = vocab_size
+        self._quote = torch.zeros(vocab_size, dtype=torch.bool)  # tokens holding an unescaped '"'
+        if quote_ids is not None and quote_ids.numel():
+            self._quote[quote_ids] = True
+        self._closing = False
         self._matcher = xgrammar.GrammarMatcher(compiled)
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
         self._banned = banned_ids
@@ -58,11 +72,29 @@ class GrammarConstraint:
             mask[self._banned.to(mask.device)] = False
         return mask
 
+    def close_string(self) -> None:
+        """Steer the next tokens to end the string being written (see the module docstring)."""
+        self._closing = True
+
     def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
         for token in generated[self._seen :]:
             if not self._matcher.accept_token(int(token)):
                 raise RuntimeError(f"token {token} breaks the grammar: a processor after the constraint chose it")
+            if self._closing and 0 <= token < self.vocab_size and self._quote[token]:
+                self._closing = False  # the string is closed
         self._seen = len(generated)
+        shaped = self._masked(logits)
+        if self._closing:
+            quote = self._padded(self._quote.to(shaped.device), shaped.shape[-1])
+            narrowed = shaped.masked_fill(~quote, float("-inf"))
+            if bool((narrowed > float("-inf")).any()):
+                return narrowed
+            closing = self._padded(self.allowed(shaped.device), shaped.shape[-1]) & quote
+            if bool(closing.any()):  # upstream left no closing token finite: the close still wins
+                return torch.zeros_like(shaped).masked_fill(~closing, float("-inf"))
+        return shaped
+
+    def _masked(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.device.type == "cpu" and logits.shape[-1] == self.vocab_size:
             # xgrammar's C++ kernel; unpacking the bits in torch is several times slower
             self._matcher.fill_next_token_bitmask(self._bitmask)

@@ -112,3 +112,17 @@ def _check_types(schema: Mapping[str, Any], field: str) -> None:
             stack.extend(v for k, v in node.items() if k not in ("enum", "const", "default", "examples"))
         elif isinstance(node, list):
             stack.extend(node)
+
+
+def inside_string(text: str) -> bool:
+    """Whether JSON ``text`` (a prefix of a document) ends inside a string: an odd number
+    of unescaped quotes so far."""
+    inside = escaped = False
+    for char in text:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = inside
+        elif char == '"':
+            inside = not inside
+    return inside

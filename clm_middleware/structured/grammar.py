@@ -64,7 +64,10 @@ class GrammarCompiler:
         self._compiler = xgrammar.GrammarCompiler(info)
         special = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
         padding = set(range(len(tokenizer), vocab_size))
-        control = {i for i, text in enumerate(info.decoded_vocab) if any(byte < 0x20 for byte in text)}
+        vocab = info.decoded_vocab
+        control = {i for i, text in enumerate(vocab) if any(byte < 0x20 for byte in text)}
+        # tokens that can end a string: a '"' not escaped within the token (close_string)
+        self.quote_ids = torch.tensor([i for i, text in enumerate(vocab) if _closes(text)], dtype=torch.long)
         banned = sorted((special | padding | control) - set(stop_ids))
         self.banned_ids = torch.tensor([t for t in banned if 0 <= t < vocab_size], dtype=torch.long)
         self._lock = threading.Lock()
@@ -93,7 +96,18 @@ class GrammarCompiler:
     def constraint(self, fmt: ResponseFormat, prefix_ids: Sequence[int] = ()) -> GrammarConstraint:
         """A fresh constraint for one reply that starts with ``prefix_ids`` (a forced
         ``reply_prefix`` such as ``{``): those are fed to the grammar first."""
-        return GrammarConstraint(self.compile(fmt), self.vocab_size, self.banned_ids, list(prefix_ids))
+        compiled = self.compile(fmt)
+        return GrammarConstraint(compiled, self.vocab_size, self.banned_ids, list(prefix_ids), self.quote_ids)
+
+
+def _closes(text: bytes) -> bool:
+    """Whether ``text`` holds a ``"`` not preceded by a backslash inside it."""
+    at = text.find(b'"')
+    while at >= 0:
+        if at == 0 or text[at - 1] != 0x5C:
+            return True
+        at = text.find(b'"', at + 1)
+    return False
 
 
 def compiler_for(engine: Any) -> GrammarCompiler:

@@ -146,3 +146,37 @@ def test_a_conversation_keeps_its_response_format_through_the_store(converse, en
     loaded = Conversation.load(tmp_path / "c.db", "p", engine, max_new_tokens=BUDGET, temperature=1.0, seed=2)
     assert loaded.generation.response_format == fmt
     matches_person(json.loads(loaded.send("A customer, as JSON.").text))
+
+
+JOKE = {
+    "type": "object",
+    "properties": {"setup": {"type": "string"}, "punchline": {"type": "string"}},
+    "required": ["setup", "punchline"],
+}
+
+
+def test_a_loop_inside_a_string_value_is_closed_and_the_document_finishes(scripted):
+    """What SmolLM2 does with a joke schema: it repeats a clause inside "setup" until the
+    tokens run out. Under a grammar the reply cannot be cut, so the string is closed
+    instead, and the rest of the document follows."""
+    from clm_middleware.conversation import Conversation
+
+    looping = '{"setup": "' + "the cat was a cat, and " * 12
+    engine, _ = scripted(looping[1:])  # "{" is the reply prefix
+    conversation = Conversation(engine, tagging="signals", max_new_tokens=len(looping) + 40)
+    conversation.add("user", "A joke as JSON.")
+    settings = dataclasses.replace(conversation.generation, response_format=ResponseFormat.from_schema(JOKE))
+    reply = conversation.respond(reply_prefix="{", settings=settings)
+    joke = json.loads(reply.text)
+    assert reply.finish_reason == "stop" and set(joke) == {"setup", "punchline"}
+    assert joke["setup"].count("the cat was a cat") <= 3  # closed at the first repeat, not after twelve
+    assert "string_loop_closed" in reply.stats.reply_flags
+
+
+def test_inside_string_follows_quotes_and_escapes():
+    from clm_middleware.structured.format import inside_string
+
+    assert inside_string('{"a": "x')
+    assert not inside_string('{"a": "x"')
+    assert inside_string('{"a": "say \\"hi')
+    assert not inside_string('{"a": "c:\\\\"')
