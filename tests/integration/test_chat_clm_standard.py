@@ -11,12 +11,12 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests
 from clm_middleware.adapters import ChatCLM
 
 SMALL_MODEL = "SmolLM2-135M-Instruct is too small to {}"
-# The grammar makes every reply valid JSON; what is left is the model. Greedy, with the
-# pydantic Joke's schema (titles and descriptions) in its prompt, it loops inside the
-# first value ("The cat was a cat, and the cat was a cat, ...") until max_tokens, so
-# the document is unfinished (finish_reason "length") and "punchline" never comes.
-LOOPS_IN_A_STRING = SMALL_MODEL.format(
-    "finish a pydantic Joke within 48 tokens: it loops inside the 'setup' string and never writes 'punchline'"
+# json_mode's grammar is any JSON object: the keys are the model's to choose. SmolLM2
+# loops inside "setup" (the loop is closed: "string_loop_closed"), then ends the object
+# without the "punchline" key the prompt asks for. With the schema (json_schema) the
+# grammar writes the key and the same tests pass.
+JSON_MODE_KEYS = SMALL_MODEL.format(
+    "write both keys a json_mode prompt asks for: it closes the object after 'setup' (no 'punchline')"
 )
 
 
@@ -59,23 +59,7 @@ class TestChatCLMIntegration(ChatModelIntegrationTests):
     # Genuine limits of a 135M model. The machinery is exercised deterministically in
     # tests/unit/adapters (scripted token-level replies through the real adapter).
 
-    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
-    def test_structured_output(self, model, schema_type, request) -> None:
-        if schema_type == "pydantic":
-            request.applymarker(pytest.mark.xfail(reason=LOOPS_IN_A_STRING))
-        super().test_structured_output(model, schema_type)
-
-    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
-    async def test_structured_output_async(self, model, schema_type, request) -> None:
-        if schema_type == "pydantic":
-            request.applymarker(pytest.mark.xfail(reason=LOOPS_IN_A_STRING))
-        await super().test_structured_output_async(model, schema_type)
-
-    @pytest.mark.xfail(reason=LOOPS_IN_A_STRING)
-    def test_structured_output_pydantic_2_v1(self, model) -> None:
-        super().test_structured_output_pydantic_2_v1(model)
-
-    @pytest.mark.xfail(reason=LOOPS_IN_A_STRING)
+    @pytest.mark.xfail(reason=JSON_MODE_KEYS)
     def test_json_mode(self, model) -> None:
         super().test_json_mode(model)
 
