@@ -13,6 +13,7 @@ closed and forgotten, never left out of step.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from clm_middleware.engine import Engine
 from clm_middleware.errors import ClmError
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.lifecycle.turn import Reply
+from clm_middleware.structured import ResponseFormat
 
 from .messages import Turn, assistant_text, turn_digest
 from .sessions import Route, SessionRouter
@@ -47,14 +49,15 @@ class ChatRequest:
 
     ``tools`` are OpenAI function specs (``{"type": "function", "function": {...}}``);
     ``tool_choice`` as OpenAI or LangChain give it (see ``tools.required_tool``);
-    ``response_format`` is ``{"type": "json_object"}`` or carries a ``schema``.
+    ``response_format``: the reply is grammar-constrained JSON (``structured/``), one
+    object or valid against a schema; it wins over ``settings.response_format``.
     """
 
     turns: Sequence[Turn]
     settings: GenerationSettings
     tools: ToolSpecs = ()
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     session_id: str | None = None
 
 
@@ -110,12 +113,12 @@ class ChatCall:
             for turn in route.new_turns:
                 conversation.add(turn.role, turn.text)
             prefix = tool_call_head(conversation, request.tool_choice, tools) if tools else None
+            settings = request.settings
             if request.response_format is not None:
-                prefix = "{"
+                prefix = "{"  # every format is an object: the model starts inside it
+                settings = dataclasses.replace(settings, response_format=request.response_format)
             hidden = ToolCallHider()
-            replies = conversation.respond_stream(
-                reply_prefix=prefix, settings=request.settings, cancelled=self.cancelled
-            )
+            replies = conversation.respond_stream(reply_prefix=prefix, settings=settings, cancelled=self.cancelled)
             for delta in replies:
                 visible = hidden.feed(delta)
                 if visible:
@@ -142,15 +145,16 @@ class ChatCall:
         self.router.done(route.session, digests[:base])
 
 
-def system_sections(engine: Engine, tools: ToolSpecs, response_format: dict[str, Any] | None) -> str | None:
+def system_sections(engine: Engine, tools: ToolSpecs, response_format: ResponseFormat | None) -> str | None:
     """The system message's extra sections: the tools (the template's own section where it
-    has one) and the JSON instruction, with the schema when one is given."""
+    has one) and the JSON instruction, with the schema when one is given (the grammar
+    makes the reply valid; the instruction tells the model what to put in it)."""
     sections = []
     if tools:
         sections.append(tools_prompt(tools, template_tools_section(engine.tokenizer, tools)))
     if response_format is not None:
-        schema = response_format.get("schema")
-        shape = f" It must match this JSON schema: {json.dumps(schema, sort_keys=True)}" if schema else ""
+        schema = response_format.schema_json
+        shape = f" It must match this JSON schema: {schema}" if schema else ""
         sections.append(JSON_INSTRUCTION + shape)
     return "\n\n".join(sections) or None
 

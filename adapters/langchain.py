@@ -28,6 +28,7 @@ from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.models.loading import DEFAULT_MODEL
+from clm_middleware.structured import ResponseFormat
 
 from .chat_call import ChatAnswer, ChatCall, ChatRequest
 from .messages import to_turn
@@ -83,6 +84,22 @@ class ChatCLM(BaseChatModel):
             with_tools = llm.bind_tools([get_weather], tool_choice="get_weather")
             message = with_tools.invoke("What is the weather in Porto?")
             print(message.tool_calls)  # [{'name': 'get_weather', 'args': {...}, 'id': ...}]
+
+    Structured output:
+        .. code-block:: python
+
+            from pydantic import BaseModel
+
+            class Person(BaseModel):
+                name: str
+                age: int
+
+            person = llm.with_structured_output(Person, method="json_schema").invoke("Ana is 34.")
+            anything = llm.with_structured_output(None, method="json_mode").invoke("A JSON joke.")
+
+        ``json_schema`` and ``json_mode`` decode under a JSON grammar (xgrammar), so the
+        reply is valid JSON, and valid against the schema, by construction; so is
+        ``bind(response_format={"type": "json_object"})`` (or OpenAI's ``json_schema`` form).
 
     Usage metadata: ``input_tokens``, ``output_tokens``, ``total_tokens`` and
     ``input_token_details["cache_read"]`` (prompt tokens served from the block pool).
@@ -249,7 +266,7 @@ class ChatCLM(BaseChatModel):
 
     def with_structured_output(
         self,
-        schema: dict[str, Any] | type,
+        schema: dict[str, Any] | type | None = None,
         *,
         method: Literal["function_calling", "json_mode", "json_schema"] = "function_calling",
         include_raw: bool = False,
@@ -257,13 +274,21 @@ class ChatCLM(BaseChatModel):
     ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
         """Outputs parsed into ``schema`` (pydantic class, TypedDict, JSON schema or OpenAI tool).
 
-        ``function_calling`` binds the schema as the one required tool; ``json_schema``
-        asks for a JSON object matching the schema and opens the reply with ``{``;
-        ``json_mode`` does the same without a schema (put the shape in your prompt).
+        ``json_schema``: the reply is decoded under a grammar of the schema
+        (``clm_middleware.structured``), so it is valid JSON that validates against it,
+        by construction; the schema also goes into the system message, so the model
+        knows what to put in it. ``json_mode``: the grammar of any JSON object; ``schema``
+        may be ``None`` (then the output is a dict; put the shape in your prompt) or a
+        class to parse into. ``function_calling`` binds the schema as the one required
+        tool. ``strict`` is accepted and changes nothing: the grammar is always strict.
+        A reply cut by ``max_tokens`` before its JSON is complete ends with
+        ``finish_reason == "length"`` and fails to parse (use ``include_raw=True`` to see it).
         """
         kwargs.pop("strict", None)
         if kwargs:
             raise ValueError(f"unsupported arguments {sorted(kwargs)}")
+        if schema is None and method != "json_mode":
+            raise ValueError(f"method={method!r} needs a schema; json_mode works without one")
         is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         if method == "function_calling":
             tool = convert_to_openai_tool(schema)
@@ -279,11 +304,14 @@ class ChatCLM(BaseChatModel):
                 else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
             )
         elif method in ("json_schema", "json_mode"):
-            json_schema = convert_to_json_schema(schema) if method == "json_schema" else None
-            llm = self.bind(
-                response_format={"type": method, "schema": json_schema},
-                ls_structured_output_format={"kwargs": {"method": method}, "schema": convert_to_json_schema(schema)},
-            )
+            json_schema = None if schema is None else convert_to_json_schema(schema)
+            if method == "json_schema":
+                fmt = ResponseFormat.from_schema(json_schema, name=json_schema.get("title"), field="schema")
+            else:
+                fmt = ResponseFormat.json_object()
+            # tracing metadata names a schema; langchain-core cannot trace "no schema"
+            traced = {} if json_schema is None else {"kwargs": {"method": method}, "schema": json_schema}
+            llm = self.bind(response_format=fmt, **({"ls_structured_output_format": traced} if traced else {}))
             parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
         else:
             raise ValueError(f"method must be function_calling, json_schema or json_mode, got {method!r}")
@@ -334,7 +362,7 @@ class ChatCLM(BaseChatModel):
             settings=self._settings(stop, kwargs),
             tools=kwargs.get("tools") or [],
             tool_choice=kwargs.get("tool_choice"),
-            response_format=kwargs.get("response_format"),
+            response_format=_response_format(kwargs.get("response_format")),
             session_id=self._session_id(kwargs),
         )
         call = ChatCall(router, engine, request)
@@ -462,6 +490,15 @@ class ChatCLM(BaseChatModel):
             response_metadata=metadata,
             chunk_position="last",
         )
+
+
+def _response_format(value: Any) -> ResponseFormat | None:
+    """``bind(response_format=...)`` as OpenAI or LangChain spell it, or a pydantic class /
+    TypedDict (its JSON schema), as ``ChatOpenAI`` accepts."""
+    if isinstance(value, type):
+        schema = convert_to_json_schema(value)
+        return ResponseFormat.from_schema(schema, name=schema.get("title"), field="response_format")
+    return ResponseFormat.parse(value)
 
 
 def _session_kwargs(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:

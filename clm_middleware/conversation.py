@@ -27,7 +27,7 @@ import copy
 import dataclasses
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts
 from clm_middleware.lifecycle.turn_runner import TurnRunner
 from clm_middleware.render import ChatFormat
 from clm_middleware.render.chat_format import lone_surrogate
+from clm_middleware.structured import ResponseFormat
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
@@ -87,6 +88,7 @@ class Conversation:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         no_repeat_ngram_size: int | None = None,
+        response_format: ResponseFormat | Mapping[str, Any] | None = None,
         summarizer: Engine | None = None,
         store: Any = None,
         conversation_id: str | None = None,
@@ -123,6 +125,7 @@ class Conversation:
             frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty,
             no_repeat_ngram_size=no_repeat_ngram_size,
+            response_format=ResponseFormat.parse(response_format),
         )
         self.id = conversation_id or uuid.uuid4().hex
         self.cache_salt = cache_salt
@@ -226,7 +229,11 @@ class Conversation:
         model computes only its first token. ``reply_prefix`` makes the answer start
         with that text (e.g. ``<tool_call>`` to require a tool call, ``{`` for JSON);
         the model continues from it. ``settings`` override the generation settings for
-        this turn only.
+        this turn only. With ``settings.response_format`` (or the constructor's
+        ``response_format``) the reply is grammar-constrained JSON: valid by
+        construction, ending where the document ends; a ``reply_prefix`` must then start
+        such a document, and ``finish_reason == "length"`` means ``max_new_tokens`` ran
+        out before it was complete.
         """
         for _ in self.respond_stream(forced_reply, reply_prefix=reply_prefix, settings=settings):
             pass
@@ -426,6 +433,7 @@ class Conversation:
             "frequency_penalty": generation.frequency_penalty,
             "presence_penalty": generation.presence_penalty,
             "no_repeat_ngram_size": generation.no_repeat_ngram_size,
+            "response_format": None if generation.response_format is None else generation.response_format.as_openai(),
             "cache_salt": self.cache_salt,
         }
 

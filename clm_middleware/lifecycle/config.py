@@ -9,6 +9,7 @@ from clm_middleware.engine.sampling import check_sampling_filters
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.compressor import METHODS
 from clm_middleware.lifecycle.tagging import TaggingConfig
+from clm_middleware.structured import ResponseFormat
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +32,13 @@ class GenerationSettings:
     # end a reply before the first sentence it repeats, and stop generating there
     # (lifecycle/reply_quality.py): a repeated sentence tells the user nothing
     cut_repeats: bool = True
+    # structured output (clm_middleware/structured/): the reply is one JSON object, or
+    # JSON valid against a schema, by grammar; a dict is read as OpenAI's response_format
+    response_format: ResponseFormat | None = None
 
     def __post_init__(self) -> None:
+        if self.response_format is not None and not isinstance(self.response_format, ResponseFormat):
+            object.__setattr__(self, "response_format", ResponseFormat.parse(self.response_format))
         if self.max_new_tokens < 1:
             raise ConfigError("max_new_tokens", f"must be ≥ 1, got {self.max_new_tokens}")
         if self.block_tokens < 0:

@@ -10,6 +10,10 @@ back, so the user never sees machinery, or half of it, even for a single delta; 
 concatenated deltas equal the final answer. With ``cut_repeats`` the answer also ends
 before its first sentence that repeats an earlier one, and a sentence that may still
 become such a repeat is held back until it diverges.
+
+A grammar-constrained reply (``verbatim``, see ``structured/``) is shown as written, cut
+only at a stop string: the grammar already rules out a block, and cutting a marker or a
+"repeated sentence" out of a JSON document could only break it.
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ def cut_repeat(written: str, *, final: bool = False) -> str:
     return written if cut is None else written[:cut]
 
 
-def visible_answer(raw: str, *, stops: Sequence[str], cut_repeats: bool = False) -> str:
+def visible_answer(raw: str, *, stops: Sequence[str], cut_repeats: bool = False, verbatim: bool = False) -> str:
     """The final answer: machinery cut, including a marker or block line left unfinished at
-    the end; with ``cut_repeats``, also everything from the first repeated sentence on."""
+    the end; with ``cut_repeats``, also everything from the first repeated sentence on;
+    ``verbatim``: only the stop strings cut."""
+    if verbatim:
+        return cut_at_stop(raw, stops).rstrip()
     written = model_answer(raw, stops)
     if cut_repeats:
         written = cut_repeat(written, final=True)
@@ -67,13 +74,17 @@ def trailing_machinery(written: str, *, final: bool = False) -> int:
 
 
 class ReplyFilter:
-    def __init__(self, *, stops: Sequence[str], cut_repeats: bool = False) -> None:
+    def __init__(self, *, stops: Sequence[str], cut_repeats: bool = False, verbatim: bool = False) -> None:
         self.stops = tuple(s for s in stops if s)
-        self.cut_repeats = cut_repeats
+        self.cut_repeats = cut_repeats and not verbatim
+        self.verbatim = verbatim
         self._emitted = 0
 
     def delta(self, raw_so_far: str) -> str:
         """New visible text since the last call."""
+        if self.verbatim:
+            answer = cut_at_stop(raw_so_far, self.stops)
+            return self._emit(answer, len(answer) - self._held_stop(answer))
         written = model_answer(raw_so_far, self.stops)
         held_raw = trailing_machinery(written)
         if self.cut_repeats:
@@ -81,6 +92,9 @@ class ReplyFilter:
             held_raw = len(written) - len(cut) if cut != written else max(held_raw, repeat_in_progress(written))
         answer = strip_artifacts(written[: len(written) - held_raw])
         safe = len(answer) - self._held_stop(answer) if not held_raw else len(answer.rstrip())
+        return self._emit(answer, safe)
+
+    def _emit(self, answer: str, safe: int) -> str:
         if safe <= self._emitted:
             return ""
         text, self._emitted = answer[self._emitted : safe], safe

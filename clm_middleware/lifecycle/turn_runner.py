@@ -21,7 +21,7 @@ from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_fro
 from clm_middleware.lifecycle.observation import record_observation
 from clm_middleware.lifecycle.protocol import CLOSE_TAG, block_may_follow, could_open_block
 from clm_middleware.lifecycle.renderer import RenderedContext
-from clm_middleware.lifecycle.reply import IncrementalText, ids_for_prefix
+from clm_middleware.lifecycle.reply import IncrementalText, cut_at_stop, ids_for_prefix
 from clm_middleware.lifecycle.reply_filter import ReplyFilter, model_answer, visible_answer
 from clm_middleware.lifecycle.reply_quality import first_repeated_sentence, reply_flags
 from clm_middleware.lifecycle.segmenter import is_ack
@@ -36,9 +36,12 @@ from clm_middleware.lifecycle.segments import (
     segment_id,
 )
 from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
+from clm_middleware.structured.format import inside_string
 
 if TYPE_CHECKING:
     from clm_middleware.conversation import Conversation
+    from clm_middleware.structured.constraint import GrammarConstraint
+    from clm_middleware.structured.grammar import GrammarCompiler
 
 
 class TurnRunner:
@@ -58,6 +61,9 @@ class TurnRunner:
         started = time.perf_counter()
         if not c.messages:
             raise ConfigError("messages", "there is nothing to answer yet; add a user message first")
+        structured = settings.response_format is not None and forced is None
+        # a schema the grammar rejects, or a reply_prefix it cannot continue, fails before the turn starts
+        constraint = self._constraint(settings, c.chat_format.encode(prefix)) if structured else None
         c.turn += 1
         turn = c.turn
         stats = TurnStats(turn=turn)
@@ -79,8 +85,9 @@ class TurnRunner:
             stats.protocol_context = c.protocol_context
             rendered = c._render(reply_id)
             prefix_ids = c.chat_format.encode(prefix) if forced is None else []
-            generation = self._generate(rendered, prefix_ids, forced, settings)
-            reply_filter = ReplyFilter(stops=settings.stop, cut_repeats=settings.cut_repeats)
+            generation = self._generate(rendered, prefix_ids, forced, settings, constraint)
+            escaped_at = 0  # structured: where the text stood when a loop in a string was last closed
+            reply_filter = ReplyFilter(stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=structured)
             detok = IncrementalText(c.engine.tokenizer, skip_ids=c.engine.default_stop_ids)
             answer_cap = settings.max_new_tokens
             for token in generation:
@@ -91,7 +98,13 @@ class TurnRunner:
                     delta = reply_filter.delta(prefix + detok.text)
                     if delta:
                         yield delta
-                    if settings.cut_repeats and self._repeats_itself(prefix + detok.text, settings):
+                    if constraint is not None:
+                        written = prefix + detok.text
+                        if settings.cut_repeats and self._loops_in_a_string(written, escaped_at, settings):
+                            constraint.close_string()  # the document cannot be cut: end the string instead
+                            escaped_at = len(written)
+                            stats.reply_flags.append("string_loop_closed")
+                    elif settings.cut_repeats and self._repeats_itself(prefix + detok.text, settings):
                         generation.close()
                         generation.finish_reason = "repetition"
                         break
@@ -116,14 +129,17 @@ class TurnRunner:
             if tail:
                 yield tail
             earlier = [s.visible_text for s in c.segments if s.role == "assistant" and s.visible]
-            stats.reply_flags = reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier)
+            stats.reply_flags = [
+                *reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier),
+                *stats.reply_flags,  # string_loop_closed, raised while generating
+            ]
             if generation.finish_reason == "repetition":
                 stats.reply_flags.append("repetition_cut")
         else:
             stats.reply_nll = generation.forced_nll
             yield answer_text
         self._hand_over_chain(generation)
-        asks_block = c.protocol_context and c.tagger.asks_for_block(turn)
+        asks_block = c.protocol_context and c.tagger.asks_for_block(turn) and not structured
         model_written = raw_output  # only what the model generated may be parsed as its block
         if forced is not None and asks_block:
             model_written = self._probe_block(rendered.token_ids + answer_ids, stats)
@@ -132,8 +148,10 @@ class TurnRunner:
         c.messages.append(reply_message)
         c._unsaved_messages.append(reply_message)
         kind = "ack" if is_ack(answer_text) else "reply"
-        if "repetition_loop" in stats.reply_flags or (
-            "repeats_earlier_reply" in stats.reply_flags and not self._adds_facts(answer_text)
+        # a document that was asked for stays in the context, however repetitive its values
+        if not structured and (
+            "repetition_loop" in stats.reply_flags
+            or ("repeats_earlier_reply" in stats.reply_flags and not self._adds_facts(answer_text))
         ):
             kind = LOOP_KIND
         reply_segment = c._new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)
@@ -151,14 +169,27 @@ class TurnRunner:
         c._persist(stats)
 
     def _generate(
-        self, rendered: RenderedContext, prefix_ids: list[int], forced: str | None, settings: GenerationSettings
+        self,
+        rendered: RenderedContext,
+        prefix_ids: list[int],
+        forced: str | None,
+        settings: GenerationSettings,
+        constraint: GrammarConstraint | None = None,
     ) -> Generation:
         c = self.conversation
         prompt = rendered.token_ids + prefix_ids
-        asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn)
+        structured = constraint is not None
+        asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn) and not structured
         forced_ids = c.encode_content(forced, "assistant") if forced else None
+        processors = penalty_processors(settings, c.engine.generation_defaults)
         if forced is not None:
             max_new, stops = 1, ()
+        elif structured:
+            # the grammar ends the reply with its document: no block follows, and the
+            # close tag may be text inside a JSON string, so it stops nothing; the
+            # constraint runs first so that the penalties only reorder allowed tokens
+            max_new, stops = settings.max_new_tokens, settings.stop
+            processors = (constraint, *processors)
         else:
             max_new = settings.max_new_tokens + (settings.block_tokens if asks_block else 0)
             stops = settings.stop + ((CLOSE_TAG,) if c.protocol_context else ())
@@ -176,9 +207,27 @@ class TurnRunner:
             use_pool=c.use_pool,
             observe=c.tagger.observe(self._unscored_positions(rendered)),
             cache_salt=c.cache_salt,
-            logits_processors=penalty_processors(settings, c.engine.generation_defaults),
+            logits_processors=processors,
             forced_token_ids=forced_ids,
         )
+
+    def _constraint(self, settings: GenerationSettings, prefix_ids: list[int]) -> GrammarConstraint:
+        assert settings.response_format is not None
+        return self._grammars().constraint(settings.response_format, prefix_ids)
+
+    @staticmethod
+    def _loops_in_a_string(written: str, since: int, settings: GenerationSettings) -> bool:
+        """A sentence repeats since the last close, and the document is inside a string
+        value: a loop the grammar allows forever (``The cat was a cat, and the cat was
+        a cat, ...``) and only the model could end."""
+        return first_repeated_sentence(cut_at_stop(written, settings.stop)[since:]) is not None and inside_string(
+            written
+        )
+
+    def _grammars(self) -> GrammarCompiler:
+        from clm_middleware.structured.grammar import compiler_for  # xgrammar loads on first use
+
+        return compiler_for(self.conversation.engine)
 
     def _unscored_positions(self, rendered: RenderedContext) -> frozenset[int]:
         """Word-initial prompt positions of segments with no self-information yet (a
@@ -206,7 +255,8 @@ class TurnRunner:
         if forced is not None:
             return forced, list(generation.token_ids) if forced else []
         ids = prefix_ids + [t for t in generation.token_ids if t not in c.engine.default_stop_ids]
-        answer = visible_answer(raw, stops=settings.stop, cut_repeats=settings.cut_repeats)
+        verbatim = settings.response_format is not None
+        answer = visible_answer(raw, stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=verbatim)
         if answer == raw.rstrip():
             return answer, ids  # the context keeps every generated id: they are cached
         if raw.startswith(answer):

@@ -15,8 +15,10 @@ from typing import Any
 
 from clm_middleware.adapters.chat_call import ChatAnswer, ChatRequest
 from clm_middleware.adapters.messages import Turn, assistant_text, turn_digest
+from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.render.chat_format import lone_surrogate
+from clm_middleware.structured import ResponseFormat
 
 from .errors import APIError
 from .schemas import ChatCompletionRequest, ChatMessage, ToolCall
@@ -192,7 +194,10 @@ def _check_tool_choice(choice: Any, tools: list[dict[str, Any]]) -> None:
             raise APIError(400, f"tool_choice: no tool named {name!r} in tools", param="tool_choice")
 
 
-def _response_format(body: ChatCompletionRequest) -> dict[str, Any] | None:
+def _response_format(body: ChatCompletionRequest) -> ResponseFormat | None:
+    """OpenAI's ``response_format``: ``json_object`` or ``json_schema`` (its ``name``,
+    ``schema`` and ``strict``; the grammar is always strict). A bad schema is a 400
+    naming the field."""
     fmt = body.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -200,5 +205,9 @@ def _response_format(body: ChatCompletionRequest) -> dict[str, Any] | None:
         schema = fmt.json_schema.schema_ if fmt.json_schema else None
         if schema is None:
             raise APIError(400, "response_format.json_schema.schema: required", param="response_format.json_schema")
-        return {"type": "json_schema", "schema": schema}
-    return {"type": "json_object"}
+        name = fmt.json_schema.name if fmt.json_schema else None
+        try:
+            return ResponseFormat.from_schema(schema, name=name)
+        except ConfigError as error:
+            raise APIError(400, str(error), param=error.field) from None
+    return ResponseFormat.json_object()

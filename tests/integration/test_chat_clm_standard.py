@@ -11,6 +11,13 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests
 from clm_middleware.adapters import ChatCLM
 
 SMALL_MODEL = "SmolLM2-135M-Instruct is too small to {}"
+# json_mode's grammar is any JSON object: the keys are the model's to choose. SmolLM2
+# loops inside "setup" (the loop is closed: "string_loop_closed"), then ends the object
+# without the "punchline" key the prompt asks for. With the schema (json_schema) the
+# grammar writes the key and the same tests pass.
+JSON_MODE_KEYS = SMALL_MODEL.format(
+    "write both keys a json_mode prompt asks for: it closes the object after 'setup' (no 'punchline')"
+)
 
 
 class TestChatCLMIntegration(ChatModelIntegrationTests):
@@ -43,9 +50,18 @@ class TestChatCLMIntegration(ChatModelIntegrationTests):
     def model_override_value(self) -> str:
         return "tiny"
 
+    @property
+    def structured_output_kwargs(self) -> dict:
+        # the grammar-constrained path (clm_middleware/structured/): valid JSON by construction
+        return {"method": "json_schema"}
+
     # ------------------------------------------------------------------
     # Genuine limits of a 135M model. The machinery is exercised deterministically in
     # tests/unit/adapters (scripted token-level replies through the real adapter).
+
+    @pytest.mark.xfail(reason=JSON_MODE_KEYS)
+    def test_json_mode(self, model) -> None:
+        super().test_json_mode(model)
 
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     @pytest.mark.xfail(reason=SMALL_MODEL.format("decide on its own to call a tool (tool_choice='auto')"))
@@ -55,25 +71,3 @@ class TestChatCLMIntegration(ChatModelIntegrationTests):
     @pytest.mark.xfail(reason=SMALL_MODEL.format("fill every required argument (it omits customer_name)"))
     def test_unicode_tool_call_integration(self, model, tool_choice=None, force_tool_call=True) -> None:
         super().test_unicode_tool_call_integration(model, tool_choice, force_tool_call)
-
-    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
-    @pytest.mark.xfail(reason=SMALL_MODEL.format("write JSON matching a two-field schema (it nests the fields)"))
-    def test_structured_output(self, model, schema_type) -> None:
-        super().test_structured_output(model, schema_type)
-
-    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
-    @pytest.mark.xfail(reason=SMALL_MODEL.format("write JSON matching a two-field schema (it nests the fields)"))
-    async def test_structured_output_async(self, model, schema_type) -> None:
-        await super().test_structured_output_async(model, schema_type)
-
-    @pytest.mark.xfail(reason=SMALL_MODEL.format("write JSON matching a two-field schema (it nests the fields)"))
-    def test_structured_output_pydantic_2_v1(self, model) -> None:
-        super().test_structured_output_pydantic_2_v1(model)
-
-    @pytest.mark.xfail(reason=SMALL_MODEL.format("write JSON matching a schema with an optional field"))
-    def test_structured_output_optional_param(self, model) -> None:
-        super().test_structured_output_optional_param(model)
-
-    @pytest.mark.xfail(reason=SMALL_MODEL.format("write a JSON joke with both requested keys"))
-    def test_json_mode(self, model) -> None:
-        super().test_json_mode(model)

@@ -46,6 +46,20 @@ def _hello(model_id: str, **extra) -> dict:
         ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id"),
         ({"messages": [{"role": "user", "content": "   "}]}, "messages[0].content"),
         ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (  # a JSON Schema type that does not exist
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strng"}}}},
+            "response_format.json_schema.schema",
+        ),
+        (  # the grammar compiler rejects it (a $ref to nothing): still a 400, before the turn
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"properties": {"a": {"$ref": "#/$defs/gone"}}}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
     ],
 )
 def test_a_bad_request_is_a_400_naming_the_field(server, model_id, change, param):

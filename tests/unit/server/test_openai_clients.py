@@ -184,3 +184,47 @@ def test_request_metrics_are_labelled_by_route_not_by_url(server):
     httpx.get(server.api + "/sessions/some-unknown-id", timeout=10)
     text = httpx.get(server.url + "/metrics", timeout=10).text
     assert 'endpoint="/v1/sessions/{session_id}"' in text and "some-unknown-id" not in text
+
+
+# every document of this schema is short: the random tiny model always completes one
+ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "paid": {"type": "boolean"},
+        "items": {"type": "integer", "minimum": 1, "maximum": 9},
+        "size": {"enum": ["S", "M", "L"]},
+    },
+    "required": ["paid", "items", "size"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_json_schema_response_format_gives_a_document_that_validates(client, model_id, stream):
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": ORDER_SCHEMA, "strict": True}}
+    messages = [{"role": "user", "content": "The order as JSON."}]
+    if stream:
+        chunks = list(_chat(client, model_id, messages, response_format=fmt, max_tokens=40, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = next(c.choices[0].finish_reason for c in reversed(chunks) if c.choices and c.choices[0].finish_reason)
+    else:
+        reply = _chat(client, model_id, messages, response_format=fmt, max_tokens=40)
+        text, finish = reply.choices[0].message.content, reply.choices[0].finish_reason
+    order = json.loads(text)
+    assert finish == "stop" and list(order) == ["paid", "items", "size"]
+    assert type(order["paid"]) is bool and 1 <= order["items"] <= 9 and order["size"] in ("S", "M", "L")
+
+
+def test_a_document_cut_by_max_tokens_says_length(client, model_id):
+    messages = [{"role": "user", "content": "The order as JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": ORDER_SCHEMA}}  # 3 required keys
+    reply = _chat(client, model_id, messages, response_format=fmt, max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.choices[0].message.content.startswith("{")
+
+
+def test_json_object_gives_a_json_object(client, model_id):
+    messages = [{"role": "user", "content": "Any JSON object."}]
+    reply = _chat(client, model_id, messages, response_format={"type": "json_object"}, max_tokens=200, seed=3)
+    assert reply.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)

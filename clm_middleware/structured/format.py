@@ -1,0 +1,128 @@
+"""What shape a reply must have: any JSON object, or JSON that validates against a schema.
+
+This is OpenAI's ``response_format`` (``{"type": "json_object"}``, ``{"type":
+"json_schema", "json_schema": {"name", "schema", "strict"}}``) and LangChain's
+``json_mode`` / ``json_schema`` in one value, so every entry point (``Conversation``,
+``ChatCLM``, ``clm serve``) hands the same thing to the grammar (``grammar.py``).
+
+Invariants:
+- ``schema_json`` is ``None`` (any JSON object) or the ``json.dumps`` text of a JSON
+  object, keys in the order given: the value is immutable and hashable, so it can sit
+  in frozen settings, and a schema compiles once. Key order is kept, not sorted: the
+  grammar writes properties in the schema's declared order.
+- A value that is not a format, a schema that is not a JSON object, or a ``type`` that
+  JSON Schema does not define raises ``ConfigError`` naming the field at construction;
+  whatever the grammar compiler rejects beyond that fails before the turn starts
+  (``GrammarCompiler.compile``), never halfway through a reply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from clm_middleware.errors import ConfigError
+
+JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+ANY_OBJECT_TYPES = ("json_object", "json_mode")  # OpenAI's name, LangChain's name
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """A reply that is one JSON object (``schema_json`` None) or JSON matching a schema."""
+
+    schema_json: str | None = None
+    name: str | None = None  # OpenAI's json_schema.name: reported back, never constrains
+
+    @classmethod
+    def json_object(cls) -> ResponseFormat:
+        """Any JSON object (OpenAI ``json_object``, LangChain ``json_mode``)."""
+        return cls()
+
+    @classmethod
+    def from_schema(
+        cls, schema: Any, *, name: str | None = None, field: str = "response_format.json_schema.schema"
+    ) -> ResponseFormat:
+        """The reply must validate against ``schema`` (a JSON Schema as a dict)."""
+        if not isinstance(schema, Mapping):
+            raise ConfigError(field, f"must be a JSON schema object, got {type(schema).__name__}")
+        _check_types(schema, field)
+        try:
+            text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(field, f"is not JSON: {error}") from None
+        return cls(schema_json=text, name=name)
+
+    @classmethod
+    def parse(cls, value: Any, *, field: str = "response_format") -> ResponseFormat | None:
+        """``value`` as OpenAI or LangChain spell it; ``None`` and ``{"type": "text"}`` are free text.
+
+        Accepted: a ``ResponseFormat``; ``{"type": "json_object" | "json_mode"}``;
+        ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`` (OpenAI)
+        or ``{"type": "json_schema", "schema": {...}}`` (LangChain's ``bind``).
+        """
+        if value is None or isinstance(value, ResponseFormat):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(field, f"must be a dict with a 'type', got {type(value).__name__}")
+        kind = value.get("type")
+        if kind == "text":
+            return None
+        if kind in ANY_OBJECT_TYPES:
+            return cls.json_object()
+        if kind != "json_schema":
+            raise ConfigError(f"{field}.type", f"must be text, json_object or json_schema, got {kind!r}")
+        spec = value.get("json_schema")
+        if spec is not None:
+            if not isinstance(spec, Mapping):
+                raise ConfigError(f"{field}.json_schema", "must be an object with a 'schema'")
+            schema, name, where = spec.get("schema"), spec.get("name"), f"{field}.json_schema.schema"
+        else:
+            schema, name, where = value.get("schema"), value.get("name"), f"{field}.schema"
+        if schema is None:
+            raise ConfigError(where, "required for type json_schema (use json_object for any JSON object)")
+        return cls.from_schema(schema, name=None if name is None else str(name), field=where)
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The schema as a fresh dict (``None``: any JSON object)."""
+        return None if self.schema_json is None else json.loads(self.schema_json)
+
+    def as_openai(self) -> dict[str, Any]:
+        """OpenAI's spelling of this format."""
+        if self.schema_json is None:
+            return {"type": "json_object"}
+        return {"type": "json_schema", "json_schema": {"name": self.name or "response", "schema": self.schema}}
+
+
+def _check_types(schema: Mapping[str, Any], field: str) -> None:
+    """Every ``type`` in ``schema`` (nested ones too) names JSON types: a typo such as
+    ``"strng"`` is a clear error here, not a grammar failure later."""
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            kind = node.get("type")  # a dict here is a property named "type", not the keyword
+            kinds = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else []
+            bad = [k for k in kinds if not isinstance(k, str) or k not in JSON_TYPES]
+            if bad:
+                raise ConfigError(field, f"unknown type {bad[0]!r}; JSON Schema types are {sorted(JSON_TYPES)}")
+            stack.extend(v for k, v in node.items() if k not in ("enum", "const", "default", "examples"))
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def inside_string(text: str) -> bool:
+    """Whether JSON ``text`` (a prefix of a document) ends inside a string: an odd number
+    of unescaped quotes so far."""
+    inside = escaped = False
+    for char in text:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = inside
+        elif char == '"':
+            inside = not inside
+    return inside

@@ -1,0 +1,182 @@
+"""Grammar-constrained JSON on the tiny random Llama: valid by construction, whatever the model.
+
+A random model is the hardest client a grammar can have: left alone it writes bytes.
+Every document these tests decode must parse with ``json.loads`` and match its schema;
+``finish_reason == "length"`` is the one way out, and then the text is unfinished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from clm_middleware.errors import ConfigError
+from clm_middleware.structured import ResponseFormat
+from clm_middleware.structured.grammar import compiler_for
+
+# every document of this schema is short, so a reply always completes within the budget
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "member": {"type": "boolean"},
+        "tier": {"enum": ["gold", "silver"]},
+    },
+    "required": ["name", "age", "member"],
+}
+BUDGET = 160  # byte tokens: a 6-character string can take 36 (\uXXXX escapes), the rest < 60
+
+
+def matches_person(document: object) -> None:
+    """The checks jsonschema would make for PERSON (keys, types, ranges, enum)."""
+    assert isinstance(document, dict)
+    assert {"name", "age", "member"} <= set(document) <= set(PERSON["properties"])
+    assert isinstance(document["name"], str) and len(document["name"]) <= 6
+    assert type(document["age"]) is int and 0 <= document["age"] <= 120
+    assert type(document["member"]) is bool
+    assert document.get("tier", "gold") in ("gold", "silver")
+
+
+def respond(conversation, fmt, **settings):
+    conversation.add("user", "Describe a customer as JSON.")
+    turn_settings = dataclasses.replace(conversation.generation, response_format=fmt, **settings)
+    return conversation.respond(settings=turn_settings)
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, None), (1.0, 1), (1.0, 2), (1.3, 3)])
+def test_a_random_model_under_a_schema_writes_a_document_that_validates(converse, temperature, seed):
+    conversation = converse(max_new_tokens=BUDGET, temperature=temperature, seed=seed)
+    reply = respond(conversation, ResponseFormat.from_schema(PERSON))
+    assert reply.finish_reason == "stop"
+    matches_person(json.loads(reply.text))
+    assert list(json.loads(reply.text))[:2] == ["name", "age"]  # the schema's order
+
+
+def test_properties_come_in_the_schema_order_and_the_layout_is_json_dumps(converse):
+    conversation = converse(max_new_tokens=BUDGET, temperature=1.0, seed=5)
+    reply = respond(conversation, ResponseFormat.from_schema(PERSON))
+    assert reply.text == json.dumps(json.loads(reply.text), ensure_ascii=False)
+
+
+def test_json_mode_without_a_schema_gives_a_json_object(converse):
+    """Any JSON object: sampled replies that end on their own all parse as objects."""
+    finished = []
+    for seed in range(6):
+        conversation = converse(max_new_tokens=96, temperature=1.0, seed=seed)
+        reply = respond(conversation, ResponseFormat.json_object())
+        assert reply.text.startswith("{")
+        if reply.finish_reason == "stop":
+            finished.append(json.loads(reply.text))
+    assert finished and all(isinstance(document, dict) for document in finished)
+
+
+def test_a_reply_prefix_is_part_of_the_document(converse):
+    conversation = converse(max_new_tokens=BUDGET, temperature=1.0, seed=7)
+    conversation.add("user", "JSON please.")
+    settings = dataclasses.replace(conversation.generation, response_format=ResponseFormat.from_schema(PERSON))
+    reply = conversation.respond(reply_prefix='{"name": "Ana', settings=settings)
+    assert reply.text.startswith('{"name": "Ana')
+    matches_person(json.loads(reply.text))
+
+
+def test_a_reply_prefix_the_grammar_cannot_continue_is_a_config_error(converse):
+    conversation = converse()
+    conversation.add("user", "JSON please.")
+    settings = dataclasses.replace(conversation.generation, response_format=ResponseFormat.json_object())
+    with pytest.raises(ConfigError, match="reply_prefix"):
+        conversation.respond(reply_prefix="Sure! ", settings=settings)
+    assert conversation.turn == 0 and conversation.respond().turn == 1  # nothing of the failed turn stayed
+
+
+def test_running_out_of_tokens_mid_document_finishes_with_length(converse):
+    conversation = converse(max_new_tokens=5, temperature=1.0, seed=1)
+    reply = respond(conversation, ResponseFormat.from_schema(PERSON))
+    assert reply.finish_reason == "length"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(reply.text)
+
+
+def test_a_schema_the_grammar_rejects_fails_before_the_turn_starts(converse):
+    conversation = converse()
+    broken = ResponseFormat.from_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})
+    with pytest.raises(ConfigError, match=r"response_format\.json_schema\.schema: cannot be used") as error:
+        respond(conversation, broken)
+    assert error.value.field == "response_format.json_schema.schema"
+    assert conversation.turn == 0
+
+
+def test_penalties_only_reorder_what_the_grammar_allows(converse):
+    """A strict n-gram ban next to a grammar: the ban yields where it would leave nothing."""
+    conversation = converse(max_new_tokens=BUDGET, temperature=0.0, no_repeat_ngram_size=1, repetition_penalty=1.3)
+    reply = respond(conversation, ResponseFormat.from_schema(PERSON))
+    matches_person(json.loads(reply.text))
+
+
+def test_the_stop_token_is_allowed_only_once_the_document_is_complete(engine, tiny_tok):
+    compiler = compiler_for(engine)
+    eos, im_start = tiny_tok.eos_token_id, tiny_tok.convert_tokens_to_ids("<|im_start|>")
+    inside = compiler.constraint(ResponseFormat.json_object(), tiny_tok.encode('{"a": "x', add_special_tokens=False))
+    allowed = inside.allowed()
+    assert not allowed[eos] and not allowed[im_start]  # a special token never enters a string
+    [letter, quote] = tiny_tok.encode('y"', add_special_tokens=False)
+    assert allowed[letter] and allowed[quote]
+    done = compiler.constraint(ResponseFormat.json_object(), tiny_tok.encode('{"a": 1}', add_special_tokens=False))
+    assert done.complete
+    assert done.allowed().nonzero().flatten().tolist() == [eos]
+
+
+def test_the_compiler_is_built_once_per_engine_and_caches_grammars(engine, make_engine):
+    compiler = compiler_for(engine)
+    assert compiler_for(engine) is compiler
+    assert compiler_for(make_engine()) is not compiler
+    fmt = ResponseFormat.from_schema(PERSON)
+    assert compiler.compile(fmt) is compiler.compile(ResponseFormat.from_schema(PERSON, name="other"))
+
+
+def test_a_conversation_keeps_its_response_format_through_the_store(converse, engine, tmp_path):
+    from clm_middleware.conversation import Conversation
+
+    fmt = ResponseFormat.from_schema(PERSON, name="person")
+    conversation = converse(store=tmp_path / "c.db", conversation_id="p", response_format=fmt.as_openai())
+    conversation.send("Hi")
+    conversation.close()
+    loaded = Conversation.load(tmp_path / "c.db", "p", engine, max_new_tokens=BUDGET, temperature=1.0, seed=2)
+    assert loaded.generation.response_format == fmt
+    matches_person(json.loads(loaded.send("A customer, as JSON.").text))
+
+
+JOKE = {
+    "type": "object",
+    "properties": {"setup": {"type": "string"}, "punchline": {"type": "string"}},
+    "required": ["setup", "punchline"],
+}
+
+
+def test_a_loop_inside_a_string_value_is_closed_and_the_document_finishes(scripted):
+    """What SmolLM2 does with a joke schema: it repeats a clause inside "setup" until the
+    tokens run out. Under a grammar the reply cannot be cut, so the string is closed
+    instead, and the rest of the document follows."""
+    from clm_middleware.conversation import Conversation
+
+    looping = '{"setup": "' + "the cat was a cat, and " * 12
+    engine, _ = scripted(looping[1:])  # "{" is the reply prefix
+    conversation = Conversation(engine, tagging="signals", max_new_tokens=len(looping) + 40)
+    conversation.add("user", "A joke as JSON.")
+    settings = dataclasses.replace(conversation.generation, response_format=ResponseFormat.from_schema(JOKE))
+    reply = conversation.respond(reply_prefix="{", settings=settings)
+    joke = json.loads(reply.text)
+    assert reply.finish_reason == "stop" and set(joke) == {"setup", "punchline"}
+    assert joke["setup"].count("the cat was a cat") <= 3  # closed at the first repeat, not after twelve
+    assert "string_loop_closed" in reply.stats.reply_flags
+
+
+def test_inside_string_follows_quotes_and_escapes():
+    from clm_middleware.structured.format import inside_string
+
+    assert inside_string('{"a": "x')
+    assert not inside_string('{"a": "x"')
+    assert inside_string('{"a": "say \\"hi')
+    assert not inside_string('{"a": "c:\\\\"')
