@@ -12,7 +12,10 @@ from clm_middleware.cli.eval_variants import eval_options, markdown_table, print
 from clm_middleware.cli.options import model_options
 
 ANSWERS_EPILOG = """\b
-The --report JSON: transcript, budget, model, max_answer_tokens, probes, and variants[]:
+Several TRANSCRIPTs: one row per file and variant, then an OVERALL row per variant: the mean
+gold logp over all probes pooled, and gap closed computed from those pooled means.
+The --report JSON: transcript (one file) or transcripts[] and files[] (transcript, probes,
+variants[]), budget, model, max_answer_tokens, probes (total), and variants[] (overall):
 variant, context_tokens, probes, retained (answer string in the final context), hits (greedy
 answer contains it), mean_gold_logprob (nats per token, mean over probes), gap_closed (clm
 only: (clm - truncate) / (keep-all - truncate) of mean_gold_logprob; null when keep-all does not
@@ -32,9 +35,9 @@ answers[]: question, answer, gold_mean_logprob, greedy_answer, hit, retained.
 )
 @model_options
 def answers_command(
-    transcript: Path,
+    transcripts: tuple[Path, ...],
     transcript_format: str,
-    probes_path: Path,
+    probes_paths: tuple[Path, ...],
     budget: int,
     taggings: str,
     compression: str,
@@ -43,60 +46,78 @@ def answers_command(
     markdown_path: Path | None,
     **engine_options: Any,
 ) -> None:
-    """Replay TRANSCRIPT as `eval retention` does, then ask each probe question of every variant's
+    """Replay each TRANSCRIPT as `eval retention` does, then ask each probe question of every variant's
     final context: the gold answer's mean log-likelihood, and whether a greedy answer contains it."""
-    from clm_middleware.cli.eval_variants import read_inputs, variants
+    from clm_middleware.cli.eval_variants import read_inputs, variants, with_files
     from clm_middleware.cli.setup import build_engine, driver_factory, sibling_engine
-    from clm_middleware.evaluation.answers import answer_variant, close_gaps
+    from clm_middleware.evaluation.answers import answer_variant, close_gaps, overall
     from clm_middleware.evaluation.retention import KEEP_ALL, TRUNCATE, run_variant
 
-    planned = variants(taggings, budget, compression)
-    transcripts, probes = read_inputs(transcript, transcript_format, probes_path)
+    variants(taggings, budget, compression)  # a bad --tagging fails before any file is read
+    inputs = read_inputs(transcripts, transcript_format, probes_paths)
     first = build_engine(**engine_options)
     stderr = Console(stderr=True)
-    results = []
-    for name, mode, lifecycle in planned:
-        stderr.print(f"[bold]{name}[/bold] …")
-        engine = sibling_engine(first)
-        run_variant(name, engine, transcripts, probes, driver_factory, lifecycle, mode)
-        driver = lifecycle.drivers[-1]  # the last conversation's final context, as retention reads it
-        results.append(answer_variant(name, engine, driver, probes, max_answer_tokens=max_answer_tokens))
-    close_gaps(results, truncate=TRUNCATE, keep_all=KEEP_ALL)
+    per_file = []
+    for item in inputs:
+        results = []
+        for name, mode, lifecycle in variants(taggings, budget, compression):
+            stderr.print(f"[bold]{item.path.name} · {name}[/bold] …")
+            engine = sibling_engine(first)
+            run_variant(name, engine, item.transcripts, item.probes, driver_factory, lifecycle, mode)
+            driver = lifecycle.drivers[-1]  # the last conversation's final context, as retention reads it
+            results.append(answer_variant(name, engine, driver, item.probes, max_answer_tokens=max_answer_tokens))
+        close_gaps(results, truncate=TRUNCATE, keep_all=KEEP_ALL)
+        per_file.append(results)
+    total = overall(per_file, truncate=TRUNCATE, keep_all=KEEP_ALL)
+    probes = sum(len(item.probes) for item in inputs)
     header = ["variant", "context tokens", "retained", "greedy hits", "mean gold logp", "gap closed"]
-    print_table(f"answers · {transcript.name} · budget {budget} · {len(probes)} probes", header, _answer_rows(results))
+    if len(inputs) == 1:
+        title, table_header, rows = inputs[0].path.name, header, _answer_rows(total)
+    else:
+        title, table_header = f"{len(inputs)} files", ["file", *header]
+        rows = with_files(inputs, [_answer_rows(r) for r in per_file], _answer_rows(total))
+    print_table(f"answers · {title} · budget {budget} · {probes} probes", table_header, rows)
     if report_path:
         from clm_middleware.replay.report import write_json_atomic
 
-        write_json_atomic(
-            report_path,
-            {
-                "transcript": str(transcript),
-                "budget": budget,
-                "model": first.model_name,
-                "max_answer_tokens": max_answer_tokens,
-                "probes": len(probes),
-                "variants": [r.as_dict() for r in results],
-            },
-        )
-    if markdown_path:
-        per_probe = [
-            [
-                f"`{probe.answer}`",
-                *(f"{a.gold_mean_logprob:.2f}{' ✓' if a.hit else ''}" for a in (r.answers[i] for r in results)),
+        report: dict[str, Any] = {
+            "budget": budget,
+            "model": first.model_name,
+            "max_answer_tokens": max_answer_tokens,
+            "probes": probes,
+            "variants": [r.as_dict() for r in total],
+        }
+        if len(inputs) == 1:
+            report = {"transcript": str(inputs[0].path), **report}
+        else:
+            report["transcripts"] = [str(item.path) for item in inputs]
+            report["files"] = [
+                {"transcript": str(item.path), "probes": len(item.probes), "variants": [r.as_dict() for r in results]}
+                for item, results in zip(inputs, per_file, strict=True)
             ]
-            for i, probe in enumerate(probes)
-        ]
-        lines = markdown_table(header, _answer_rows(results))
-        lines += ["", "Per probe (gold logp; ✓ greedy hit):", ""]
-        lines += markdown_table(["answer", *(r.name for r in results)], per_probe)
+        write_json_atomic(report_path, report)
+    if markdown_path:
+        lines = markdown_table(table_header, rows)
+        for item, results in zip(inputs, per_file, strict=True):
+            per_probe = [
+                [
+                    f"`{probe.answer}`",
+                    *(f"{a.gold_mean_logprob:.2f}{' ✓' if a.hit else ''}" for a in (r.answers[i] for r in results)),
+                ]
+                for i, probe in enumerate(item.probes)
+            ]
+            where = "" if len(inputs) == 1 else f" · {item.path.name}"
+            lines += ["", f"Per probe{where} (gold logp; ✓ greedy hit):", ""]
+            lines += markdown_table(["answer", *(r.name for r in results)], per_probe)
+        files = f" in {len(inputs)} files" if len(inputs) > 1 else ""
         summary = (
-            f"{len(probes)} probes; budget {budget} tokens; model {first.model_name}; "
+            f"{probes} probes{files}; budget {budget} tokens; model {first.model_name}; "
             f"greedy answers of at most {max_answer_tokens} tokens."
         )
         write_markdown(markdown_path, summary, lines)
 
 
-def _answer_rows(results) -> list[list[str]]:
+def _answer_rows(results: list[Any]) -> list[list[str]]:
     rows = []
     for r in results:
         mean = "" if r.mean_gold_logprob is None else f"{r.mean_gold_logprob:.3f}"

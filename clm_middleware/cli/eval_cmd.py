@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,21 @@ def eval_group() -> None:
     """Retention evaluation: which facts survive a context budget."""
 
 
-@eval_group.command(name="retention")
+RETENTION_EPILOG = """\b
+Several TRANSCRIPTs: one row per file and variant, then an OVERALL row per variant
+(probes retained summed over files; tokens summed; shares of turn time weighted by it).
+The --report JSON: budget, probes (total), variants[] (overall; for one file, that
+file's), and with several files transcripts[] and files[]: transcript, probes, variants[].
+"""
+
+
+@eval_group.command(name="retention", epilog=RETENTION_EPILOG)
 @eval_options(default_tagging=DEFAULT_TAGGINGS)
 @model_options
 def retention_command(
-    transcript: Path,
+    transcripts: tuple[Path, ...],
     transcript_format: str,
-    probes_path: Path,
+    probes_paths: tuple[Path, ...],
     budget: int,
     taggings: str,
     compression: str,
@@ -34,44 +41,59 @@ def retention_command(
     markdown_path: Path | None,
     **engine_options: Any,
 ) -> None:
-    """Replay TRANSCRIPT teacher-forced under clm (each tagging mode), truncation and keep-all,
+    """Replay each TRANSCRIPT teacher-forced under clm (each tagging mode), truncation and keep-all,
     and report the share of probes whose answer is still in the final context."""
-    from clm_middleware.cli.eval_variants import read_inputs, variants
+    from clm_middleware.cli.eval_variants import read_inputs, variants, with_files
     from clm_middleware.cli.setup import build_engine, driver_factory, sibling_engine
-    from clm_middleware.evaluation.retention import run_variant
+    from clm_middleware.evaluation.retention import overall, run_variant
 
-    planned = variants(taggings, budget, compression)
-    transcripts, probes = read_inputs(transcript, transcript_format, probes_path)
+    variants(taggings, budget, compression)  # a bad --tagging fails before any file is read
+    inputs = read_inputs(transcripts, transcript_format, probes_paths)
     first = build_engine(**engine_options)
     stderr = Console(stderr=True)
-    results = []
-    for name, mode, lifecycle in planned:
-        stderr.print(f"[bold]{name}[/bold] …")
-        results.append(run_variant(name, sibling_engine(first), transcripts, probes, driver_factory, lifecycle, mode))
-    header = ["variant", "retained", "context tokens", "prefill tokens", "lifecycle share", "signals share"]
-    print_table(
-        f"retention · {transcript.name} · budget {budget} · {len(probes)} probes", [*header, "invented"], _rows(results)
-    )
+    per_file = []
+    for item in inputs:
+        results = []
+        for name, mode, lifecycle in variants(taggings, budget, compression):
+            stderr.print(f"[bold]{item.path.name} · {name}[/bold] …")
+            engine = sibling_engine(first)
+            results.append(run_variant(name, engine, item.transcripts, item.probes, driver_factory, lifecycle, mode))
+        per_file.append(results)
+    total = overall(per_file)
+    probes = sum(len(item.probes) for item in inputs)
+    header = ["variant", "retained", "context tokens", "prefill tokens", "lifecycle share", "signals share", "invented"]
+    if len(inputs) == 1:
+        title, table_header, rows = inputs[0].path.name, header, _rows(total)
+    else:
+        title, table_header = f"{len(inputs)} files", ["file", *header]
+        rows = with_files(inputs, [_rows(r) for r in per_file], _rows(total))
+    print_table(f"retention · {title} · budget {budget} · {probes} probes", table_header, rows)
     if report_path:
         from clm_middleware.replay.report import write_json_atomic
 
-        write_json_atomic(
-            report_path,
-            {
-                "transcript": str(transcript),
-                "budget": budget,
-                "probes": len(probes),
-                "variants": [r.as_dict() for r in results],
-            },
-        )
+        report: dict[str, Any] = {"budget": budget, "probes": probes, "variants": [r.as_dict() for r in total]}
+        if len(inputs) == 1:
+            report = {"transcript": str(inputs[0].path), **report}
+        else:
+            report["transcripts"] = [str(item.path) for item in inputs]
+            report["files"] = [
+                {"transcript": str(item.path), "probes": len(item.probes), "variants": [r.as_dict() for r in results]}
+                for item, results in zip(inputs, per_file, strict=True)
+            ]
+        write_json_atomic(report_path, report)
     if markdown_path:
-        lines = markdown_table([*header, "invented"], _rows(results))
+        lines = markdown_table(table_header, rows)
         lines += ["", "Lost (answers not in the final context):", ""]
-        lines += [f"- {r.name}: " + (", ".join(f"`{a}`" for a in r.lost) or "none") for r in results]
-        write_markdown(markdown_path, f"{len(probes)} probes; budget {budget} tokens; model {first.model_name}.", lines)
+        for item, results in zip(inputs, per_file, strict=True):
+            prefix = "" if len(inputs) == 1 else f"{item.path.name} · "
+            lines += [f"- {prefix}{r.name}: " + (", ".join(f"`{a}`" for a in r.lost) or "none") for r in results]
+        files = f" in {len(inputs)} files" if len(inputs) > 1 else ""
+        write_markdown(
+            markdown_path, f"{probes} probes{files}; budget {budget} tokens; model {first.model_name}.", lines
+        )
 
 
-def _rows(results) -> list[list[str]]:
+def _rows(results: list[Any]) -> list[list[str]]:
     rows = []
     for r in results:
         share = "" if r.lifecycle_share is None else f"{r.lifecycle_share:.1%}"
@@ -91,89 +113,9 @@ def _rows(results) -> list[list[str]]:
     return rows
 
 
-@eval_group.command(name="planted")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Transcript JSONL to write.")
-@click.option(
-    "--probes",
-    "probes_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    help="Probes JSON to write.",
-)
-@click.option("--turns", type=click.IntRange(min=4), default=60, show_default=True, help="User turns.")
-@click.option(
-    "--facts",
-    type=click.IntRange(min=1, max=12),
-    default=10,
-    show_default=True,
-    help="Facts to plant.",
-)
-@click.option("--seed", type=int, default=0, show_default=True)
-def planted_command(out: Path, probes_path: Path, turns: int, facts: int, seed: int) -> None:
-    """Write a planted-fact transcript: facts stated once early, a question about each at the end."""
-    from clm_middleware.evaluation.planted import planted_transcript
-    from clm_middleware.evaluation.probes import write_probes
-
-    try:
-        planted = planted_transcript(user_turns=turns, facts=facts, seed=seed)
-    except ValueError as error:
-        raise click.BadParameter(str(error)) from None
-    _write_jsonl(out, planted.messages)
-    write_probes(probes_path, planted.probes)
-    click.echo(f"{out}: {len(planted.messages)} messages; {probes_path}: {len(planted.probes)} probes")
-
-
-@eval_group.command(name="session")
-@click.option("--dataset", type=click.Choice(["sgd", "multiwoz"]), required=True)
-@click.option(
-    "--index",
-    "index_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    help="The dataset's *_index.json.",
-)
-@click.option(
-    "--transcripts",
-    "transcripts_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    help="The dataset's *_transcripts.jsonl.",
-)
-@click.option(
-    "--dialogues",
-    type=click.IntRange(min=1),
-    default=10,
-    show_default=True,
-    help="Dialogues to concatenate.",
-)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), required=True)
-@click.option("--probes", "probes_path", type=click.Path(path_type=Path), required=True)
-def session_command(
-    dataset: str,
-    index_path: Path,
-    transcripts_path: Path,
-    dialogues: int,
-    seed: int,
-    out: Path,
-    probes_path: Path,
-) -> None:
-    """Concatenate public dialogues into one long session, with probes from their ground truth."""
-    from clm_middleware.evaluation.probes import write_probes
-    from clm_middleware.evaluation.public import build_session
-
-    messages, probes = build_session(dataset, index_path, transcripts_path, dialogues=dialogues, seed=seed)
-    _write_jsonl(out, messages)
-    write_probes(probes_path, probes)
-    click.echo(f"{out}: {len(messages)} messages; {probes_path}: {len(probes)} probes")
-
-
-def _write_jsonl(path: Path, messages: list[dict[str, str]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(m, ensure_ascii=False) + "\n" for m in messages), encoding="utf-8")
-
-
 # registered here so `clm eval` lists it; it lives in its own module
 from clm_middleware.cli.eval_answers_cmd import answers_command  # noqa: E402
+from clm_middleware.cli.eval_build_cmd import generate_command, planted_command, session_command  # noqa: E402
 
-eval_group.add_command(answers_command)
+for _command in (answers_command, planted_command, session_command, generate_command):
+    eval_group.add_command(_command)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +15,19 @@ from clm_middleware.cli.options import format_option
 
 
 def eval_options(*, default_tagging: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """TRANSCRIPT, --format, --probes, --budget, --tagging, --compression, --report, --markdown."""
+    """TRANSCRIPT..., --format, --probes, --budget, --tagging, --compression, --report, --markdown."""
 
     def apply(command: Callable[..., Any]) -> Callable[..., Any]:
         decorators = [
-            click.argument("transcript", type=click.Path(path_type=Path)),
+            click.argument("transcripts", nargs=-1, required=True, type=click.Path(path_type=Path)),
             format_option,
             click.option(
                 "--probes",
-                "probes_path",
+                "probes_paths",
                 type=click.Path(path_type=Path),
-                required=True,
-                help='JSON list of {"question", "answer", "alternatives"?}.',
+                multiple=True,
+                help='JSON list of {"question", "answer", "alternatives"?}; once per TRANSCRIPT, in order '
+                "[default: each TRANSCRIPT's FILE.probes.json next to it].",
             ),
             click.option(
                 "--budget",
@@ -82,24 +84,60 @@ def variants(taggings: str, budget: int, compression: str) -> list[tuple[str, st
     return [*planned, (TRUNCATE, "truncate", LifecycleOptions(budget=budget)), (KEEP_ALL, "prefix", LifecycleOptions())]
 
 
-def read_inputs(transcript: Path, transcript_format: str, probes_path: Path) -> tuple[list[Any], list[Any]]:
+@dataclass(frozen=True, slots=True)
+class EvalInput:
+    """One transcript file to evaluate, its conversations and its probes."""
+
+    path: Path
+    transcripts: list[Any]
+    probes: list[Any]
+
+
+def read_inputs(paths: Sequence[Path], transcript_format: str, probes_paths: Sequence[Path]) -> list[EvalInput]:
+    """Each file with its probes: ``--probes`` given once per file in order, or none at all,
+    and then each file's ``FILE.probes.json`` (a missing one is an error naming both)."""
     from clm_middleware.evaluation.probes import read_probes
+    from clm_middleware.evaluation.sessions import default_probes_path
     from clm_middleware.replay.formats import read_transcripts
 
-    return read_transcripts(transcript, transcript_format), read_probes(probes_path)
+    if probes_paths and len(probes_paths) != len(paths):
+        raise click.BadParameter(
+            f"give --probes once per transcript ({len(paths)}), or not at all to use FILE.probes.json",
+            param_hint="--probes",
+        )
+    inputs = []
+    for index, path in enumerate(paths):
+        probes_path = probes_paths[index] if probes_paths else default_probes_path(path)
+        if not probes_paths and not probes_path.exists():
+            raise click.BadParameter(f"{path}: no probes file {probes_path}; pass --probes", param_hint="--probes")
+        inputs.append(EvalInput(path, read_transcripts(path, transcript_format), read_probes(probes_path)))
+    return inputs
+
+
+OVERALL = "OVERALL"
 
 
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    """The results on stdout: the variant column left-aligned, the figures right-aligned."""
+    """The results on stdout: the file and variant columns left-aligned, the figures right-aligned."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
     for column in header:
-        table.add_column(column, justify="left" if column == "variant" else "right", no_wrap=True)
-    for row in rows:
+        table.add_column(column, justify="left" if column in ("file", "variant") else "right", no_wrap=True)
+    for previous, row in zip([None, *rows], rows, strict=False):
+        if row[0] == OVERALL and (previous is None or previous[0] != OVERALL):
+            table.add_section()  # a rule above the overall rows
         table.add_row(*row)
     Console().print(table)
+
+
+def with_files(
+    inputs: Sequence[EvalInput], per_file: Sequence[list[list[str]]], overall: list[list[str]]
+) -> list[list[str]]:
+    """Rows prefixed by a file column: each file's variants, then the ``OVERALL`` ones."""
+    rows = [[item.path.name, *row] for item, file_rows in zip(inputs, per_file, strict=True) for row in file_rows]
+    return rows + [[OVERALL, *row] for row in overall]
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -177,3 +177,19 @@ def close_gaps(results: Sequence[AnswersResult], *, truncate: str, keep_all: str
 
 def _fold(text: str) -> str:
     return " ".join(text.split()).casefold()
+
+
+def overall(per_file: Sequence[Sequence[AnswersResult]], *, truncate: str, keep_all: str) -> list[AnswersResult]:
+    """One result per variant over every file: all probes pooled (so the mean gold logp is a
+    mean over probes, not over files), context tokens summed, and ``gap_closed`` computed
+    from the pooled means, not averaged from the files' own ratios."""
+    merged = [
+        AnswersResult(
+            name=column[0].name,
+            context_tokens=sum(r.context_tokens for r in column),
+            answers=[a for r in column for a in r.answers],
+        )
+        for column in zip(*per_file, strict=True)
+    ]
+    close_gaps(merged, truncate=truncate, keep_all=keep_all)
+    return merged

@@ -9,7 +9,7 @@ A probe is retained when its answer string is in the variant's final context.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,3 +94,40 @@ def run_variant(
         result.compressed_segments = len(compressed)
         result.invented = sum(len(check_faithful(s.text, s.summary).invented) for s in compressed)
     return result
+
+
+def overall(per_file: Sequence[Sequence[VariantResult]]) -> list[VariantResult]:
+    """One result per variant over every file: probes retained and tokens summed; shares of
+    turn time weighted by each file's turn time (a long file weighs more, as its time does).
+
+    ``per_file[i]`` lists the same variants in the same order for every file.
+    """
+    names = [r.name for r in per_file[0]]
+    if any([r.name for r in results] != names for results in per_file):
+        raise RuntimeError("every file must list the same variants in the same order")
+    merged = []
+    for column in zip(*per_file, strict=True):
+        turn_s = sum(r.turn_s for r in column)
+        merged.append(
+            VariantResult(
+                name=column[0].name,
+                retained=sum(r.retained for r in column),
+                probes=sum(r.probes for r in column),
+                lost=[answer for r in column for answer in r.lost],
+                context_tokens=sum(r.context_tokens for r in column),
+                prefill_tokens=sum(r.prefill_tokens for r in column),
+                turn_s=turn_s,
+                lifecycle_share=_weighted(column, "lifecycle_share", turn_s),
+                observation_share=_weighted(column, "observation_share", turn_s),
+                invented=sum(r.invented for r in column),
+                compressed_segments=sum(r.compressed_segments for r in column),
+            )
+        )
+    return merged
+
+
+def _weighted(column: Sequence[VariantResult], name: str, turn_s: float) -> float | None:
+    values = [(getattr(r, name), r.turn_s) for r in column]
+    if any(value is None for value, _ in values):
+        return None
+    return sum(value * seconds for value, seconds in values) / turn_s if turn_s else 0.0

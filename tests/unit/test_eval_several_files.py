@@ -1,0 +1,114 @@
+"""`clm eval retention` and `clm eval answers` over several files: a row per file, an OVERALL row."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from clm_middleware.cli.main import cli
+
+FILLER = "we talked about the weather and how nice the walk along the river was."
+
+
+def write_file(tmp_path, name: str, fact: str, answer: str, fillers: int) -> None:
+    messages = [{"role": "user", "content": fact}, {"role": "assistant", "content": "Noted."}]
+    for _ in range(fillers):
+        messages += [{"role": "user", "content": FILLER}, {"role": "assistant", "content": FILLER}]
+    (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(m) + "\n" for m in messages))
+    probes = [{"question": "What was it?", "answer": answer}, {"question": "Topic?", "answer": "weather"}]
+    (tmp_path / f"{name}.probes.json").write_text(json.dumps(probes))  # the default FILE.probes.json
+
+
+def run(*args: str):
+    return CliRunner(env={"COLUMNS": "200"}).invoke(cli, list(args))  # wide enough for the file column
+
+
+def test_retention_over_two_files_sums_probes_and_keeps_each_files_rows(tmp_path):
+    write_file(tmp_path, "a", "My order number is 88412.", "88412", 6)
+    write_file(tmp_path, "b", "The gate code is 5521.", "5521", 2)
+    report = tmp_path / "r.json"
+    files = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    result = run(
+        "eval",
+        "retention",
+        *files,
+        "--budget",
+        "160",
+        "--tagging",
+        "rules",
+        "--model",
+        "tiny",
+        "--report",
+        str(report),
+        "--markdown",
+        str(tmp_path / "r.md"),
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["transcripts"] == files and data["probes"] == 4
+    per_file = {f["transcript"]: {v["variant"]: v for v in f["variants"]} for f in data["files"]}
+    overall = {v["variant"]: v for v in data["variants"]}
+    assert list(overall) == ["clm:rules", "truncate", "keep-all"]
+    for name, variant in overall.items():
+        assert variant["retained"] == sum(per_file[f][name]["retained"] for f in files)
+        assert variant["probes"] == 4 and variant["retention"] == variant["retained"] / 4
+        assert variant["context_tokens"] == sum(per_file[f][name]["context_tokens"] for f in files)
+    assert overall["keep-all"]["retained"] == 4
+    assert per_file[files[0]]["truncate"]["lost"] == ["88412"]  # the long file's fact is out of the window
+    assert "OVERALL" in result.output and "a.jsonl" in result.output and "b.jsonl" in result.output
+    markdown = (tmp_path / "r.md").read_text()
+    assert "| file | variant | retained |" in markdown and "| OVERALL | keep-all | 4/4 (100%) |" in markdown
+    assert "- a.jsonl · truncate: `88412`" in markdown
+
+
+def test_answers_over_two_files_pools_probes_and_closes_the_gap_from_pooled_means(tmp_path):
+    write_file(tmp_path, "a", "My order number is 88412.", "88412", 6)
+    write_file(tmp_path, "b", "The gate code is 5521.", "5521", 2)
+    report = tmp_path / "a.json"
+    files = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    result = run(
+        "eval",
+        "answers",
+        *files,
+        "--budget",
+        "160",
+        "--tagging",
+        "rules",
+        "--max-answer-tokens",
+        "2",
+        "--model",
+        "tiny",
+        "--report",
+        str(report),
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    overall = {v["variant"]: v for v in data["variants"]}
+    pooled = {
+        name: [a for f in data["files"] for v in f["variants"] if v["variant"] == name for a in v["answers"]]
+        for name in overall
+    }
+    for name, variant in overall.items():
+        means = [a["gold_mean_logprob"] for a in pooled[name]]
+        assert variant["probes"] == 4 and variant["mean_gold_logprob"] == pytest.approx(sum(means) / 4)
+    low, high = overall["truncate"]["mean_gold_logprob"], overall["keep-all"]["mean_gold_logprob"]
+    clm = overall["clm:rules"]
+    if high > low:
+        assert clm["gap_closed"] == pytest.approx((clm["mean_gold_logprob"] - low) / (high - low))
+    else:  # the random tiny model may score the long context lower: no gap to close
+        assert clm["gap_closed"] is None
+
+
+def test_probes_given_for_some_files_only_or_missing_next_to_a_file_is_a_clean_error(tmp_path):
+    write_file(tmp_path, "a", "My order number is 88412.", "88412", 1)
+    write_file(tmp_path, "b", "The gate code is 5521.", "5521", 1)
+    (tmp_path / "c.jsonl").write_text((tmp_path / "a.jsonl").read_text())
+    a, b, c = (str(tmp_path / f"{n}.jsonl") for n in "abc")
+    uneven = run(
+        "eval", "retention", a, b, "--probes", str(tmp_path / "a.probes.json"), "--budget", "160", "--model", "tiny"
+    )
+    assert uneven.exit_code != 0 and "once per transcript" in uneven.output
+    missing = run("eval", "answers", a, c, "--budget", "160", "--model", "tiny")
+    assert missing.exit_code != 0 and "c.probes.json" in missing.output and "Traceback" not in missing.output
