@@ -30,7 +30,7 @@ holds back a suffix that may still turn into a marker instead of showing half of
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import regex
 
@@ -51,8 +51,12 @@ _ARTIFACT_PARTIAL = regex.compile(rf"{_MARKER}|{_TAG}", regex.IGNORECASE)
 _BLOCK_LINE_FULL = regex.compile(_BLOCK_LINE, regex.IGNORECASE)
 _WORD = regex.compile(r"\w+|[^\w\s]")
 # a complete sentence, or clause of one: its terminator (. ! ? … , ; : or a closing
-# bracket, "[Your Name] [Your Email]") is followed by space
-_SENTENCE = regex.compile(r"[^\n.!?…,;:\])]*(?:[.!?…,;:\])]+(?=\s)|\n)")
+# bracket, "[Your Name] [Your Email]") is followed by space; one inside a word or number
+# ("1,200", "10:30", "e.g") does not end it
+_TERMINATORS = r".!?…,;:\])"
+# where a sentence ends: the start of a terminator run followed by space, or a newline
+# (linear: the look-behind skips the inside of a run, and nothing else can backtrack)
+_SENTENCE_END = regex.compile(rf"(?<![{_TERMINATORS}])[{_TERMINATORS}]++(?=\s)|\n")
 
 
 def strip_artifacts(text: str) -> str:
@@ -132,15 +136,23 @@ def _sentence_key(sentence: str) -> str | None:
     return " ".join(words) if len(words) >= REPEAT_MIN_WORDS else None
 
 
+def _sentences(text: str) -> Iterator[tuple[int, str]]:
+    """``(start, text)`` of each complete sentence or clause, leading whitespace included."""
+    start = 0
+    for end in _SENTENCE_END.finditer(text):
+        yield start, text[start : end.end()]
+        start = end.end()
+
+
 def first_repeated_sentence(text: str) -> int | None:
     """Offset where the first complete sentence that repeats an earlier one of ``text`` starts."""
     seen: set[str] = set()
-    for match in _SENTENCE.finditer(text):
-        key = _sentence_key(match.group())
+    for start, sentence in _sentences(text):
+        key = _sentence_key(sentence)
         if key is None:
             continue
         if key in seen:
-            return match.start() + len(match.group()) - len(match.group().lstrip())
+            return start + len(sentence) - len(sentence.lstrip())
         seen.add(key)
     return None
 
@@ -148,13 +160,13 @@ def first_repeated_sentence(text: str) -> int | None:
 def repeat_in_progress(text: str) -> int:
     """Length of the unfinished last sentence of ``text`` when it may still become a repeat
     (its words so far begin an earlier sentence): a stream holds it back until it diverges."""
-    complete = list(_SENTENCE.finditer(text))
-    tail = text[complete[-1].end() if complete else 0 :]
+    complete = list(_sentences(text))
+    tail = text[complete[-1][0] + len(complete[-1][1]) if complete else 0 :]
     said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
     if not said:
         return 0
-    for match in complete:
-        key = _sentence_key(match.group())
+    for _, sentence in complete:
+        key = _sentence_key(sentence)
         if key is None:
             continue
         words = key.split()
