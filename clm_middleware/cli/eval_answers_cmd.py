@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from clm_middleware.cli.eval_variants import eval_options, markdown_table, print_table, write_markdown
+from clm_middleware.cli.eval_variants import eval_options, files_report, markdown_table, print_table, write_markdown
 from clm_middleware.cli.options import model_options
 
 ANSWERS_EPILOG = """\b
@@ -87,15 +87,7 @@ def answers_command(
             "probes": probes,
             "variants": [r.as_dict() for r in total],
         }
-        if len(inputs) == 1:
-            report = {"transcript": str(inputs[0].path), **report}
-        else:
-            report["transcripts"] = [str(item.path) for item in inputs]
-            report["files"] = [
-                {"transcript": str(item.path), "probes": len(item.probes), "variants": [r.as_dict() for r in results]}
-                for item, results in zip(inputs, per_file, strict=True)
-            ]
-        write_json_atomic(report_path, report)
+        write_json_atomic(report_path, files_report(report, inputs, per_file))
     if markdown_path:
         lines = markdown_table(table_header, rows)
         for item, results in zip(inputs, per_file, strict=True):

@@ -140,6 +140,23 @@ def with_files(
     return rows + [[OVERALL, *row] for row in overall]
 
 
+def files_report(
+    report: dict[str, Any], inputs: Sequence[EvalInput], per_file: Sequence[Sequence[Any]]
+) -> dict[str, Any]:
+    """``report`` (overall figures) with where they come from: ``transcript`` for one
+    file (the one-file shape, unchanged), else ``transcripts`` and a ``files`` entry each."""
+    if len(inputs) == 1:
+        return {"transcript": str(inputs[0].path), **report}
+    return {
+        **report,
+        "transcripts": [str(item.path) for item in inputs],
+        "files": [
+            {"transcript": str(item.path), "probes": len(item.probes), "variants": [r.as_dict() for r in results]}
+            for item, results in zip(inputs, per_file, strict=True)
+        ],
+    }
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [
         "| " + " | ".join(header) + " |",
