@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from clm_middleware.cli.eval_variants import eval_options, files_report, markdown_table, print_table, write_markdown
 from clm_middleware.cli.options import model_options
@@ -48,34 +47,25 @@ def answers_command(
 ) -> None:
     """Replay each TRANSCRIPT as `eval retention` does, then ask each probe question of every variant's
     final context: the gold answer's mean log-likelihood, and whether a greedy answer contains it."""
-    from clm_middleware.cli.eval_variants import read_inputs, variants, with_files
-    from clm_middleware.cli.setup import build_engine, driver_factory, sibling_engine
+    from clm_middleware.cli.eval_variants import read_inputs, run_files, table_rows, variants
+    from clm_middleware.cli.setup import build_engine
     from clm_middleware.evaluation.answers import answer_variant, close_gaps, overall
-    from clm_middleware.evaluation.retention import KEEP_ALL, TRUNCATE, run_variant
+    from clm_middleware.evaluation.retention import KEEP_ALL, TRUNCATE
+
+    def answered(item: Any, name: str, engine: Any, lifecycle: Any, kept: Any) -> Any:
+        driver = lifecycle.drivers[-1]  # the last conversation's final context, as retention reads it
+        return answer_variant(name, engine, driver, item.probes, max_answer_tokens=max_answer_tokens)
 
     variants(taggings, budget, compression)  # a bad --tagging fails before any file is read
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
     first = build_engine(**engine_options)
-    stderr = Console(stderr=True)
-    per_file = []
-    for item in inputs:
-        results = []
-        for name, mode, lifecycle in variants(taggings, budget, compression):
-            stderr.print(f"[bold]{item.path.name} · {name}[/bold] …")
-            engine = sibling_engine(first)
-            run_variant(name, engine, item.transcripts, item.probes, driver_factory, lifecycle, mode)
-            driver = lifecycle.drivers[-1]  # the last conversation's final context, as retention reads it
-            results.append(answer_variant(name, engine, driver, item.probes, max_answer_tokens=max_answer_tokens))
+    per_file = run_files(inputs, taggings, budget, compression, first, answered)
+    for results in per_file:
         close_gaps(results, truncate=TRUNCATE, keep_all=KEEP_ALL)
-        per_file.append(results)
     total = overall(per_file, truncate=TRUNCATE, keep_all=KEEP_ALL)
     probes = sum(len(item.probes) for item in inputs)
     header = ["variant", "context tokens", "retained", "greedy hits", "mean gold logp", "gap closed"]
-    if len(inputs) == 1:
-        title, table_header, rows = inputs[0].path.name, header, _answer_rows(total)
-    else:
-        title, table_header = f"{len(inputs)} files", ["file", *header]
-        rows = with_files(inputs, [_answer_rows(r) for r in per_file], _answer_rows(total))
+    title, table_header, rows = table_rows(inputs, header, _answer_rows, per_file, total)
     print_table(f"answers · {title} · budget {budget} · {probes} probes", table_header, rows)
     if report_path:
         from clm_middleware.replay.report import write_json_atomic

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from clm_middleware.cli.eval_variants import eval_options, files_report, markdown_table, print_table, write_markdown
 from clm_middleware.cli.options import model_options
@@ -43,30 +42,18 @@ def retention_command(
 ) -> None:
     """Replay each TRANSCRIPT teacher-forced under clm (each tagging mode), truncation and keep-all,
     and report the share of probes whose answer is still in the final context."""
-    from clm_middleware.cli.eval_variants import read_inputs, variants, with_files
-    from clm_middleware.cli.setup import build_engine, driver_factory, sibling_engine
-    from clm_middleware.evaluation.retention import overall, run_variant
+    from clm_middleware.cli.eval_variants import read_inputs, run_files, table_rows, variants
+    from clm_middleware.cli.setup import build_engine
+    from clm_middleware.evaluation.retention import overall
 
     variants(taggings, budget, compression)  # a bad --tagging fails before any file is read
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
     first = build_engine(**engine_options)
-    stderr = Console(stderr=True)
-    per_file = []
-    for item in inputs:
-        results = []
-        for name, mode, lifecycle in variants(taggings, budget, compression):
-            stderr.print(f"[bold]{item.path.name} · {name}[/bold] …")
-            engine = sibling_engine(first)
-            results.append(run_variant(name, engine, item.transcripts, item.probes, driver_factory, lifecycle, mode))
-        per_file.append(results)
+    per_file = run_files(inputs, taggings, budget, compression, first, lambda item, name, engine, lifecycle, kept: kept)
     total = overall(per_file)
     probes = sum(len(item.probes) for item in inputs)
     header = ["variant", "retained", "context tokens", "prefill tokens", "lifecycle share", "signals share", "invented"]
-    if len(inputs) == 1:
-        title, table_header, rows = inputs[0].path.name, header, _rows(total)
-    else:
-        title, table_header = f"{len(inputs)} files", ["file", *header]
-        rows = with_files(inputs, [_rows(r) for r in per_file], _rows(total))
+    title, table_header, rows = table_rows(inputs, header, _rows, per_file, total)
     print_table(f"retention · {title} · budget {budget} · {probes} probes", table_header, rows)
     if report_path:
         from clm_middleware.replay.report import write_json_atomic

@@ -140,6 +140,49 @@ def with_files(
     return rows + [[OVERALL, *row] for row in overall]
 
 
+def run_files(
+    inputs: Sequence[EvalInput],
+    taggings: str,
+    budget: int,
+    compression: str,
+    first: Any,
+    per_variant: Callable[[EvalInput, str, Any, Any, Any], Any],
+) -> list[list[Any]]:
+    """Replay every file under every variant (truncation, keep-all, each tagging) on its
+    own sibling engine of ``first``; ``per_variant(item, name, engine, lifecycle, retention)`` makes
+    the result kept for it. One list of results per file, in variant order."""
+    from rich.console import Console
+
+    from clm_middleware.cli.setup import driver_factory, sibling_engine
+    from clm_middleware.evaluation.retention import run_variant
+
+    stderr = Console(stderr=True)
+    per_file = []
+    for item in inputs:
+        results = []
+        for name, mode, lifecycle in variants(taggings, budget, compression):
+            stderr.print(f"[bold]{item.path.name} · {name}[/bold] …")
+            engine = sibling_engine(first)
+            retention = run_variant(name, engine, item.transcripts, item.probes, driver_factory, lifecycle, mode)
+            results.append(per_variant(item, name, engine, lifecycle, retention))
+        per_file.append(results)
+    return per_file
+
+
+def table_rows(
+    inputs: Sequence[EvalInput],
+    header: list[str],
+    rows_of: Callable[[Sequence[Any]], list[list[str]]],
+    per_file: Sequence[Sequence[Any]],
+    total: Sequence[Any],
+) -> tuple[str, list[str], list[list[str]]]:
+    """``(title, header, rows)`` of the results table: the variants of one file, or a row
+    per file and variant then the OVERALL rows."""
+    if len(inputs) == 1:
+        return inputs[0].path.name, header, rows_of(total)
+    return f"{len(inputs)} files", ["file", *header], with_files(inputs, [rows_of(r) for r in per_file], rows_of(total))
+
+
 def files_report(
     report: dict[str, Any], inputs: Sequence[EvalInput], per_file: Sequence[Sequence[Any]]
 ) -> dict[str, Any]:
