@@ -73,7 +73,7 @@ def _final_labels(mode: str, second_message: str, scripted, converse) -> dict[tu
         if message.index in skipped:
             continue
         for position, identifier in enumerate(message.segment_ids):
-            segment = next(s for s in conversation.segments if s.id == identifier)
+            segment = conversation.segment(identifier)
             labels[(message.index, position)] = f"{segment.label.value}/{segment.status.value}"
     return labels
 
