@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from clm_middleware.conversation import Conversation
+from clm_middleware.lifecycle.reply import shared_prefix_length
 
 from .messages import Turn
 
@@ -67,7 +68,7 @@ class SessionRouter:
                 candidates = list(self._sessions.values())
             best, common = None, 0
             for session in candidates:
-                shared = _common_prefix(session.digests, digests)
+                shared = shared_prefix_length(session.digests, digests)
                 if shared > common or (best is None and shared == common and session_id is not None):
                     best, common = session, shared
             if best is not None and not best.busy and common == len(best.digests) and common <= len(digests):
@@ -137,12 +138,3 @@ class SessionRouter:
             self._names = {name: cid for name, cid in self._names.items() if cid != victim.conversation.id}
             victim.conversation.close()
             self.evicted += 1
-
-
-def _common_prefix(left: Sequence[str], right: Sequence[str]) -> int:
-    count = 0
-    for a, b in zip(left, right, strict=False):
-        if a != b:
-            break
-        count += 1
-    return count

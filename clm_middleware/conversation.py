@@ -37,6 +37,7 @@ from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdi
 from clm_middleware.lifecycle.compaction import Compactor
 from clm_middleware.lifecycle.compressor import Compressor
 from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
+from clm_middleware.lifecycle.live import LiveIndex, recently_removed
 from clm_middleware.lifecycle.prompts import PROTOCOL_PROMPT, resolve_prompt, summarizer_prompt
 from clm_middleware.lifecycle.protocol import neutralise
 from clm_middleware.lifecycle.reclaimer import Reclaimer
@@ -157,12 +158,11 @@ class Conversation:
         self.reclaimer = Reclaimer(self.engine.pool, self.config.k)
         self.messages: list[MessageRecord] = []
         self.fold = 0  # messages before this index are rendered in the digest
-        self._live_folded: list[int] = []  # folded messages that still show something (_rendered_messages)
-        self._live_until = 0  # ... among those before this index
+        self._live = LiveIndex(self.config.k)  # messages that can still matter (lifecycle/live.py)
         self._segments: dict[SegmentId, Segment] = {}
         self._next_index = 0
         self.turn = 0
-        self._chain: list[int] = []
+        self._chain: list[int] = []  # pool blocks of the previous prompt + reply, held
         self._last_render: RenderedContext | None = None
         self._turn_log: list[TurnStats] = []
         self._unsaved_messages: list[MessageRecord] = []
@@ -334,7 +334,22 @@ class Conversation:
 
     @property
     def segments(self) -> list[Segment]:
+        """Every segment of every message, in order (the whole history: O(messages))."""
         return [self._segments[s] for m in self.messages for s in m.segment_ids]
+
+    def live_messages(self) -> list[MessageRecord]:
+        """The messages that can still change what a turn does, in order: those with a
+        segment shown, pending, or removed within K rounds (``lifecycle/live.py``); a
+        superset between turns. What a turn scans, so its cost follows the context."""
+        return self._live.messages(self.messages)
+
+    def live_segments(self) -> list[Segment]:
+        """The segments of ``live_messages``, in order."""
+        return [self._segments[s] for m in self.live_messages() for s in m.segment_ids]
+
+    def refresh_live(self) -> None:
+        """Re-check the live messages for the current turn (at the start of a turn)."""
+        self._live.refresh(self.messages, self._segments, self.turn)
 
     @property
     def context(self) -> str:
@@ -491,23 +506,17 @@ class Conversation:
         """The messages a render needs: all but the folded ones that show nothing.
 
         Folded messages whose segments are all removed render as nothing, and over a long
-        history they are most of it; skipping them keeps a turn's cost bound to the
-        context, not the history. The folded messages still showing something are kept
-        from call to call and only re-checked; a removed segment shows again only through
-        ``_restore`` (pin, a reference within K rounds, the model's relabel), which makes
-        the next call look at every folded message. The system message, if first, stays."""
+        history they are most of it; only the live ones (``LiveIndex``) are looked at, so
+        a turn's cost is bound to the context, not the history. The system message, if
+        first, stays."""
         first = 1 if self.messages and self.messages[0].role == "system" else 0
         limit = max(first, min(fold, len(self.messages)))
-        if limit < self._live_until:  # fewer messages folded than last time: look again
-            self._live_folded, self._live_until = [], first
-        start = max(self._live_until, first)
-        candidates = [*self._live_folded, *range(start, limit)]
-        self._live_folded = [
-            i for i in candidates if any(self._segments[s].visible for s in self.messages[i].segment_ids)
+        folded = [
+            m
+            for m in self.live_messages()
+            if first <= m.index < limit and any(self._segments[s].visible for s in m.segment_ids)
         ]
-        self._live_until = limit
-        live = [self.messages[i] for i in self._live_folded]
-        return [*self.messages[:first], *live, *self.messages[limit:]]
+        return [*self.messages[:first], *folded, *self.messages[limit:]]
 
     def shown_text(self, text: str, role: str = "user") -> str:
         """The text the model is shown of ``text``: with the protocol in the context,
@@ -560,10 +569,10 @@ class Conversation:
         return [self._chain[i] for i in self._last_render.segment_blocks(segment, size) if i < len(self._chain)]
 
     def _recently_removed(self, segment: Segment, turn: int) -> bool:
-        return segment.removed_round is not None and turn - segment.removed_round <= self.config.k
+        return recently_removed(segment, turn, self.config.k)
 
     def _restore(self, segment: Segment) -> None:
-        self._live_folded, self._live_until = [], 0  # its message may be among the skipped ones
+        self._live.restore(segment.message_index)  # a long-removed segment (pin) is live again
         segment.status = Status.ACTIVE
         segment.removed_round = None
         self._dirty.add(segment.id)

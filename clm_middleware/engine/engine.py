@@ -512,6 +512,12 @@ class Engine:
                 # from its own context: one token of extra work.
                 start -= 1
                 arena.reset_to(start)
+            window = min(request.observe.attention_window, len(prompt))
+            if window and start > len(prompt) - window:
+                # the attention window's queries are computed by this call, however much
+                # of it the pool holds: the observation never depends on the cache
+                start = len(prompt) - window
+                arena.reset_to(start)
             stats.cached_tokens = start
             stats.prefill_tokens = len(prompt) - start
             store = request.use_pool

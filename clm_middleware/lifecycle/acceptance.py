@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from itertools import pairwise
 
 import regex
 
@@ -48,10 +47,18 @@ def opens_with_acceptance(text: str, reply: str = "") -> bool:
     return any(w in ACCEPTING_WORDS for w in words)
 
 
-def accepted_replies(messages: Sequence[MessageRecord]) -> frozenset[int]:
-    """Indices of the assistant messages that the next message, the user's, accepts."""
+def accepted_replies(messages: Sequence[MessageRecord], among: Sequence[MessageRecord] | None = None) -> frozenset[int]:
+    """Indices of the assistant messages that the next message, the user's, accepts.
+
+    ``messages``: every message, each at the position of its ``index``; ``among``: the
+    replies to judge (default: all), so a caller that knows which can still matter
+    pays for those only."""
+    replies = messages if among is None else among
     return frozenset(
         reply.index
-        for reply, answer in pairwise(messages)
-        if reply.role == "assistant" and answer.role == "user" and opens_with_acceptance(answer.content, reply.content)
+        for reply in replies
+        if reply.role == "assistant"
+        and reply.index + 1 < len(messages)
+        and messages[reply.index + 1].role == "user"
+        and opens_with_acceptance(messages[reply.index + 1].content, reply.content)
     )

@@ -34,7 +34,7 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from clm_middleware.errors import ClmError
@@ -84,14 +84,26 @@ class Compactor:
         self.compressor = compressor
         self._length = prompt_length  # renders the next prompt with a given fold and counts it
         self._fold = 0
+        self._history: Sequence[MessageRecord] = []
 
     def prompt_length(self) -> int:
         return self._length(self._fold)
 
     def run(
-        self, messages: list[MessageRecord], segments: dict[SegmentId, Segment], turn: int, fold: int
+        self,
+        messages: Sequence[MessageRecord],
+        segments: dict[SegmentId, Segment],
+        turn: int,
+        fold: int,
+        history: Sequence[MessageRecord] | None = None,
     ) -> CompactionResult:
+        """``messages``: the live messages, in order (``Conversation.live_messages``): a
+        message with nothing shown, pending or removed within K rounds cannot change a
+        compaction, so over a long history the work follows the context. ``history``:
+        every message (whose ``index`` is its position), for what depends on neighbours
+        (which reply the next message accepts); ``messages`` when None."""
         self._fold = fold
+        self._history = messages if history is None else history
         budget = self.config.budget
         ordered = [segments[s] for m in messages for s in m.segment_ids]
         if budget is not None:
@@ -120,7 +132,7 @@ class Compactor:
         if over:  # budget pressure: go down to the low-water mark, so the next turns fit too
             self._fit_budget(messages, segments, turn, budget, result)
             if self.prompt_length() > budget:
-                self._condense_newest(segments, turn, budget, result)
+                self._condense_newest(ordered, turn, budget, result)
             length = self.prompt_length()
             if length > budget:
                 raise ContextBudgetError(
@@ -145,7 +157,7 @@ class Compactor:
 
     def _fit_budget(
         self,
-        messages: list[MessageRecord],
+        messages: Sequence[MessageRecord],
         segments: dict[SegmentId, Segment],
         turn: int,
         budget: int,
@@ -154,7 +166,7 @@ class Compactor:
         target = int(budget * self.config.low_water)
         protected_from = turn - self.config.protect_turns + 1
         body = messages[1:] if messages and messages[0].role == "system" else messages
-        accepted = accepted_replies(messages)
+        accepted = accepted_replies(self._history, among=messages)
         # the newest messages keep recent_share of the budget verbatim while dropping what
         # is worth least (passes 2-4) can make room; past that, folding (which condenses
         # facts) still comes before dropping any more
@@ -168,14 +180,14 @@ class Compactor:
                 return
 
     @staticmethod
-    def _older(body: list[MessageRecord], segments: dict[SegmentId, Segment], protected_from: int) -> list[Segment]:
+    def _older(body: Sequence[MessageRecord], segments: dict[SegmentId, Segment], protected_from: int) -> list[Segment]:
         """Visible, unpinned segments of the turns before the protected ones, in order."""
         older = [segments[s] for m in body for s in m.segment_ids]
         return [s for s in older if s.visible and not s.pinned and s.turn < protected_from]
 
     def _reduce(
         self,
-        messages: list[MessageRecord],
+        messages: Sequence[MessageRecord],
         segments: dict[SegmentId, Segment],
         candidates: list[Segment],
         protected_from: int,
@@ -220,7 +232,7 @@ class Compactor:
 
     def _fold_oldest(
         self,
-        body: list[MessageRecord],
+        body: Sequence[MessageRecord],
         segments: dict[SegmentId, Segment],
         accepted: frozenset[int],
         protected_from: int,
@@ -234,9 +246,13 @@ class Compactor:
         rest is dropped, and so is what the digest already says. Nothing that matters is
         lost yet, and the newest turns stay verbatim the longest: folding stops once the
         verbatim messages after the fold would hold fewer than ``recent_floor`` tokens."""
+        # the messages not folded yet, dead ones included (the fold moves over them too);
+        # over a long history they are few: what was folded is behind ``self._fold``
+        first = 1 if self._history and self._history[0].role == "system" else 0
+        unfolded = self._history[max(self._fold, first) :]
         tail_tokens = {}  # message index → verbatim tokens of it and every later message
         running = 0
-        for message in reversed(body):
+        for message in reversed(unfolded):
             running += sum(len(segments[s].visible_ids) for s in message.segment_ids if segments[s].visible)
             running += OVERHEAD_TOKENS_PER_SEGMENT  # its glue
             tail_tokens[message.index] = running
@@ -247,9 +263,7 @@ class Compactor:
             for s in m.segment_ids
             if segments[s].visible
         )
-        for message in body:
-            if message.index < self._fold:
-                continue
+        for message in unfolded:
             if message.turn >= protected_from or self.prompt_length() <= target:
                 break
             later = tail_tokens.get(message.index + 1, 0)
@@ -304,14 +318,10 @@ class Compactor:
                     return True
         return False
 
-    def _condense_newest(
-        self, segments: dict[SegmentId, Segment], turn: int, budget: int, result: CompactionResult
-    ) -> None:
+    def _condense_newest(self, ordered: list[Segment], turn: int, budget: int, result: CompactionResult) -> None:
         """Last resort for a new message that alone outgrows the budget: condense it
         (faithfully: every distinctive token stays), longest segment first."""
-        newest = [
-            s for s in segments.values() if s.turn >= turn and s.visible and s.status is Status.ACTIVE and not s.pinned
-        ]
+        newest = [s for s in ordered if s.turn >= turn and s.visible and s.status is Status.ACTIVE and not s.pinned]
         for segment in sorted(newest, key=lambda s: -len(s.token_ids)):
             if self.prompt_length() <= budget:
                 return

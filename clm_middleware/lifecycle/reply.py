@@ -51,3 +51,13 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> str:
     """``text`` up to the first stop string (the stop string itself is not shown)."""
     cut = min((text.find(stop) for stop in stops if stop and stop in text), default=-1)
     return text if cut < 0 else text[:cut]
+
+
+def shared_prefix_length(first: Sequence[object], second: Sequence[object]) -> int:
+    """How many leading items (token ids, message keys) the two sequences have in common."""
+    length = 0
+    for a, b in zip(first, second, strict=False):
+        if a != b:
+            break
+        length += 1
+    return length

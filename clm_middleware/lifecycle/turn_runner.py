@@ -66,6 +66,7 @@ class TurnRunner:
         constraint = self._constraint(settings, c.chat_format.encode(prefix)) if structured else None
         c.turn += 1
         turn = c.turn
+        c.refresh_live()
         stats = TurnStats(turn=turn)
         decisions: list[Decision] = []
         generation: Generation | None = None
@@ -74,7 +75,7 @@ class TurnRunner:
             decisions += self._restore_referenced(turn, stats)
             stats.phases["restore_s"] = time.perf_counter() - tick
             tick = time.perf_counter()
-            compaction = c.compactor.run(c.messages, c._segments, turn, c.fold)
+            compaction = c.compactor.run(c.live_messages(), c._segments, turn, c.fold, history=c.messages)
             c.fold = compaction.fold
             self._after_compaction(compaction, turn, stats, decisions)
             if c._format_changed and not stats.compaction:
@@ -128,7 +129,7 @@ class TurnRunner:
             tail = reply_filter.finish(answer_text)
             if tail:
                 yield tail
-            earlier = [s.visible_text for s in c.segments if s.role == "assistant" and s.visible]
+            earlier = [s.visible_text for s in c.live_segments() if s.role == "assistant" and s.visible]
             stats.reply_flags = [
                 *reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier),
                 *stats.reply_flags,  # string_loop_closed, raised while generating
@@ -158,7 +159,7 @@ class TurnRunner:
         if kind == LOOP_KIND:
             decisions.append(self._drop_loop(reply_segment, turn))
         tick = time.perf_counter()
-        record_observation(rendered, generation, c.segments, reply_segment, len(prefix_ids))
+        record_observation(rendered, generation, c.live_segments(), reply_segment, len(prefix_ids))
         # the engine's own observation work (all-position logits, log-softmax, attention probe) counts too
         stats.phases["observation_s"] = time.perf_counter() - tick + generation.stats.observe_s
         decisions += self._tag(turn, rendered, answer_ids, model_written if asks_block else None, generation, stats)
@@ -205,7 +206,7 @@ class TurnRunner:
             stop=stops or None,
             hold_blocks=True,
             use_pool=c.use_pool,
-            observe=c.tagger.observe(self._unscored_positions(rendered)),
+            observe=c.tagger.observe(self._unscored_positions(rendered), newest=self._newest_tokens(rendered, prompt)),
             cache_salt=c.cache_salt,
             logits_processors=processors,
             forced_token_ids=forced_ids,
@@ -241,6 +242,15 @@ class TurnRunner:
                 flags = c.chat_format.word_initial(segment.token_ids)
                 positions.update(start + i for i, initial in enumerate(flags) if initial)
         return frozenset(positions)
+
+    def _newest_tokens(self, rendered: RenderedContext, prompt: list[int]) -> int:
+        """How many of the prompt's last tokens this turn added: after the last segment
+        of an earlier turn (the new messages, their glue, the reply's header). The
+        attention window is taken from them, so it depends on the conversation alone,
+        never on what this or another conversation left in the pool."""
+        c = self.conversation
+        earlier = (end for identifier, (_, end) in rendered.spans.items() if c._segments[identifier].turn < c.turn)
+        return len(prompt) - max(earlier, default=0)
 
     def _answer(
         self,
@@ -298,8 +308,9 @@ class TurnRunner:
     ) -> list[Decision]:
         c = self.conversation
         tick = time.perf_counter()
-        candidates = c.tagger.candidates(c.segments, turn)
-        valid = {s.id for s in c.segments if s.visible or c._recently_removed(s, turn)}
+        live = c.live_segments()
+        candidates = c.tagger.candidates(live, turn)
+        valid = {s.id for s in live if s.visible or c._recently_removed(s, turn)}
         outcome = c.tagger.label(
             turn=turn,
             candidates=candidates,
@@ -339,7 +350,7 @@ class TurnRunner:
         visible segment states yet: a templated reply with a new booking reference is not
         a repeat to drop."""
         facts = distinctive_tokens(text)
-        visible = " ".join(s.visible_text for s in self.conversation.segments if s.visible)
+        visible = " ".join(s.visible_text for s in self.conversation.live_segments() if s.visible)
         return bool(facts and missing_from(facts, visible))
 
     def _drop_loop(self, segment: Segment, turn: int) -> Decision:
@@ -400,12 +411,12 @@ class TurnRunner:
         they share a distinctive token) if removed within the last K rounds, and a
         pending drop or compression of them is cancelled."""
         c = self.conversation
-        new_text = " ".join(m.content for m in c.messages if m.turn == turn and m.role in ("user", "tool"))
+        new_text = " ".join(m.content for m in c.live_messages() if m.turn == turn and m.role in ("user", "tool"))
         wanted = distinctive_tokens(new_text)
         if not wanted:
             return []
         decisions = []
-        for segment in c.segments:
+        for segment in c.live_segments():
             if segment.pinned or segment.role == "system" or segment.kind == LOOP_KIND:
                 continue
             removed = segment.status is Status.DROPPED and c._recently_removed(segment, turn)

@@ -83,6 +83,17 @@ def test_attention_mass_after_a_pool_hit_still_covers_the_whole_prompt(engine, t
     assert (generation.attention - expected).abs().max() <= 1e-5
 
 
+def test_the_attention_window_is_computed_even_where_the_pool_holds_it(engine, tiny_model):
+    tokens = prompt_of(70)
+    engine.generate(tokens, max_new_tokens=0).result()  # a neighbour cached every block but the last
+    generation = engine.generate(
+        tokens, max_new_tokens=1, observe=Observe(attention_window=24, attention_layers=(1,))
+    ).result()
+    assert generation.stats.cached_tokens == 70 - 24  # the hit stops where the window starts
+    expected = direct_attention(tiny_model, tokens, (1,), 24)
+    assert (generation.attention - expected).abs().max() <= 1e-5
+
+
 def test_chunked_prefill_keeps_reuse_exact(engine, tiny_model):
     long_prompt = prompt_of(700)
     generation = engine.generate(long_prompt, max_new_tokens=1, return_logits=True).result()

@@ -135,3 +135,28 @@ def test_a_conversation_compresses_the_same_whatever_its_neighbours_cached(make_
     after_neighbour = _compressed_run(shared)
     assert alone[1], "the budget must force compression for this test to mean anything"
     assert after_neighbour == alone
+
+
+def _labelled_run(engine) -> tuple[list[list[int]], list[list[tuple[str, str, str]]]]:
+    """Context ids and decisions (with the signals behind them) per turn, of a budgeted
+    conversation whose messages share numbers with earlier ones."""
+    conversation = Conversation(engine, tagging="signals", budget=256, max_new_tokens=2)
+    contexts, decisions = [], []
+    for index in range(90):
+        conversation.add("user", f"Order {index} goes to gate {index % 7} at {index % 5 + 1}:15 pm, thanks a lot.")
+        reply = conversation.respond(f"Noted order {index}, gate {index % 7}.")
+        contexts.append(conversation.context_ids)
+        decisions.append([(d.segment_id, d.label.value, d.reason) for d in reply.decisions])
+    conversation.close()
+    return contexts, decisions
+
+
+def test_a_conversation_labels_the_same_whatever_its_neighbours_cached(make_engine):
+    # the attention window is the conversation's own newest tokens, computed by its own
+    # call: before, a neighbour's blocks shortened it (attention 1.04 → 0.97 at turn 88)
+    alone = _labelled_run(make_engine())
+    shared = make_engine()
+    _labelled_run(shared)  # a neighbour caches every block this conversation will hit
+    after_neighbour = _labelled_run(shared)
+    assert any("attention" in reason for turn in alone[1] for _, _, reason in turn)
+    assert after_neighbour == alone

@@ -48,3 +48,18 @@ def test_accepted_replies_are_the_assistant_messages_the_next_user_message_accep
     ]
     messages = [MessageRecord(index=i, role=role, content=text, turn=i // 2) for i, (role, text) in enumerate(said)]
     assert accepted_replies(messages) == frozenset({4})
+
+
+def test_accepted_replies_among_judges_only_the_given_replies_against_their_next_message():
+    said = [
+        ("user", "A hotel in Porto, please."),
+        ("assistant", "How about Hotel Infante at $120?"),
+        ("user", "Perfect, book it."),
+        ("assistant", "Casa do Rio at $85?"),
+        ("user", "Great, that one."),
+    ]
+    messages = [MessageRecord(index=i, role=role, content=text, turn=i // 2) for i, (role, text) in enumerate(said)]
+    assert accepted_replies(messages) == frozenset({1, 3})
+    # the reply's neighbour is looked up in the whole history, not in ``among``
+    assert accepted_replies(messages, among=[messages[3]]) == frozenset({3})
+    assert accepted_replies(messages, among=[messages[1], messages[4]]) == frozenset({1})
