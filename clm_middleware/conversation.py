@@ -273,6 +273,7 @@ class Conversation:
         gone = {id(m) for m in removed}
         self._unsaved_messages = [m for m in self._unsaved_messages if id(m) not in gone]
         del self.messages[messages:]
+        self._live.truncate(messages)
         self.fold = min(self.fold, messages)
 
     def set_tools_prompt(self, text: str | None) -> None:

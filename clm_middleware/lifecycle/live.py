@@ -37,6 +37,11 @@ class LiveIndex:
         self._indices = [i for i in candidates if any(self._live(segments[s], turn) for s in history[i].segment_ids)]
         self._checked = len(history)
 
+    def truncate(self, length: int) -> None:
+        """The history lost its messages from ``length`` on (``Conversation.discard``)."""
+        self._indices = [i for i in self._indices if i < length]
+        self._checked = min(self._checked, length)
+
     def restore(self, message_index: int) -> None:
         """A segment of this message shows again (``pin`` of a long-removed segment)."""
         if message_index < self._checked:

@@ -56,3 +56,20 @@ def test_a_segment_removed_more_than_k_rounds_ago_leaves_the_live_index_and_pin_
     assert any(m.index == target.message_index for m in conversation.live_messages())
     conversation.send("And one more.")
     assert "4417" in conversation.context
+
+
+def test_discarding_a_failed_turns_message_leaves_the_live_index_consistent(converse):
+    import pytest
+
+    from clm_middleware.lifecycle.compaction import ContextBudgetError
+
+    conversation = converse(budget=128, max_new_tokens=2)
+    conversation.send("A first short message.")
+    before = len(conversation.history)
+    conversation.add("user", "word " * 400)
+    with pytest.raises(ContextBudgetError):
+        conversation.respond()  # the turn started (the index saw the message), then failed
+    conversation.discard(before)
+    assert [m.index for m in conversation.live_messages()] == [m.index for m in conversation.history]
+    conversation.send("A second short message.")
+    assert len(conversation.history) == before + 2
