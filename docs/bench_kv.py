@@ -1,7 +1,8 @@
 """Engine-level KV measurements for issue 16, each system alternating turn by turn in one run.
 
     python docs/bench_kv.py reuse [TRANSCRIPT]     # block-granular vs token-exact reuse
-    python docs/bench_kv.py decode                 # decode tokens/s per attention path
+    python docs/bench_kv.py decode                 # prefill and decode tokens/s per attention path
+    python docs/bench_kv.py attention-op           # one SDPA call: repeat_kv copies vs enable_gqa
     python docs/bench_kv.py kv-dtype [TRANSCRIPT]  # pool storage dtype: peak KV and reply_nll
 
 Every variant is its own engine (own pool) over the same SmolLM2 weights; ratios
@@ -65,6 +66,80 @@ def reuse(args: argparse.Namespace) -> None:
     print_table(reports, rows, f"{args.transcript.name}, {len(reports['token-exact'].turns)} turns, teacher-forced")
 
 
+def decode(args: argparse.Namespace) -> None:
+    """Prefill 1,024 tokens from scratch (chunks after the first carry a mask) and decode
+    64 greedily, per attention path, alternating; and which SDPA kernel each one runs."""
+    from clm_middleware.engine.attention import GQA_SDPA, use_gqa_attention
+
+    engine = build_engine()
+    model, text = engine.model, BUNDLED.read_text()
+    prompt = engine.tokenizer.encode(text)[: args.context]
+    use_gqa_attention(model)
+    paths = {"repeat_kv (transformers sdpa)": "sdpa", "enable_gqa": GQA_SDPA}
+    rates: dict[str, dict[str, list[float]]] = {name: {"prefill": [], "decode": []} for name in paths}
+    for round_ in range(args.rounds):
+        names = list(paths)[round_ % 2 :] + list(paths)[: round_ % 2]
+        for name in names:
+            model.set_attn_implementation(paths[name])
+            generation = engine.generate(prompt, max_new_tokens=64, use_pool=False, stop_token_ids=[]).result()
+            stats = generation.stats
+            rates[name]["prefill"].append(stats.prefill_tokens / stats.ttft_s)
+            rates[name]["decode"].append((stats.generated_tokens - 1) / stats.decode_s)
+    print(f"SmolLM2, context {len(prompt)} tokens, 64 generated, {args.rounds} rounds alternating; median tok/s")
+    print("| attention | prefill tok/s | decode tok/s | aten calls, 512-token prompt + 1 decode step |")
+    print("| --- | --- | --- | --- |")
+    for name, implementation in paths.items():
+        model.set_attn_implementation(implementation)
+        prefill, step = (sorted(rates[name][k])[len(rates[name][k]) // 2] for k in ("prefill", "decode"))
+        print(f"| {name} | {prefill:.1f} | {step:.2f} | {kernels(engine, prompt)} |")
+
+
+def attention_op(args: argparse.Namespace) -> None:
+    """One layer's SDPA call on SmolLM2's shapes (9 query heads, 3 K/V heads, head_dim 64),
+    laid out as in the engine (queries transposed, K/V views of an arena), with a mask:
+    repeat_kv + SDPA (transformers) against SDPA ``enable_gqa``; median of alternating calls."""
+    import statistics
+
+    import torch
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    print("| queries × keys | repeat_kv + SDPA (ms) | enable_gqa (ms) | ratio | max abs diff |")
+    print("| --- | --- | --- | --- | --- |")
+    for q_length, kv_length in ((32, 1024), (256, 512), (256, 1024)):
+        query = torch.randn(1, q_length, 9, 64).transpose(1, 2)
+        keys, values = torch.randn(3, 2048, 64), torch.randn(3, 2048, 64)
+        key, value = keys[:, :kv_length].unsqueeze(0), values[:, :kv_length].unsqueeze(0)
+        mask = torch.ones(q_length, kv_length, dtype=torch.bool).tril(kv_length - q_length)[None, None]
+        variants = {
+            "repeat_kv": lambda q=query, k=key, v=value, m=mask: sdpa(q, repeat_kv(k, 3), repeat_kv(v, 3), attn_mask=m),
+            "enable_gqa": lambda q=query, k=key, v=value, m=mask: sdpa(q, k, v, attn_mask=m, enable_gqa=True),
+        }
+        seconds: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(args.rounds):
+            for name, call in variants.items():
+                tick = time.perf_counter()
+                call()
+                seconds[name].append(time.perf_counter() - tick)
+        copied, shared = (statistics.median(seconds[name]) * 1e3 for name in variants)
+        diff = float((variants["repeat_kv"]() - variants["enable_gqa"]()).abs().max())
+        print(f"| {q_length} × {kv_length} | {copied:.2f} | {shared:.2f} | {copied / shared:.2f}× | {diff:.1e} |")
+
+
+def kernels(engine: Engine, prompt: list[int]) -> str:
+    """The aten SDPA kernels and ``expand`` calls (``repeat_kv`` is one per K and V per
+    layer) of a 512-token prompt (a square chunk, then a masked one) and one decode step."""
+    import torch
+
+    with torch.profiler.profile() as profile:
+        engine.generate(prompt[:512], max_new_tokens=2, use_pool=False, stop_token_ids=[]).result()
+    counts: dict[str, int] = {}
+    for event in profile.events():
+        if event.name.startswith("aten::_scaled_dot_product") or event.name == "aten::expand":
+            counts[event.name] = counts.get(event.name, 0) + 1
+    return ", ".join(f"{name.removeprefix('aten::')} ×{count}" for name, count in sorted(counts.items()))
+
+
 def print_table(reports: dict[str, ReplayReport], rows, caption: str) -> None:
     print(caption)
     print("| metric | " + " | ".join(reports) + " |")
@@ -79,6 +154,13 @@ def main() -> None:
     command = commands.add_parser("reuse", help="block-granular vs token-exact prefix reuse")
     command.add_argument("transcript", type=Path, nargs="?", default=BUNDLED)
     command.set_defaults(run=reuse)
+    command = commands.add_parser("attention-op", help="one SDPA call: repeat_kv vs enable_gqa")
+    command.add_argument("--rounds", type=int, default=30)
+    command.set_defaults(run=attention_op)
+    command = commands.add_parser("decode", help="prefill and decode tokens/s per attention path")
+    command.add_argument("--context", type=int, default=1024)
+    command.add_argument("--rounds", type=int, default=3)
+    command.set_defaults(run=decode)
     args = parser.parse_args()
     started = time.perf_counter()
     args.run(args)

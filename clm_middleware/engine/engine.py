@@ -40,6 +40,7 @@ from clm_middleware.cache.block_pool import BlockPool
 from clm_middleware.cache.disk import DEFAULT_MIN_FREE_DISK_MB, DiskStats, DiskTier
 from clm_middleware.cache.hashing import extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
+from clm_middleware.engine.attention import use_gqa_attention
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request
 from clm_middleware.engine.observe import AttentionProbe, Observe, default_probe_layers
 from clm_middleware.engine.penalties import GenerationDefaults
@@ -67,8 +68,11 @@ class Engine:
         disk_cache_dir: str | Path | None = None,
         min_free_disk_mb: int = DEFAULT_MIN_FREE_DISK_MB,
         max_disk_bytes: int | None = None,
+        gqa_attention: bool = True,
     ) -> None:
         self.model = model.eval()
+        # grouped-query attention without repeat_kv copies (engine/attention.py); exact
+        self.gqa_attention = use_gqa_attention(model) if gqa_attention else False
         self.logits_processors = tuple(logits_processors)  # applied to every call, before the call's own
         self.tokenizer = tokenizer
         self.layout = KVLayout.from_model(model)
