@@ -66,6 +66,32 @@ def reuse(args: argparse.Namespace) -> None:
     print_table(reports, rows, f"{args.transcript.name}, {len(reports['token-exact'].turns)} turns, teacher-forced")
 
 
+def kv_dtype(args: argparse.Namespace) -> None:
+    """The same teacher-forced ``prefix`` replay with the pool stored as fp32, bf16, fp16."""
+    from clm_middleware.cache import PoolConfig
+
+    exact = build_engine()
+    engines = {"fp32": exact}
+    for name in ("bf16", "fp16"):
+        engines[name] = Engine(exact.model, exact.tokenizer, pool_config=PoolConfig(kv_dtype=name))
+    reports = teacher_forced(engines, args.transcript)
+    mib = 2**20
+    baseline = reports["fp32"].turns
+    rows = [
+        ("pool bytes per token", lambda r: f"{engines[r.mode].pool.block_bytes // engines[r.mode].block_size:,}"),
+        ("peak pool KV (MiB)", lambda r: f"{r.totals()['peak_pool_bytes'] / mib:.1f}"),
+        ("peak KV, pool + working arena (MiB)", lambda r: f"{r.totals()['peak_kv_bytes'] / mib:.1f}"),
+        ("prefill tokens", lambda r: f"{r.totals()['prefill_tokens']:,}"),
+        ("reply_nll", lambda r: f"{r.totals()['reply_nll']:.5f}"),
+        (
+            "max per-turn reply_nll change vs fp32",
+            lambda r: f"{max(abs(a.reply_nll - b.reply_nll) for a, b in zip(r.turns, baseline, strict=True)):.5f}",
+        ),
+        ("TTFT sum (s)", lambda r: f"{r.totals()['ttft_s']:.2f}"),
+    ]
+    print_table(reports, rows, f"{args.transcript.name}, {len(baseline)} turns, teacher-forced, pool kv_dtype")
+
+
 def decode(args: argparse.Namespace) -> None:
     """Prefill 1,024 tokens from scratch (chunks after the first carry a mask) and decode
     64 greedily, per attention path, alternating; and which SDPA kernel each one runs."""
@@ -154,6 +180,9 @@ def main() -> None:
     command = commands.add_parser("reuse", help="block-granular vs token-exact prefix reuse")
     command.add_argument("transcript", type=Path, nargs="?", default=BUNDLED)
     command.set_defaults(run=reuse)
+    command = commands.add_parser("kv-dtype", help="pool storage dtype: peak KV and reply_nll")
+    command.add_argument("transcript", type=Path, nargs="?", default=BUNDLED)
+    command.set_defaults(run=kv_dtype)
     command = commands.add_parser("attention-op", help="one SDPA call: repeat_kv vs enable_gqa")
     command.add_argument("--rounds", type=int, default=30)
     command.set_defaults(run=attention_op)

@@ -123,7 +123,9 @@ class BlockPool:
         self.config = config or PoolConfig()
         self.block_size = self.config.block_size
         self.num_blocks = self.config.num_blocks(layout)
-        self.block_bytes = layout.bytes_per_token * self.block_size
+        self.kv_dtype = self.config.storage_dtype(layout)  # the model's dtype unless PoolConfig.kv_dtype says
+        self.exact = self.kv_dtype == layout.dtype  # False: a hit serves K/V rounded to kv_dtype
+        self.block_bytes = layout.bytes_per_token_as(self.kv_dtype) * self.block_size
         shape = (
             layout.num_layers,
             layout.num_kv_heads,
@@ -132,8 +134,8 @@ class BlockPool:
             layout.head_dim,
         )
         # torch.empty reserves address space; pages are committed only when written.
-        self._keys = torch.empty(shape, dtype=layout.dtype, device=layout.device)
-        self._values = torch.empty(shape, dtype=layout.dtype, device=layout.device)
+        self._keys = torch.empty(shape, dtype=self.kv_dtype, device=layout.device)
+        self._values = torch.empty(shape, dtype=self.kv_dtype, device=layout.device)
         self._blocks = [Block(block_id) for block_id in range(self.num_blocks)]
         self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))  # pop() gives 0 first
         self._lru: OrderedDict[int, None] = OrderedDict()
@@ -339,8 +341,12 @@ class BlockPool:
         if count > skip_blocks:
             index = torch.tensor(block_ids[skip_blocks:], device=self._keys.device)
             span = slice(skip_blocks, count)
-            torch.index_select(self._keys, 2, index, out=arena.keys[:, :, span])
-            torch.index_select(self._values, 2, index, out=arena.values[:, :, span])
+            if self.exact:
+                torch.index_select(self._keys, 2, index, out=arena.keys[:, :, span])
+                torch.index_select(self._values, 2, index, out=arena.values[:, :, span])
+            else:  # widened to the arena's dtype on the way in
+                arena.keys[:, :, span] = self._keys.index_select(2, index)
+                arena.values[:, :, span] = self._values.index_select(2, index)
         arena.reset_to(count * self.block_size if num_tokens is None else num_tokens)
 
     def store_from(self, arena: ArenaCache, first_block: int, block_ids: Sequence[int]) -> None:
@@ -349,14 +355,15 @@ class BlockPool:
             return
         index = torch.tensor(block_ids, device=self._keys.device)
         span = slice(first_block, first_block + len(block_ids))
-        self._keys.index_copy_(2, index, arena.keys[:, :, span])
-        self._values.index_copy_(2, index, arena.values[:, :, span])
+        self._keys.index_copy_(2, index, arena.keys[:, :, span].to(self.kv_dtype))
+        self._values.index_copy_(2, index, arena.values[:, :, span].to(self.kv_dtype))
 
     def read_block(self, block_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of one block, ``[layers, kv_heads, block_size, head_dim]`` each (a copy)."""
+        """K/V of one block, ``[layers, kv_heads, block_size, head_dim]`` each (a copy, as stored: ``kv_dtype``)."""
         return self._keys[:, :, block_id].clone(), self._values[:, :, block_id].clone()
 
     def write_block(self, block_id: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store one block's K/V (converted to ``kv_dtype``)."""
         self._keys[:, :, block_id] = keys
         self._values[:, :, block_id] = values
 

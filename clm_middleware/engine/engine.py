@@ -160,7 +160,9 @@ class Engine:
         return GenerationDefaults.from_model(self.model)
 
     def extra_key(self, cache_salt: str | None = None) -> bytes:
-        return extra_key_bytes(self.fingerprint, cache_salt)
+        # blocks stored rounded (PoolConfig.kv_dtype) are other K/V than exact ones: own keys, own disk files
+        stored_as = "" if self.pool.exact else f"/kv={str(self.pool.kv_dtype).removeprefix('torch.')}"
+        return extra_key_bytes(self.fingerprint + stored_as, cache_salt)
 
     def generate(
         self,

@@ -112,7 +112,7 @@ def _from_disk(
     for index in range(start, len(keys)):
         parent = keys[index - 1] if index else None
         tokens = prompt[index * size : (index + 1) * size]
-        kv = disk.read(keys[index], parent, tokens, shape, layout.dtype)
+        kv = disk.read(keys[index], parent, tokens, shape, pool.kv_dtype)
         if kv is None:
             break
         try:
