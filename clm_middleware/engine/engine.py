@@ -40,6 +40,7 @@ from clm_middleware.cache.block_pool import BlockPool
 from clm_middleware.cache.disk import DEFAULT_MIN_FREE_DISK_MB, DiskStats, DiskTier
 from clm_middleware.cache.hashing import extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
+from clm_middleware.engine import scoring
 from clm_middleware.engine.attention import use_gqa_attention
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request
 from clm_middleware.engine.observe import AttentionProbe, Observe, default_probe_layers
@@ -263,40 +264,9 @@ class Engine:
         each choice then conditions on that supplied text, not on the model's own
         earlier choices (much cheaper for many pieces).
         """
-        prefix = [int(t) for t in prefix_ids]
-        tails = [list(c) for c in continuations] if continuations is not None else [[] for _ in choices]
-        longest_tail = max((len(t) for t in tails), default=0)
-        total = len(prefix) + sum(len(p) for p in pieces) + len(pieces) * (1 + longest_tail)
-        self._validate(prefix, total - len(prefix))
-        extra = self.extra_key(cache_salt)
-        arena, reusable = self._arenas.take(math.ceil(total / self.block_size), prefix, extra)
-        hit = match_prefix(self.pool, None, prefix, extra)
-        choice_index = torch.tensor(list(choices), device=self.device)
-        try:
-            hit.gather_into(self.pool, arena, reusable)
-            pending = prefix[hit.start :]
-            if sequential:
-                rows = []
-                for piece in pieces:
-                    logits = self._forward_chunks(pending + list(piece), arena)
-                    rows.append(logits)
-                    index = int(torch.argmax(logits[choice_index]))
-                    pending = [int(choices[index]), *tails[index]]
-            else:
-                supplied, positions = list(pending), []
-                for piece in pieces:
-                    supplied += list(piece)
-                    positions.append(len(supplied) - 1)
-                    supplied += [int(choices[0]), *tails[0]]
-                rows = self._rows_at(supplied, positions, arena)
-        finally:
-            hit.release(self.pool)
-            self._arenas.give(arena, [], b"")
-        picked = []
-        for logits in rows:
-            probs = torch.softmax(logits[choice_index].float(), dim=-1)
-            picked.append((int(torch.argmax(probs)), probs.tolist()))
-        return picked
+        return scoring.choose(
+            self, [int(t) for t in prefix_ids], pieces, choices, continuations, cache_salt, sequential
+        )
 
     def score(
         self, prefix_ids: Sequence[int], continuations: Sequence[Sequence[int]], *, cache_salt: str | None = None
@@ -306,40 +276,7 @@ class Engine:
         The prefix is matched in the pool and computed once; each continuation is
         scored from the same prefix state. Nothing new is stored.
         """
-        prefix = [int(t) for t in prefix_ids]
-        longest = max((len(c) for c in continuations), default=0)
-        self._validate(prefix, longest)
-        extra = self.extra_key(cache_salt)
-        arena, reusable = self._arenas.take(math.ceil((len(prefix) + longest) / self.block_size), prefix, extra)
-        hit = match_prefix(self.pool, None, prefix, extra)
-        scores: list[float] = []
-        try:
-            hit.gather_into(self.pool, arena, reusable)
-            last = torch.log_softmax(self._forward_chunks(prefix[hit.start :], arena).float(), dim=-1)
-            base = arena.num_tokens
-            for continuation in continuations:
-                tokens = [int(t) for t in continuation]
-                arena.reset_to(base)
-                total = float(last[tokens[0]]) if tokens else 0.0
-                if len(tokens) > 1:
-                    rows = torch.log_softmax(self.forward(tokens[:-1], arena, all_logits=True).float(), dim=-1)
-                    total += float(rows.gather(1, torch.tensor(tokens[1:], device=rows.device)[:, None]).sum())
-                scores.append(total)
-        finally:
-            hit.release(self.pool)
-            self._arenas.give(arena, [], b"")
-        return scores
-
-    def _rows_at(self, token_ids: list[int], positions: list[int], arena: ArenaCache) -> list[torch.Tensor]:
-        """Feed ``token_ids`` in chunks; the logits rows at ``positions`` (relative to ``token_ids``)."""
-        rows: list[torch.Tensor] = []
-        for offset in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
-            chunk = token_ids[offset : offset + PREFILL_CHUNK_TOKENS]
-            wanted = [p - offset for p in positions if offset <= p < offset + len(chunk)]
-            logits = self.forward(chunk, arena, keep=wanted or [len(chunk) - 1])
-            if wanted:
-                rows.extend(logits[i] for i in range(len(wanted)))
-        return rows
+        return scoring.score(self, [int(t) for t in prefix_ids], continuations, cache_salt)
 
     def forward(
         self,
