@@ -56,12 +56,12 @@ def reuse(args: argparse.Namespace) -> None:
     block_granular.pool.match_tail = lambda *_args: None  # reuse full blocks only, as before issue 16
     reports = teacher_forced({"block-granular": block_granular, "token-exact": token_exact}, args.transcript)
     rows = [
-        ("prefill tokens", lambda r: f"{r.totals()['prefill_tokens']:,}"),
+        ("prefill tokens", total("prefill_tokens", "{:,}")),
         ("exactly the new tokens", lambda r: f"{exactly_new_tokens(r):,}"),
-        ("hit rate", lambda r: f"{r.totals()['hit_rate']:.1%}"),
-        ("TTFT sum (s)", lambda r: f"{r.totals()['ttft_s']:.2f}"),
-        ("TTFT p95 (s)", lambda r: f"{r.totals()['ttft_p95_s']:.3f}"),
-        ("reply_nll", lambda r: f"{r.totals()['reply_nll']:.4f}"),
+        ("hit rate", total("hit_rate", "{:.1%}")),
+        ("TTFT sum (s)", total("ttft_s", "{:.2f}")),
+        ("TTFT p95 (s)", total("ttft_p95_s", "{:.3f}")),
+        ("reply_nll", total("reply_nll", "{:.4f}")),
     ]
     print_table(reports, rows, f"{args.transcript.name}, {len(reports['token-exact'].turns)} turns, teacher-forced")
 
@@ -81,13 +81,13 @@ def kv_dtype(args: argparse.Namespace) -> None:
         ("pool bytes per token", lambda r: f"{engines[r.mode].pool.block_bytes // engines[r.mode].block_size:,}"),
         ("peak pool KV (MiB)", lambda r: f"{r.totals()['peak_pool_bytes'] / mib:.1f}"),
         ("peak KV, pool + working arena (MiB)", lambda r: f"{r.totals()['peak_kv_bytes'] / mib:.1f}"),
-        ("prefill tokens", lambda r: f"{r.totals()['prefill_tokens']:,}"),
-        ("reply_nll", lambda r: f"{r.totals()['reply_nll']:.5f}"),
+        ("prefill tokens", total("prefill_tokens", "{:,}")),
+        ("reply_nll", total("reply_nll", "{:.5f}")),
         (
             "max per-turn reply_nll change vs fp32",
             lambda r: f"{max(abs(a.reply_nll - b.reply_nll) for a, b in zip(r.turns, baseline, strict=True)):.5f}",
         ),
-        ("TTFT sum (s)", lambda r: f"{r.totals()['ttft_s']:.2f}"),
+        ("TTFT sum (s)", total("ttft_s", "{:.2f}")),
     ]
     print_table(reports, rows, f"{args.transcript.name}, {len(baseline)} turns, teacher-forced, pool kv_dtype")
 
@@ -164,6 +164,11 @@ def kernels(engine: Engine, prompt: list[int]) -> str:
         if event.name.startswith("aten::_scaled_dot_product") or event.name == "aten::expand":
             counts[event.name] = counts.get(event.name, 0) + 1
     return ", ".join(f"{name.removeprefix('aten::')} ×{count}" for name, count in sorted(counts.items()))
+
+
+def total(name: str, form: str):
+    """A table cell: ``report.totals()[name]`` formatted with ``form``."""
+    return lambda report: form.format(report.totals()[name])
 
 
 def print_table(reports: dict[str, ReplayReport], rows, caption: str) -> None:

@@ -159,17 +159,19 @@ def test_capacity_by_blocks_bytes_or_the_smaller_of_both():
         PoolConfig(block_size=0)
 
 
-def test_random_operation_sequences_keep_every_invariant():
-    rng = random.Random(0)
+@pytest.mark.parametrize("tails", [False, True], ids=["full-blocks", "with-partial-tails"])
+def test_random_operation_sequences_keep_every_invariant(tails):
+    rng = random.Random(int(tails))
     pool = make_pool(num_blocks=6)
     held: list[list[int]] = []
-    for _ in range(400):
+    for _ in range(500):
         action = rng.random()
-        tokens = [rng.randrange(3) for _ in range(rng.choice([4, 8, 12]))]
-        if action < 0.4 and pool.can_allocate(len(tokens) // SIZE):
-            held.append(store(pool, tokens))
+        length = rng.randint(1, 11) if tails else rng.choice([4, 8, 12])
+        tokens = [rng.randrange(2 if tails else 3) for _ in range(length)]
+        if action < 0.4 and pool.can_allocate(-(-len(tokens) // SIZE)):
+            held.append(store_with_tail(pool, tokens) if tails else store(pool, tokens))
         elif action < 0.7:
-            held.append(match(pool, tokens))
+            held.append(match_with_tail(pool, tokens)[0] if tails else match(pool, tokens))
         elif held:
             pool.release(list(reversed(held.pop(rng.randrange(len(held))))))
         pool.check_invariants()
@@ -276,23 +278,3 @@ def test_an_unreferenced_tail_is_freed_as_soon_as_a_longer_sibling_is_committed(
     store_with_tail(pool, list(range(8)))
     assert pool.block(tail).key is None and tail not in pool.lru_order()
     pool.check_invariants()
-
-
-def test_random_sequences_with_partial_tails_keep_every_invariant():
-    rng = random.Random(1)
-    pool = make_pool(num_blocks=6)
-    held: list[list[int]] = []
-    for _ in range(500):
-        action = rng.random()
-        tokens = [rng.randrange(2) for _ in range(rng.randint(1, 11))]
-        if action < 0.4 and pool.can_allocate(-(-len(tokens) // SIZE)):
-            held.append(store_with_tail(pool, tokens))
-        elif action < 0.7:
-            held.append(match_with_tail(pool, tokens)[0])
-        elif held:
-            pool.release(list(reversed(held.pop(rng.randrange(len(held))))))
-        pool.check_invariants()
-    for chain in held:
-        pool.release(list(reversed(chain)))
-    pool.check_invariants()
-    assert pool.stats().blocks_in_use == 0
