@@ -4,6 +4,7 @@
     python docs/bench_kv.py decode                 # prefill and decode tokens/s per attention path
     python docs/bench_kv.py attention-op           # one SDPA call: repeat_kv copies vs enable_gqa
     python docs/bench_kv.py kv-dtype [TRANSCRIPT]  # pool storage dtype: peak KV and reply_nll
+    python docs/bench_kv.py kv-hit                 # pool storage dtype: logits of a pool-served hit
 
 Every variant is its own engine (own pool) over the same SmolLM2 weights; ratios
 from one run are comparable on a noisy machine, single times are not.
@@ -90,6 +91,35 @@ def kv_dtype(args: argparse.Namespace) -> None:
         ("TTFT sum (s)", total("ttft_s", "{:.2f}")),
     ]
     print_table(reports, rows, f"{args.transcript.name}, {len(baseline)} turns, teacher-forced, pool kv_dtype")
+
+
+def kv_hit(args: argparse.Namespace) -> None:
+    """Logits of a prompt whose first ``--context`` tokens are served from the pool (no
+    spare arena holds them), per pool dtype, against a full fp32 recompute."""
+    import torch
+
+    from clm_middleware.cache import PoolConfig
+    from clm_middleware.cache.arena import ArenaRecycler
+
+    exact = build_engine()
+    prompt = exact.tokenizer.encode(args.transcript.read_text())[: args.context]
+    follow = prompt + exact.tokenizer.encode(" And what about tomorrow?")
+    with torch.no_grad():
+        reference = exact.model(torch.tensor([follow])).logits[0, -1]
+    print(f"SmolLM2, {len(prompt)} tokens served from the pool, then {len(follow) - len(prompt)} computed")
+    print("| pool kv_dtype | max abs logit diff vs recompute | same argmax | log p of the argmax, diff |")
+    print("| --- | --- | --- | --- |")
+    for name in (None, "bf16", "fp16"):
+        engine = Engine(exact.model, exact.tokenizer, pool_config=PoolConfig(kv_dtype=name))
+        engine.generate(prompt, max_new_tokens=0).result()
+        engine._arenas = ArenaRecycler(engine.layout, engine.block_size)  # the hit must come from the pool
+        generation = engine.generate(follow, max_new_tokens=1, return_logits=True).result()
+        assert generation.stats.cached_tokens == len(prompt)
+        logits = generation.logits[0]
+        top = int(reference.argmax())
+        gap = float(torch.log_softmax(logits, -1)[top] - torch.log_softmax(reference, -1)[top])
+        same = int(logits.argmax()) == top
+        print(f"| {name or 'fp32'} | {float((logits - reference).abs().max()):.2e} | {same} | {gap:+.2e} |")
 
 
 def decode(args: argparse.Namespace) -> None:
@@ -191,6 +221,10 @@ def main() -> None:
     command = commands.add_parser("attention-op", help="one SDPA call: repeat_kv vs enable_gqa")
     command.add_argument("--rounds", type=int, default=30)
     command.set_defaults(run=attention_op)
+    command = commands.add_parser("kv-hit", help="logits of a pool-served hit per pool dtype")
+    command.add_argument("transcript", type=Path, nargs="?", default=BUNDLED)
+    command.add_argument("--context", type=int, default=1024)
+    command.set_defaults(run=kv_hit)
     command = commands.add_parser("decode", help="prefill and decode tokens/s per attention path")
     command.add_argument("--context", type=int, default=1024)
     command.add_argument("--rounds", type=int, default=3)
