@@ -126,6 +126,9 @@ class ChatCLM(BaseChatModel):
     """Tokens per KV block."""
     max_kv_bytes: int | None = None
     """Pool capacity in bytes of K and V (default 1 GiB)."""
+    kv_dtype: str | None = None
+    """Storage dtype of pooled KV blocks (bf16 / fp16 halve the pool; hits are then
+    approximate); None keeps the model's dtype, exact."""
     store_path: str | None = None
     """SQLite file for conversations; None keeps them in memory only."""
     session_id: str | None = None
@@ -355,7 +358,7 @@ class ChatCLM(BaseChatModel):
         if self.engine is not None and not kwargs.get("model"):
             engine = self.engine
         else:
-            engine = _shared_engine(model, self.device, self.dtype, self.block_size, self.max_kv_bytes)
+            engine = _shared_engine(model, self.device, self.dtype, self.block_size, self.max_kv_bytes, self.kv_dtype)
         router = self._router(model, engine)
         request = ChatRequest(
             turns=[to_turn(message) for message in messages],
@@ -411,7 +414,9 @@ class ChatCLM(BaseChatModel):
     def _conversation(self, engine: Engine, conversation_id: str) -> Conversation:
         summarizer = None
         if self.summarizer:
-            summarizer = _shared_engine(self.summarizer, self.device, self.dtype, self.block_size, self.max_kv_bytes)
+            summarizer = _shared_engine(
+                self.summarizer, self.device, self.dtype, self.block_size, self.max_kv_bytes, self.kv_dtype
+            )
         return Conversation(
             engine,
             conversation_id=conversation_id,
@@ -511,12 +516,16 @@ def _session_kwargs(config: RunnableConfig | None, kwargs: dict[str, Any]) -> di
 
 
 @functools.lru_cache(maxsize=8)
-def _shared_engine(model: str | None, device: str, dtype: str, block_size: int, max_kv_bytes: int | None) -> Engine:
+def _shared_engine(
+    model: str | None, device: str, dtype: str, block_size: int, max_kv_bytes: int | None, kv_dtype: str | None = None
+) -> Engine:
     """One engine (weights + pool) per model setting, shared by every ChatCLM in the process:
     constructing ChatCLM stays cheap, and conversations of different instances share blocks."""
     from clm_middleware.cli.setup import build_engine
 
-    return build_engine(model, device=device, dtype=dtype, block_size=block_size, max_kv_bytes=max_kv_bytes)
+    return build_engine(
+        model, device=device, dtype=dtype, block_size=block_size, max_kv_bytes=max_kv_bytes, kv_dtype=kv_dtype
+    )
 
 
 __all__ = ["ChatCLM"]

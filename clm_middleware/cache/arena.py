@@ -103,14 +103,21 @@ class ArenaCache(Cache):
         for layer in self.layers:
             layer._refresh()
 
-    def reusable_blocks(self, token_ids: list[int], extra_key: bytes) -> int:
-        """How many leading full blocks already hold the K/V of ``token_ids``."""
+    def reusable_tokens(self, token_ids: list[int], extra_key: bytes) -> int:
+        """How many leading positions already hold the K/V of ``token_ids``."""
         if extra_key != self.extra_key:
             return 0
         held = self.token_ids[: self.num_tokens]
         limit = min(len(held), len(token_ids))
-        same = next((i for i in range(limit) if held[i] != token_ids[i]), limit)
-        return same // self.block_size
+        return next((i for i in range(limit) if held[i] != token_ids[i]), limit)
+
+    def covered_blocks(self, reusable_tokens: int, num_tokens: int) -> int:
+        """How many leading blocks of a gather filling ``num_tokens`` positions need no
+        copy, the arena holding ``reusable_tokens`` of them already (block ``j`` supplies
+        positions up to ``min((j + 1) * block_size, num_tokens)``)."""
+        if reusable_tokens >= num_tokens:
+            return -(-num_tokens // self.block_size)
+        return reusable_tokens // self.block_size
 
     @property
     def num_tokens(self) -> int:
@@ -132,13 +139,13 @@ class ArenaRecycler:
         self._lock = threading.Lock()
 
     def take(self, capacity_blocks: int, token_ids: list[int], extra_key: bytes) -> tuple[ArenaCache, int]:
-        """An arena with room for ``capacity_blocks``, and how many leading blocks of
+        """An arena with room for ``capacity_blocks``, and how many leading tokens of
         ``token_ids`` it already holds (the spare sharing the longest prefix wins)."""
         with self._lock:
             fitting = [a for a in self._spare if a.capacity_blocks >= capacity_blocks]
             if fitting:
                 scored = [
-                    (a.reusable_blocks(token_ids, extra_key), -a.capacity_blocks, i) for i, a in enumerate(fitting)
+                    (a.reusable_tokens(token_ids, extra_key), -a.capacity_blocks, i) for i, a in enumerate(fitting)
                 ]
                 reusable, _, best = max(scored)
                 arena = fitting[best]

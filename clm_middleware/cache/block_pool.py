@@ -7,15 +7,31 @@ Every block is in exactly one of three states::
          └──────── evict (LRU head) ────┼──────────┼───────────────────────────────┘
                                         └── match / acquire (hit) ◀────────────────┘
 
+A chain's last block may be *partial* (1 to ``block_size - 1`` tokens): the tail of
+what a request computed, kept so that the next prompt extending it reuses every token
+(token-exact reuse, as llama.cpp's prompt cache does). Cached blocks are never written
+again (copy-on-extend): a request that extends a tail gathers it, computes the rest and
+stores the longer block as a new one. A block can also serve just its first ``n``
+tokens: K/V at a position depends only on the tokens up to it. So below one parent::
+
+    anchor ──▶ [a b c d]          full block
+           └─▶ [a b]              partial: redundant once a sibling starts with a b
+    prompt:    [a b x ...]        match_tail serves 2 tokens from either
+
 Invariants (checked by ``check_invariants`` in tests):
 1. ``_cached`` maps a key to the one block holding it; a block has a key iff it is in
    ``_cached``. A hit returns a block only if its stored token ids and parent key equal
-   the request's, so a 64-bit key collision can never serve the wrong KV.
+   the request's, so a 64-bit key collision can never serve the wrong KV; a tail hit
+   compares the token ids themselves, under the chain hash (``anchor``) of every block
+   before it, which mixes in the model and tenant like a key does.
 2. ``_lru`` holds exactly the cached blocks whose ``ref_count`` is 0, oldest release
    first; ``_free`` holds exactly the blocks with no key and ``ref_count`` 0.
 3. Room is made only when an allocation needs it: first from ``_free``, then by
    evicting the LRU head. Blocks in use are never evicted.
-4. K/V storage is preallocated once per pool (``[layers, kv_heads, blocks, block_size,
+4. ``_children[anchor]`` holds exactly the cached blocks chained from ``anchor``. A
+   partial block with ``ref_count`` 0 is never redundant (its tokens the proper prefix
+   of a sibling's, which serves everything it could): it is freed instead of cached.
+5. K/V storage is preallocated once per pool (``[layers, kv_heads, blocks, block_size,
    head_dim]``); a turn copies only the blocks it reads or writes.
 
 ``_lru`` is an ``OrderedDict`` rather than a ``deque``: a hit must remove a block from
@@ -30,7 +46,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -53,6 +69,13 @@ class Block:
     # the block measured it (None elsewhere): a property of the prefix, like the K/V, so
     # a hit serves it too and a conversation's scores never depend on who cached first
     logprobs: tuple[float | None, ...] | None = None
+    # the chain hash this block's key was computed from: the parent's key, or the root
+    # key (model + tenant) for a chain's first block, whose parent_key is None
+    anchor: BlockKey | None = None
+    # (token, log p) of the token that followed this block in the request that computed
+    # it, where measured: the next request that extends the block needs that log p
+    # and would otherwise recompute one cached token to get it
+    next_logprob: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +123,9 @@ class BlockPool:
         self.config = config or PoolConfig()
         self.block_size = self.config.block_size
         self.num_blocks = self.config.num_blocks(layout)
-        self.block_bytes = layout.bytes_per_token * self.block_size
+        self.kv_dtype = self.config.storage_dtype(layout)  # the model's dtype unless PoolConfig.kv_dtype says
+        self.exact = self.kv_dtype == layout.dtype  # False: a hit serves K/V rounded to kv_dtype
+        self.block_bytes = layout.bytes_per_token_as(self.kv_dtype) * self.block_size
         shape = (
             layout.num_layers,
             layout.num_kv_heads,
@@ -109,12 +134,13 @@ class BlockPool:
             layout.head_dim,
         )
         # torch.empty reserves address space; pages are committed only when written.
-        self._keys = torch.empty(shape, dtype=layout.dtype, device=layout.device)
-        self._values = torch.empty(shape, dtype=layout.dtype, device=layout.device)
+        self._keys = torch.empty(shape, dtype=self.kv_dtype, device=layout.device)
+        self._values = torch.empty(shape, dtype=self.kv_dtype, device=layout.device)
         self._blocks = [Block(block_id) for block_id in range(self.num_blocks)]
         self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))  # pop() gives 0 first
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[BlockKey, int] = {}
+        self._children: dict[BlockKey, dict[int, None]] = {}
         self._lock = threading.RLock()
         self._evictions = 0
         self._hit_blocks = 0
@@ -145,6 +171,35 @@ class BlockPool:
                 parent = key
             self._hit_blocks += len(matched)
         return matched
+
+    def match_tail(self, anchor: BlockKey, token_ids: Sequence[int], max_tokens: int) -> tuple[int, int] | None:
+        """Acquire the cached block chained from ``anchor`` whose leading tokens agree
+        longest with ``token_ids`` (at most ``max_tokens``); ``(block_id, tokens)`` or None.
+
+        The block may be partial or full; only its first ``tokens`` positions may be
+        used. Among equal matches the shortest block wins: when it is used whole, its
+        ``next_logprob`` applies.
+        """
+        limit = min(max_tokens, len(token_ids), self.block_size)
+        if limit < 1:
+            return None
+        with self._lock:
+            best: tuple[int, int, int] | None = None  # (tokens, -length, block id)
+            for block_id in self._children.get(anchor, ()):
+                stored = self._blocks[block_id].token_ids
+                same = _common_prefix(stored, token_ids, limit)
+                if same and (best is None or (same, -len(stored)) > best[:2]):
+                    best = (same, -len(stored), block_id)
+            if best is None:
+                return None
+            self._acquire_locked(self._blocks[best[2]])
+            self._hit_blocks += 1
+        return best[2], best[0]
+
+    def next_logprob(self, block_id: int) -> tuple[int, float] | None:
+        """See ``Block.next_logprob``; call while holding the block."""
+        with self._lock:
+            return self._blocks[block_id].next_logprob
 
     def logprobs(self, block_ids: Sequence[int]) -> list[tuple[float | None, ...] | None]:
         """The measured log-probs of each block (see ``Block.logprobs``); call while holding them."""
@@ -204,16 +259,27 @@ class BlockPool:
         parent_key: BlockKey | None,
         token_ids: Sequence[int],
         logprobs: Sequence[float | None] | None = None,
+        *,
+        anchor: BlockKey | None = None,
+        next_logprob: tuple[int, float] | None = None,
     ) -> int:
         """Publish a freshly written block under ``key``; returns the block now holding it.
+
+        ``token_ids`` may be fewer than ``block_size`` (a chain's partial tail).
+        ``anchor`` is the hash ``key`` was chained from (``parent_key``, or the root key
+        for a first block); only a block with an anchor can serve a tail hit.
 
         If another request committed the same key first, ``block_id`` is returned to
         the free list and the existing block is acquired instead (gaining the log-probs
         it lacked from ``logprobs``), so every key is held once and the caller's block
-        table stays correct.
+        table stays correct. Unreferenced partial siblings the new block makes redundant
+        are freed (invariant 4).
         """
         tokens = tuple(token_ids)
+        if not 1 <= len(tokens) <= self.block_size:
+            raise RuntimeError(f"commit: {len(tokens)} tokens do not fit a block of {self.block_size}")
         measured = tuple(logprobs) if logprobs is not None and any(v is not None for v in logprobs) else None
+        anchor = parent_key if anchor is None else anchor
         with self._lock:
             block = self._blocks[block_id]
             if block.key is not None or block.ref_count != 1:
@@ -223,13 +289,22 @@ class BlockPool:
                 existing = self._blocks[existing_id]
                 if existing.token_ids == tokens and existing.parent_key == parent_key:
                     existing.logprobs = _merged(existing.logprobs, measured)
+                    existing.next_logprob = next_logprob or existing.next_logprob
                     self._acquire_locked(existing)
                     self._release_locked(block)
                     return existing_id
                 return block_id  # a collision with different content: keep ours uncached
             block.key, block.parent_key, block.token_ids = key, parent_key, tokens
-            block.logprobs = measured
+            block.logprobs, block.anchor, block.next_logprob = measured, anchor, next_logprob
             self._cached[key] = block_id
+            if anchor is not None:
+                for sibling_id in list(self._children.get(anchor, ())):
+                    sibling = self._blocks[sibling_id]
+                    if sibling.ref_count == 0 and _is_proper_prefix(sibling.token_ids, tokens):
+                        del self._lru[sibling_id]
+                        self._uncache_locked(sibling)
+                        self._free.append(sibling_id)
+                self._children.setdefault(anchor, {})[block_id] = None
             return block_id
 
     def acquire(self, block_ids: Sequence[int]) -> None:
@@ -253,19 +328,26 @@ class BlockPool:
 
     # --------------------------------------------------------------- tensors
 
-    def gather_into(self, block_ids: Sequence[int], arena: ArenaCache, *, skip_blocks: int = 0) -> None:
-        """Copy the blocks' K/V, in order, to the start of ``arena`` (one copy per tensor).
+    def gather_into(
+        self, block_ids: Sequence[int], arena: ArenaCache, *, num_tokens: int | None = None, skip_blocks: int = 0
+    ) -> None:
+        """Copy the blocks' K/V, in order, to the start of ``arena`` (one copy per tensor),
+        and declare its first ``num_tokens`` positions filled (default: every block's).
 
         The first ``skip_blocks`` are not copied: the caller knows the arena already
-        holds exactly those tokens' K/V (see ``ArenaCache.reusable_blocks``).
+        holds exactly those tokens' K/V (see ``ArenaCache.reusable_tokens``).
         """
         count = len(block_ids)
         if count > skip_blocks:
             index = torch.tensor(block_ids[skip_blocks:], device=self._keys.device)
             span = slice(skip_blocks, count)
-            torch.index_select(self._keys, 2, index, out=arena.keys[:, :, span])
-            torch.index_select(self._values, 2, index, out=arena.values[:, :, span])
-        arena.reset_to(count * self.block_size)
+            if self.exact:
+                torch.index_select(self._keys, 2, index, out=arena.keys[:, :, span])
+                torch.index_select(self._values, 2, index, out=arena.values[:, :, span])
+            else:  # widened to the arena's dtype on the way in
+                arena.keys[:, :, span] = self._keys.index_select(2, index)
+                arena.values[:, :, span] = self._values.index_select(2, index)
+        arena.reset_to(count * self.block_size if num_tokens is None else num_tokens)
 
     def store_from(self, arena: ArenaCache, first_block: int, block_ids: Sequence[int]) -> None:
         """Copy arena blocks ``first_block, first_block + 1, ...`` into ``block_ids``."""
@@ -273,14 +355,15 @@ class BlockPool:
             return
         index = torch.tensor(block_ids, device=self._keys.device)
         span = slice(first_block, first_block + len(block_ids))
-        self._keys.index_copy_(2, index, arena.keys[:, :, span])
-        self._values.index_copy_(2, index, arena.values[:, :, span])
+        self._keys.index_copy_(2, index, arena.keys[:, :, span].to(self.kv_dtype))
+        self._values.index_copy_(2, index, arena.values[:, :, span].to(self.kv_dtype))
 
     def read_block(self, block_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of one block, ``[layers, kv_heads, block_size, head_dim]`` each (a copy)."""
+        """K/V of one block, ``[layers, kv_heads, block_size, head_dim]`` each (a copy, as stored: ``kv_dtype``)."""
         return self._keys[:, :, block_id].clone(), self._values[:, :, block_id].clone()
 
     def write_block(self, block_id: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store one block's K/V (converted to ``kv_dtype``)."""
         self._keys[:, :, block_id] = keys
         self._values[:, :, block_id] = values
 
@@ -328,7 +411,15 @@ class BlockPool:
                     assert block.block_id in self._free
                 if block.key is not None:
                     assert self._cached[block.key] == block.block_id
+                    assert 1 <= len(block.token_ids) <= self.block_size
+                    if block.anchor is not None:
+                        assert block.block_id in self._children[block.anchor]
+                    if block.ref_count == 0 and len(block.token_ids) < self.block_size:
+                        assert not self._is_redundant_locked(block)
             assert len(self._cached) == sum(b.key is not None for b in self._blocks)
+            indexed = [(anchor, b) for anchor, children in self._children.items() for b in children]
+            assert all(self._blocks[b].anchor == anchor for anchor, b in indexed)
+            assert len(indexed) == sum(b.anchor is not None for b in self._blocks if b.key is not None)
 
     # -------------------------------------------------------------- internal
 
@@ -342,30 +433,45 @@ class BlockPool:
             raise RuntimeError(f"release: block {block.block_id} has no reference to drop")
         block.ref_count -= 1
         if block.ref_count == 0:
+            if block.key is not None and self._is_redundant_locked(block):
+                self._uncache_locked(block)
             if block.key is None:
                 self._free.append(block.block_id)
             else:
                 self._lru[block.block_id] = None
 
+    def _is_redundant_locked(self, block: Block) -> bool:
+        """A partial block whose tokens a sibling block starts with (invariant 4)."""
+        if block.anchor is None or len(block.token_ids) == self.block_size:
+            return False
+        siblings = self._children.get(block.anchor, {})
+        return any(_is_proper_prefix(block.token_ids, self._blocks[s].token_ids) for s in siblings)
+
+    def _uncache_locked(self, block: Block) -> None:
+        del self._cached[block.key]
+        if block.anchor is not None:
+            siblings = self._children[block.anchor]
+            del siblings[block.block_id]
+            if not siblings:
+                del self._children[block.anchor]
+        block.key, block.parent_key, block.token_ids, block.logprobs = None, None, (), None
+        block.anchor, block.next_logprob = None, None
+
     def _evict_locked(self, evicted: list) -> Block:
         block_id, _ = self._lru.popitem(last=False)
         block = self._blocks[block_id]
-        if self._eviction_listeners:
+        # the disk tier keeps full blocks only: a tail is at most block_size - 1 tokens to recompute
+        if self._eviction_listeners and len(block.token_ids) == self.block_size:
             keys, values = self.read_block(block_id)
             evicted.append((block.key, block.parent_key, block.token_ids, keys, values))
-        del self._cached[block.key]
-        block.key, block.parent_key, block.token_ids, block.logprobs = None, None, (), None
+        self._uncache_locked(block)
         self._evictions += 1
         return block
 
     def cached_blocks(self) -> list[Block]:
         """Every block holding a key (in use or cached-free), as snapshots."""
         with self._lock:
-            return [
-                Block(b.block_id, b.ref_count, b.key, b.parent_key, b.token_ids, b.logprobs)
-                for b in self._blocks
-                if b.key is not None
-            ]
+            return [replace(b) for b in self._blocks if b.key is not None]
 
 
 def _merged(
@@ -375,3 +481,13 @@ def _merged(
     if kept is None or new is None:
         return kept or new
     return tuple(k if k is not None else n for k, n in zip(kept, new, strict=True))
+
+
+def _common_prefix(stored: Sequence[int], wanted: Sequence[int], limit: int) -> int:
+    """How many leading tokens ``stored`` and ``wanted`` share, at most ``limit``."""
+    limit = min(limit, len(stored), len(wanted))
+    return next((i for i in range(limit) if stored[i] != wanted[i]), limit)
+
+
+def _is_proper_prefix(short: Sequence[int], long: Sequence[int]) -> bool:
+    return len(short) < len(long) and tuple(long[: len(short)]) == tuple(short)

@@ -15,7 +15,7 @@ MODEL_HELP = (
 
 
 def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--model, --device, --dtype, --block-size, --max-kv-bytes, --disk-cache-dir, --min-free-disk-mb."""
+    """--model, --device, --dtype, --block-size, --max-kv-bytes, --kv-dtype, --disk-cache-dir, --min-free-disk-mb."""
     for option in reversed(
         [
             click.option("--model", default=None, help=MODEL_HELP),
@@ -38,6 +38,13 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 type=click.IntRange(min=1),
                 default=None,
                 help="Pool capacity in bytes of K+V [default: 1 GiB].",
+            ),
+            click.option(
+                "--kv-dtype",
+                type=click.Choice(["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]),
+                default=None,
+                help="Store pooled KV blocks as this dtype: bf16/fp16 halve the pool's memory, but a "
+                "hit is then approximate [default: the model's dtype, exact].",
             ),
             click.option(
                 "--disk-cache-dir",

@@ -25,10 +25,11 @@ def build_engine(
     block_size: int = 16,
     max_kv_bytes: int | None = None,
     max_blocks: int | None = None,
+    kv_dtype: str | None = None,
     disk_cache_dir: str | None = None,
     min_free_disk_mb: int = 512,
 ) -> Engine:
-    pool_config = PoolConfig(block_size=block_size, max_kv_bytes=max_kv_bytes, max_blocks=max_blocks)
+    pool_config = PoolConfig(block_size=block_size, max_kv_bytes=max_kv_bytes, max_blocks=max_blocks, kv_dtype=kv_dtype)
     disk = {"disk_cache_dir": disk_cache_dir, "min_free_disk_mb": min_free_disk_mb}
     if model == TINY_MODEL:
         from clm_middleware.models import tiny_llama, tiny_tokenizer

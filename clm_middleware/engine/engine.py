@@ -2,11 +2,14 @@
 
 One call (``Engine.generate``) does, in order::
 
-    prompt ids ──hash──▶ block keys ──match──▶ cached chain (acquired)   ┐ bookkeeping_s
-                                      allocate blocks for the rest       │
-    gather chain K/V ──▶ the request's arena (see cache/arena.py)       ┘
-    prefill the uncached tail (in chunks) ──▶ decode (streamed)            compute
-    store the new full blocks (prompt and generated) ──▶ release / hold  ─ bookkeeping_s
+    prompt ids ──hash──▶ block keys ──match──▶ cached chain + tail (acquired) ┐ bookkeeping_s
+                                      allocate blocks for the rest            │
+    gather chain K/V ──▶ the request's arena (see cache/arena.py)            ┘
+    prefill the uncached tokens (in chunks) ──▶ decode (streamed)               compute
+    store the new blocks (prompt and generated) ──▶ release / hold            ─ bookkeeping_s
+
+Reuse is token-exact (see engine/reuse.py): a turn that extends the previous one
+computes only the tokens it adds.
 
 Invariants:
 - At least one prompt token is always recomputed, even when the whole prompt is
@@ -16,7 +19,7 @@ Invariants:
   request that cannot fit fails at once with ``PoolExhaustedError`` and never
   half-way through decoding.
 - Only positions whose K/V were actually computed are stored (after decoding, the
-  cache holds prompt + generated − 1 tokens); only full blocks are stored.
+  cache holds prompt + generated − 1 tokens); the last block stored may be partial.
 - A call that fails with an exception stores nothing and releases everything it
   took; a stream closed early by its consumer stores what it computed.
 """
@@ -35,11 +38,14 @@ import torch
 from clm_middleware.cache.arena import ArenaCache, ArenaRecycler
 from clm_middleware.cache.block_pool import BlockPool
 from clm_middleware.cache.disk import DEFAULT_MIN_FREE_DISK_MB, DiskStats, DiskTier
-from clm_middleware.cache.hashing import BlockKey, chain_keys, extra_key_bytes
+from clm_middleware.cache.hashing import extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
+from clm_middleware.engine import scoring
+from clm_middleware.engine.attention import use_gqa_attention
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request
 from clm_middleware.engine.observe import AttentionProbe, Observe, default_probe_layers
 from clm_middleware.engine.penalties import GenerationDefaults
+from clm_middleware.engine.reuse import PrefixHit, match_prefix, store_computed
 from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters, choose_token
 from clm_middleware.engine.stats import EngineStats
 from clm_middleware.errors import ConfigError, ContextWindowError, PoolExhaustedError
@@ -63,8 +69,11 @@ class Engine:
         disk_cache_dir: str | Path | None = None,
         min_free_disk_mb: int = DEFAULT_MIN_FREE_DISK_MB,
         max_disk_bytes: int | None = None,
+        gqa_attention: bool = True,
     ) -> None:
         self.model = model.eval()
+        # grouped-query attention without repeat_kv copies (engine/attention.py); exact
+        self.gqa_attention = use_gqa_attention(model) if gqa_attention else False
         self.logits_processors = tuple(logits_processors)  # applied to every call, before the call's own
         self.tokenizer = tokenizer
         self.layout = KVLayout.from_model(model)
@@ -117,6 +126,8 @@ class Engine:
         if self.disk is None or not self.disk.enabled:
             return
         for block in self.pool.cached_blocks():
+            if len(block.token_ids) < self.block_size:
+                continue  # a partial tail: the disk tier keeps full blocks only
             keys, values = self.pool.read_block(block.block_id)
             self.disk.write(block.key, block.parent_key, block.token_ids, keys, values)  # skips files it has
 
@@ -150,7 +161,9 @@ class Engine:
         return GenerationDefaults.from_model(self.model)
 
     def extra_key(self, cache_salt: str | None = None) -> bytes:
-        return extra_key_bytes(self.fingerprint, cache_salt)
+        # blocks stored rounded (PoolConfig.kv_dtype) are other K/V than exact ones: own keys, own disk files
+        stored_as = "" if self.pool.exact else f"/kv={str(self.pool.kv_dtype).removeprefix('torch.')}"
+        return extra_key_bytes(self.fingerprint + stored_as, cache_salt)
 
     def generate(
         self,
@@ -251,42 +264,9 @@ class Engine:
         each choice then conditions on that supplied text, not on the model's own
         earlier choices (much cheaper for many pieces).
         """
-        prefix = [int(t) for t in prefix_ids]
-        tails = [list(c) for c in continuations] if continuations is not None else [[] for _ in choices]
-        longest_tail = max((len(t) for t in tails), default=0)
-        total = len(prefix) + sum(len(p) for p in pieces) + len(pieces) * (1 + longest_tail)
-        self._validate(prefix, total - len(prefix))
-        extra = self.extra_key(cache_salt)
-        size = self.block_size
-        arena, reusable = self._arenas.take(math.ceil(total / size), prefix, extra)
-        keys = chain_keys(prefix, size, extra, num_blocks=(len(prefix) - 1) // size)
-        chain = self.pool.match(keys, prefix)
-        choice_index = torch.tensor(list(choices), device=self.device)
-        try:
-            self.pool.gather_into(chain, arena, skip_blocks=min(reusable, len(chain)))
-            pending = prefix[len(chain) * size :]
-            if sequential:
-                rows = []
-                for piece in pieces:
-                    logits = self._forward_chunks(pending + list(piece), arena)
-                    rows.append(logits)
-                    index = int(torch.argmax(logits[choice_index]))
-                    pending = [int(choices[index]), *tails[index]]
-            else:
-                supplied, positions = list(pending), []
-                for piece in pieces:
-                    supplied += list(piece)
-                    positions.append(len(supplied) - 1)
-                    supplied += [int(choices[0]), *tails[0]]
-                rows = self._rows_at(supplied, positions, arena)
-        finally:
-            self.pool.release(list(reversed(chain)))
-            self._arenas.give(arena, [], b"")
-        picked = []
-        for logits in rows:
-            probs = torch.softmax(logits[choice_index].float(), dim=-1)
-            picked.append((int(torch.argmax(probs)), probs.tolist()))
-        return picked
+        return scoring.choose(
+            self, [int(t) for t in prefix_ids], pieces, choices, continuations, cache_salt, sequential
+        )
 
     def score(
         self, prefix_ids: Sequence[int], continuations: Sequence[Sequence[int]], *, cache_salt: str | None = None
@@ -296,63 +276,7 @@ class Engine:
         The prefix is matched in the pool and computed once; each continuation is
         scored from the same prefix state. Nothing new is stored.
         """
-        prefix = [int(t) for t in prefix_ids]
-        longest = max((len(c) for c in continuations), default=0)
-        self._validate(prefix, longest)
-        extra = self.extra_key(cache_salt)
-        size = self.block_size
-        arena, reusable = self._arenas.take(math.ceil((len(prefix) + longest) / size), prefix, extra)
-        keys = chain_keys(prefix, size, extra, num_blocks=(len(prefix) - 1) // size)
-        chain = self.pool.match(keys, prefix)
-        scores: list[float] = []
-        try:
-            self.pool.gather_into(chain, arena, skip_blocks=min(reusable, len(chain)))
-            last = torch.log_softmax(self._forward_chunks(prefix[len(chain) * size :], arena).float(), dim=-1)
-            base = arena.num_tokens
-            for continuation in continuations:
-                tokens = [int(t) for t in continuation]
-                arena.reset_to(base)
-                total = float(last[tokens[0]]) if tokens else 0.0
-                if len(tokens) > 1:
-                    rows = torch.log_softmax(self.forward(tokens[:-1], arena, all_logits=True).float(), dim=-1)
-                    total += float(rows.gather(1, torch.tensor(tokens[1:], device=rows.device)[:, None]).sum())
-                scores.append(total)
-        finally:
-            self.pool.release(list(reversed(chain)))
-            self._arenas.give(arena, [], b"")
-        return scores
-
-    def _from_disk(self, prompt: list[int], keys: list[BlockKey], start: int) -> list[int]:
-        """Blocks ``start, start + 1, ...`` of the chain from the disk tier, until one is
-        missing; each is brought into the pool (acquired, one reference) and published."""
-        assert self.disk is not None
-        size, layout = self.block_size, self.layout
-        shape = (layout.num_layers, layout.num_kv_heads, size, layout.head_dim)
-        loaded: list[int] = []
-        for index in range(start, len(keys)):
-            parent = keys[index - 1] if index else None
-            tokens = prompt[index * size : (index + 1) * size]
-            kv = self.disk.read(keys[index], parent, tokens, shape, layout.dtype)
-            if kv is None:
-                break
-            try:
-                [block_id] = self.pool.allocate(1)
-            except PoolExhaustedError:
-                break  # no room to bring it in: compute it instead
-            self.pool.write_block(block_id, kv[0].to(layout.device), kv[1].to(layout.device))
-            loaded.append(self.pool.commit(block_id, keys[index], parent, tokens))
-        return loaded
-
-    def _rows_at(self, token_ids: list[int], positions: list[int], arena: ArenaCache) -> list[torch.Tensor]:
-        """Feed ``token_ids`` in chunks; the logits rows at ``positions`` (relative to ``token_ids``)."""
-        rows: list[torch.Tensor] = []
-        for offset in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
-            chunk = token_ids[offset : offset + PREFILL_CHUNK_TOKENS]
-            wanted = [p - offset for p in positions if offset <= p < offset + len(chunk)]
-            logits = self.forward(chunk, arena, keep=wanted or [len(chunk) - 1])
-            if wanted:
-                rows.extend(logits[i] for i in range(len(wanted)))
-        return rows
+        return scoring.score(self, [int(t) for t in prefix_ids], continuations, cache_salt)
 
     def forward(
         self,
@@ -407,15 +331,6 @@ class Engine:
         target = torch.tensor(forced, device=logits.device)[:, None]
         return (logits.gather(1, target)[:, 0] - torch.logsumexp(logits, dim=-1)).tolist()
 
-    def _cached_logprobs(self, logprobs: list[float | None], chain: Sequence[int]) -> None:
-        """Fill the positions of the hit blocks (the prefill measures only later ones:
-        the token it recomputes predicts the first new token, its own log p is cached)."""
-        size = self.pool.block_size
-        for index, measured in enumerate(self.pool.logprobs(chain)):
-            for offset, value in enumerate(measured or ()):
-                if value is not None:
-                    logprobs[index * size + offset] = value
-
     def _forward_chunks(self, token_ids: list[int], arena: ArenaCache) -> torch.Tensor:
         """Feed ``token_ids`` in chunks; logits of the last position."""
         logits = None
@@ -425,16 +340,18 @@ class Engine:
         return logits
 
     def _prefill(
-        self, request: Request, result: Generation, arena: ArenaCache, start: int, chain: Sequence[int]
+        self, request: Request, result: Generation, arena: ArenaCache, start: int, hit: PrefixHit
     ) -> torch.Tensor:
         """Compute the prompt from position ``start`` on; returns the last position's logits.
-        Log-probs at the positions of ``chain`` (the hit blocks) are the ones they measured."""
+        Log-probs at the positions ``hit`` serves are the ones its blocks measured."""
         prompt, observe = request.prompt, request.observe
         if not observe.logprobs and not observe.attention_window:
             return self._forward_chunks(prompt[start:], arena)
         logprobs: list[float | None] = [None] * len(prompt)
         if observe.logprobs:
-            self._cached_logprobs(logprobs, chain)
+            logprobs = hit.cached_logprobs(self.pool, len(prompt))
+            if start == hit.start and start > 0:
+                logprobs[start] = hit.known_logprob(self.pool, prompt)
         wanted = observe.logprob_positions
         probe = AttentionProbe(self.model, observe.attention_layers or self.probe_layers)
         last = None
@@ -478,36 +395,30 @@ class Engine:
         started = time.perf_counter()
         stats, pool, size = result.stats, self.pool, self.pool.block_size
         prompt, sampling = request.prompt, request.sampling
-        chain: list[int] = []  # blocks covering positions 0.., in order, one ref each
-        keys: list[BlockKey] = []
+        hit = PrefixHit(size)  # the blocks serving positions 0.., one ref each
+        chain: list[int] = []  # after storing: blocks covering every computed position
         reserved: list[int] = []
         capacity = math.ceil((len(prompt) + sampling.max_new_tokens) / size)
         tick = time.perf_counter()
-        arena, reusable_blocks = self._arenas.take(capacity, prompt if request.use_pool else [], request.extra_key)
+        arena, reusable = self._arenas.take(capacity, prompt if request.use_pool else [], request.extra_key)
         stats.arena_s = time.perf_counter() - tick
         store = False
         try:
             if request.use_pool:
                 tick = time.perf_counter()
-                keys = chain_keys(prompt, size, request.extra_key, num_blocks=(len(prompt) - 1) // size)
-                chain = pool.match(keys, prompt)
-                if self.disk is not None and len(chain) < len(keys):
-                    loaded = self._from_disk(prompt, keys, len(chain))
-                    stats.disk_tokens = len(loaded) * size
-                    chain.extend(loaded)
-                del keys[len(chain) :]
+                hit = match_prefix(pool, self.disk, prompt, request.extra_key)
+                stats.disk_tokens = hit.disk_tokens
                 try:
-                    reserved = pool.allocate(capacity - len(chain))
+                    reserved = pool.allocate(capacity - len(hit.chain))
                 except PoolExhaustedError:
-                    pool.release(list(reversed(chain)))
-                    chain = []
+                    hit.release(pool)
                     raise
-                pool.gather_into(chain, arena, skip_blocks=min(reusable_blocks, len(chain)))
+                hit.gather_into(pool, arena, reusable)
                 stats.bookkeeping_s += time.perf_counter() - tick
             else:
                 arena.reset_to(0)
-            start = len(chain) * size
-            if request.observe.logprobs and start > 0:
+            start = hit.start
+            if request.observe.logprobs and start > 0 and hit.known_logprob(pool, prompt) is None:
                 # Recompute one cached token so the first new token's log p comes
                 # from its own context: one token of extra work.
                 start -= 1
@@ -521,7 +432,7 @@ class Engine:
             stats.cached_tokens = start
             stats.prefill_tokens = len(prompt) - start
             store = request.use_pool
-            logits = self._prefill(request, result, arena, start, chain)
+            logits = self._prefill(request, result, arena, start, hit)
             generator = sampling.generator(self.device)
             first_token_at = None
             if request.forced is not None:
@@ -566,11 +477,17 @@ class Engine:
         finally:
             tick = time.perf_counter()
             if store:
-                self._store(request, result, arena, chain, keys, reserved)
-                held = (prompt + result.token_ids)[: arena.num_tokens]
-                self._arenas.give(arena, held, request.extra_key)
+                tokens = prompt + result.token_ids
+                measured = _measured_logprobs(request, result, len(tokens))
+                chain, result.last_block_key = store_computed(
+                    pool, hit, arena, tokens, reserved, request.extra_key, measured
+                )
+                stats.stored_blocks = len(chain) - len(hit.chain)
+                pool.release([hit.tail] if hit.tail is not None else [])
+                self._arenas.give(arena, tokens[: arena.num_tokens], request.extra_key)
             else:  # an arena of a failed or stateless call holds nothing reusable
                 pool.release(reserved)
+                chain = hit.blocks
                 self._arenas.give(arena, [], b"")
             if request.hold:
                 result.block_ids = chain
@@ -580,40 +497,6 @@ class Engine:
             stats.finish_reason = result.finish_reason
             stats.total_s = time.perf_counter() - started
             self.stats.add(stats)
-
-    def _store(
-        self,
-        request: Request,
-        result: Generation,
-        arena: ArenaCache,
-        chain: list[int],
-        keys: list[BlockKey],
-        reserved: list[int],
-    ) -> None:
-        """Copy the newly computed full blocks into reserved blocks and publish them."""
-        pool, size = self.pool, self.pool.block_size
-        tokens = request.prompt + result.token_ids
-        first_new = len(chain)
-        parent = keys[-1] if keys else None
-        new_keys = chain_keys(
-            tokens[: arena.num_tokens],
-            size,
-            request.extra_key,
-            start_block=first_new,
-            parent=parent,
-        )
-        targets = reserved[: len(new_keys)]
-        pool.store_from(arena, first_new, targets)
-        measured = _measured_logprobs(request, result, len(tokens))
-        for offset, (block_id, key) in enumerate(zip(targets, new_keys, strict=True)):
-            index = first_new + offset
-            block_tokens = tokens[index * size : (index + 1) * size]
-            block_logprobs = measured[index * size : (index + 1) * size] if measured else None
-            chain.append(pool.commit(block_id, key, parent, block_tokens, block_logprobs))
-            parent = key
-        pool.release(reserved[len(new_keys) :])
-        result.stats.stored_blocks = len(new_keys)
-        result.last_block_key = parent
 
     def _hit_stop_string(self, token_ids: list[int], stop: tuple[str, ...]) -> bool:
         if not stop:

@@ -1,4 +1,4 @@
-"""SmolLM2-135M through the pool: each turn computes only what is new (within one block)."""
+"""SmolLM2-135M through the pool: each turn computes only what is new."""
 
 import itertools
 from pathlib import Path
@@ -24,7 +24,7 @@ def first_turns(transcript: Transcript, user_turns: int) -> Transcript:
     return Transcript(transcript.conversation_id, tuple(messages))
 
 
-def test_ten_turn_teacher_forced_replay_prefills_only_new_tokens_plus_at_most_a_block(smol_engine):
+def test_ten_turn_teacher_forced_replay_prefills_exactly_the_new_tokens(smol_engine):
     [transcript] = read_jsonl(DATA / "lisbon_trip.jsonl")
     transcript = first_turns(transcript, 10)
     options = ReplayOptions(mode="prefix", teacher_force=True)
@@ -38,10 +38,10 @@ def test_ten_turn_teacher_forced_replay_prefills_only_new_tokens_plus_at_most_a_
     )
     turns = report.turns
     assert len(turns) == 10
-    block = smol_engine.block_size
     for previous, turn in itertools.pairwise(turns):
         new_tokens = turn.prompt_tokens - previous.prompt_tokens  # forced reply + next user message
-        assert turn.prefill_tokens <= new_tokens + block, (
+        # token-exact: the new tokens, plus the previous reply's last token (chosen, never fed)
+        assert turn.prefill_tokens == new_tokens - previous.forced_tokens + 1, (
             turn.turn,
             turn.prefill_tokens,
             new_tokens,
@@ -58,7 +58,7 @@ def test_generated_reply_ids_are_reused_verbatim_on_the_next_turn(smol_engine):
     follow_up += chat.message_ids("user", chat.encode("And three animals?")) + list(chat.generation_prompt_ids)
     second = smol_engine.generate(follow_up, max_new_tokens=1, return_logits=True).result()
     computed = len(prompt) + len(first.token_ids) - 1
-    assert second.stats.cached_tokens == (computed // smol_engine.block_size) * smol_engine.block_size
+    assert second.stats.cached_tokens == computed  # token-exact: the partial last block is reused too
     with torch.no_grad():
         full = smol_engine.model(torch.tensor([follow_up])).logits[0, -1]
     assert (second.logits[0] - full).abs().max() <= 1e-4

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from clm_middleware.cache import BlockPool, KVLayout, PoolConfig
-from clm_middleware.cache.hashing import chain_keys, extra_key_bytes
+from clm_middleware.cache.hashing import block_key, chain_keys, extra_key_bytes, root_key
 from clm_middleware.errors import ConfigError, PoolExhaustedError
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, dtype=torch.float32, device=torch.device("cpu"))
@@ -33,6 +33,28 @@ def store(pool: BlockPool, tokens: list[int]) -> list[int]:
 
 def match(pool: BlockPool, tokens: list[int]) -> list[int]:
     return pool.match(chain_keys(tokens, SIZE, EXTRA), tokens)
+
+
+def store_with_tail(pool: BlockPool, tokens: list[int], extra: bytes = EXTRA) -> list[int]:
+    """Commit every token of ``tokens``, the last block partial (as the engine stores a turn)."""
+    keys = chain_keys(tokens, SIZE, extra)
+    if len(tokens) % SIZE:
+        keys.append(block_key(keys[-1] if keys else root_key(extra), tokens[len(keys) * SIZE :], extra))
+    chain, parent = [], None
+    for index, (block_id, key) in enumerate(zip(pool.allocate(len(keys)), keys, strict=True)):
+        anchor = parent if parent is not None else root_key(extra)
+        chain.append(pool.commit(block_id, key, parent, tokens[index * SIZE : (index + 1) * SIZE], anchor=anchor))
+        parent = key
+    return chain
+
+
+def match_with_tail(pool: BlockPool, tokens: list[int], extra: bytes = EXTRA) -> tuple[list[int], int]:
+    """Full blocks, then the tail lookup (as the engine matches); the blocks and tokens served."""
+    keys = chain_keys(tokens, SIZE, extra, num_blocks=(len(tokens) - 1) // SIZE)
+    chain = pool.match(keys, tokens)
+    anchor = keys[len(chain) - 1] if chain else root_key(extra)
+    tail = pool.match_tail(anchor, tokens[len(chain) * SIZE :], len(tokens) - 1 - len(chain) * SIZE)
+    return (chain, len(chain) * SIZE) if tail is None else ([*chain, tail[0]], len(chain) * SIZE + tail[1])
 
 
 def test_allocate_takes_free_blocks_in_order_with_refcount_one():
@@ -137,17 +159,19 @@ def test_capacity_by_blocks_bytes_or_the_smaller_of_both():
         PoolConfig(block_size=0)
 
 
-def test_random_operation_sequences_keep_every_invariant():
-    rng = random.Random(0)
+@pytest.mark.parametrize("tails", [False, True], ids=["full-blocks", "with-partial-tails"])
+def test_random_operation_sequences_keep_every_invariant(tails):
+    rng = random.Random(int(tails))
     pool = make_pool(num_blocks=6)
     held: list[list[int]] = []
-    for _ in range(400):
+    for _ in range(500):
         action = rng.random()
-        tokens = [rng.randrange(3) for _ in range(rng.choice([4, 8, 12]))]
-        if action < 0.4 and pool.can_allocate(len(tokens) // SIZE):
-            held.append(store(pool, tokens))
+        length = rng.randint(1, 11) if tails else rng.choice([4, 8, 12])
+        tokens = [rng.randrange(2 if tails else 3) for _ in range(length)]
+        if action < 0.4 and pool.can_allocate(-(-len(tokens) // SIZE)):
+            held.append(store_with_tail(pool, tokens) if tails else store(pool, tokens))
         elif action < 0.7:
-            held.append(match(pool, tokens))
+            held.append(match_with_tail(pool, tokens)[0] if tails else match(pool, tokens))
         elif held:
             pool.release(list(reversed(held.pop(rng.randrange(len(held))))))
         pool.check_invariants()
@@ -194,3 +218,63 @@ def test_a_block_keeps_the_log_probs_measured_for_it_and_fills_its_gaps_from_a_s
     pool.release([first, first])
     other = pool.allocate(2)  # pressure evicts the cached block: its log-probs go with it
     assert first in other and pool.logprobs([first]) == [None]
+
+
+def test_a_partial_tail_serves_every_token_of_a_prompt_that_extends_it():
+    pool = make_pool()
+    chain = store_with_tail(pool, list(range(10)))  # blocks 0, 1 full; block 2 holds tokens 8, 9
+    pool.release(list(reversed(chain)))
+    assert match_with_tail(pool, [*range(10), 50, 51]) == (chain, 10)
+    assert pool.ref_counts(chain) == [1, 1, 1]
+    pool.check_invariants()
+
+
+def test_a_block_serves_its_leading_tokens_to_a_prompt_that_diverges_inside_it():
+    pool = make_pool()
+    chain = store_with_tail(pool, list(range(12)))
+    pool.release(list(reversed(chain)))
+    assert match_with_tail(pool, [*range(10), 77, 78]) == (chain, 10)  # 2 of block 2's 4 tokens
+    pool.check_invariants()
+
+
+def test_a_tail_hit_always_leaves_the_last_prompt_token_to_compute():
+    pool = make_pool()
+    chain = store_with_tail(pool, list(range(10)))
+    pool.release(list(reversed(chain)))
+    served, tokens = match_with_tail(pool, list(range(10)))
+    assert tokens == 9 and served == chain
+
+
+def test_a_partial_tail_is_never_served_after_another_prefix_or_to_another_tenant():
+    pool = make_pool()
+    first, tail = store_with_tail(pool, [*range(4), 8, 9])
+    pool.release([tail, first])
+    served, tokens = match_with_tail(pool, [*range(3), 99, 8, 9, 10])  # block 0 diverges after 3 tokens
+    assert (served, tokens) == ([first], 3)  # its leading tokens serve; the tail [8 9] after it never
+    pool.release(served)
+    assert match_with_tail(pool, [*range(4), 8, 9, 10], extra_key_bytes("test-model", "tenant-b")) == ([], 0)
+    assert pool.ref_counts([first, tail]) == [0, 0]
+    pool.check_invariants()
+
+
+def test_a_tail_made_redundant_by_a_longer_sibling_is_freed_not_cached():
+    pool = make_pool()
+    first = store_with_tail(pool, list(range(6)))  # [0 1 2 3] + tail [4 5]
+    pool.release(list(reversed(first)))
+    hit, _ = match_with_tail(pool, list(range(9)))  # a turn extends the tail
+    extended = store_with_tail(pool, list(range(9)))  # [0 1 2 3] [4 5 6 7] + tail [8]
+    assert pool.block(first[1]).key is not None  # still held by the extending turn
+    pool.release(list(reversed(hit)))  # its last reference goes: [4 5] serves nothing [4 5 6 7] cannot
+    assert pool.block(first[1]).key is None and pool.stats().blocks_cached_free == 0
+    pool.release(list(reversed(extended)))
+    assert pool.stats().blocks_cached_free == 3
+    pool.check_invariants()
+
+
+def test_an_unreferenced_tail_is_freed_as_soon_as_a_longer_sibling_is_committed():
+    pool = make_pool()
+    tail = store_with_tail(pool, list(range(6)))[1]
+    pool.release([tail])  # cached-free, then the same prefix grows elsewhere
+    store_with_tail(pool, list(range(8)))
+    assert pool.block(tail).key is None and tail not in pool.lru_order()
+    pool.check_invariants()

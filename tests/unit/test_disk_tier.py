@@ -52,6 +52,7 @@ def test_after_a_restart_the_same_conversation_hits_from_disk(tiny_model, tiny_t
     restarted = disk_engine(tiny_model, tiny_tok, tmp_path, pool_config=PoolConfig(max_blocks=64))
     generation = restarted.generate([*prompt, 1], max_new_tokens=1).result()
     assert generation.stats.disk_tokens == 64
+    assert generation.stats.cached_tokens == 64  # the 6-token partial tail was kept in memory only
     assert restarted.disk_stats()["disk_hits"] == 4
 
 

@@ -39,16 +39,40 @@ def test_logits_with_reused_blocks_equal_a_full_recompute(engine, tiny_model, ca
     engine.generate(first, max_new_tokens=0).result()
     prompt = first + prompt_of(tail, offset=3)
     logits, generation = first_logits(engine, prompt)
-    assert generation.stats.cached_tokens == (cached_prefix // 16) * 16
+    assert generation.stats.cached_tokens == cached_prefix  # token-exact: a partial last block is reused too
     assert (logits - recomputed_logits(tiny_model, prompt)).abs().max() <= EXACT
 
 
-def test_prompt_that_is_an_exact_multiple_of_the_block_size_recomputes_only_its_last_block(engine, tiny_model):
+def test_a_repeated_prompt_recomputes_only_its_last_token(engine, tiny_model):
     prompt = prompt_of(64)
     engine.generate(prompt, max_new_tokens=0).result()
     logits, generation = first_logits(engine, prompt)
-    assert (generation.stats.cached_tokens, generation.stats.prefill_tokens) == (48, 16)
+    assert (generation.stats.cached_tokens, generation.stats.prefill_tokens) == (63, 1)
     assert (logits - recomputed_logits(tiny_model, prompt)).abs().max() <= EXACT
+
+
+def test_each_turn_that_extends_the_previous_one_prefills_exactly_its_new_tokens(engine, tiny_model):
+    history = prompt_of(21)
+    previous = engine.generate(history, max_new_tokens=7).result()
+    for turn in range(1, 5):
+        added = previous.token_ids + prompt_of(3 + 5 * turn, offset=turn)
+        history = history + added
+        logits, generation = first_logits(engine, history)
+        # the reply's last token was chosen but never fed: it is computed with the new ones
+        assert generation.stats.prefill_tokens == len(added) - len(previous.token_ids) + 1
+        assert (logits - recomputed_logits(tiny_model, history)).abs().max() <= EXACT
+        previous = generation
+    engine.pool.check_invariants()
+
+
+def test_a_prompt_that_diverges_inside_a_cached_block_reuses_the_tokens_before_the_change(engine, tiny_model):
+    first = prompt_of(60)
+    engine.generate(first, max_new_tokens=0).result()
+    prompt = first[:37] + prompt_of(12, offset=4)  # block 2 (positions 32-47) holds 5 matching tokens
+    logits, generation = first_logits(engine, prompt)
+    assert generation.stats.cached_tokens == 37
+    assert (logits - recomputed_logits(tiny_model, prompt)).abs().max() <= EXACT
+    engine.pool.check_invariants()
 
 
 def test_reuse_stays_exact_after_evictions(make_engine, tiny_model):
@@ -68,11 +92,11 @@ def test_reuse_stays_exact_after_evictions(make_engine, tiny_model):
 def test_generated_tokens_are_stored_and_hit_on_the_next_turn(engine):
     prompt = prompt_of(40)
     first = engine.generate(prompt, max_new_tokens=30).result()
-    assert first.stats.stored_blocks == (40 + 30 - 1) // 16
+    assert first.stats.stored_blocks == 5  # 69 computed positions: 4 full blocks and a 5-token tail
     follow_up = prompt + first.token_ids + prompt_of(5, offset=9)
     second = engine.generate(follow_up, max_new_tokens=4).result()
-    assert second.stats.cached_tokens == 64
-    assert second.stats.prefill_tokens == len(follow_up) - 64
+    assert second.stats.cached_tokens == 40 + 30 - 1  # all but the last generated token, never fed back
+    assert second.stats.prefill_tokens == len(follow_up) - 69
 
 
 def test_prefix_and_stateless_modes_produce_identical_greedy_tokens(make_engine):
@@ -98,8 +122,8 @@ def test_stats_add_up_per_call_and_cumulatively(engine):
     total = engine.stats
     assert total.calls == 3
     assert total.prompt_tokens == 150
-    assert total.cached_tokens == sum(g.stats.cached_tokens for g in generations) == 96
-    assert total.hit_rate == pytest.approx(96 / 150)
+    assert total.cached_tokens == sum(g.stats.cached_tokens for g in generations) == 98  # 0 + 49 + 49
+    assert total.hit_rate == pytest.approx(98 / 150)
 
 
 def test_sampling_is_reproducible_with_a_seed(engine):
@@ -142,7 +166,7 @@ def test_closing_a_stream_early_stores_what_was_computed_and_holds_nothing(engin
         if count == 20:
             break
     generation.close()
-    assert generation.stats.stored_blocks == (30 + 20 - 1) // 16
+    assert generation.stats.stored_blocks == 4  # 49 computed positions: 3 full blocks and a 1-token tail
     assert engine.pool.stats().blocks_in_use == 0
     engine.pool.check_invariants()
 

@@ -44,9 +44,23 @@ def test_prompt_logprobs_after_a_pool_hit_cover_every_new_token(engine, tiny_mod
     tokens = first + prompt_of(20, offset=9)
     generation = engine.generate(tokens, max_new_tokens=1, observe=Observe(logprobs=True)).result()
     expected = direct_logprobs(tiny_model, tokens)
-    assert generation.stats.cached_tokens == 31  # one cached token recomputed for its successor's log p
-    assert generation.prompt_logprobs[:32] == [None] * 32
-    for got, want in zip(generation.prompt_logprobs[32:], expected[32:], strict=True):
+    assert generation.stats.cached_tokens == 39  # one cached token recomputed for its successor's log p
+    assert generation.prompt_logprobs[:40] == [None] * 40  # the first call measured none
+    for got, want in zip(generation.prompt_logprobs[40:], expected[40:], strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_a_turn_extending_a_measured_reply_prefills_only_new_tokens_and_every_log_p_is_exact(engine, tiny_model):
+    measured = Observe(logprobs=True)
+    first = engine.generate(prompt_of(40), max_new_tokens=3, observe=measured).result()
+    tokens = prompt_of(40) + first.token_ids + prompt_of(20, offset=9)
+    generation = engine.generate(tokens, max_new_tokens=1, observe=measured).result()
+    # the last reply token was never fed, so it is the first computed one; its log p
+    # was measured while decoding and travels with the stored tail (Block.next_logprob)
+    assert (generation.stats.cached_tokens, generation.stats.prefill_tokens) == (42, 21)
+    expected = direct_logprobs(tiny_model, tokens)
+    assert generation.prompt_logprobs[0] is None
+    for got, want in zip(generation.prompt_logprobs[1:], expected[1:], strict=True):
         assert got == pytest.approx(want, abs=1e-4)
 
 
