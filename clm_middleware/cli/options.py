@@ -85,8 +85,8 @@ def remote_engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 type=click.Choice(SIGNALS),
                 default="auto",
                 show_default=True,
-                help="Where self-information comes from: the server's prompt log-probs (vLLM), a local scorer "
-                "(--model, loaded on CPU), or none; auto: the server's if it has them, else the scorer.",
+                help="Where self-information comes from: a local scorer (--model, loaded on CPU; auto is the "
+                "same), the server's prompt log-probs (vLLM only; it then skips its prefix cache), or none.",
             ),
         ]
     ):

@@ -66,6 +66,9 @@ class ServingEngine(Protocol):
     def block_size(self) -> int: ...
 
     @property
+    def num_parameters(self) -> int: ...  # 0: unknown
+
+    @property
     def generation_defaults(self) -> GenerationDefaults: ...
 
     def generate(

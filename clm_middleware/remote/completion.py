@@ -75,7 +75,9 @@ def completion_body(
         "temperature": temperature,
         "top_p": top_p,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        # usage on every event, not only the last: a consumer that stops early (a
+        # repetition cut, max_new_tokens reached) still has the server's cache count
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         **extra,
     }
     if stop:
@@ -89,6 +91,7 @@ def completion_body(
     if dialect == "llamacpp":
         body["cache_prompt"] = cache_prompt
         body["n_probs"] = 1  # each event then names its token: logprobs.content[].id
+        body["timings_per_token"] = True  # timings.cache_n on every event (see stream_options)
         if slot is not None:
             body["id_slot"] = slot
     else:

@@ -16,9 +16,10 @@ Invariants:
 - A reply the server breaks off raises ``RemoteEngineError``; nothing is retried
   after the first token, so no token is ever delivered twice.
 - ``score`` / ``choose`` and prompt self-information need log-probabilities of given
-  tokens: from the server where it returns prompt log-probabilities (vLLM), else from
-  the local ``scorer`` engine (a small model with the same tokenizer, LLMLingua's
-  approach); ``signals_source`` says which. Attention mass is never the server's.
+  tokens: from the local ``scorer`` engine (a small model with the same tokenizer,
+  LLMLingua's approach), or, asked for with ``signals="server"``, from vLLM's
+  ``prompt_logprobs`` (which costs that request vLLM's prefix cache); ``signals_source``
+  says which. Attention mass is never the server's.
 """
 
 from __future__ import annotations
@@ -113,18 +114,25 @@ class RemoteEngine:
 
     @property
     def wants_scorer(self) -> bool:
-        """Whether signals would come from a scorer, were one given (the server has none of its own)."""
-        return self._signals in ("auto", "scorer") and self.info.dialect != "vllm"
+        """Whether signals would come from a scorer, were one given."""
+        return self._signals in ("auto", "scorer")
 
     # ---------------------------------------------------------- description
 
     @property
     def model_name(self) -> str:
-        return self.info.model_id
+        """For reports: the served id, a file path shortened to its name (llama.cpp serves the GGUF's path)."""
+        return self.info.model_id.rsplit("/", 1)[-1] or self.info.model_id
 
     @property
     def block_size(self) -> int:
         return self.pool.block_size
+
+    @property
+    def num_parameters(self) -> int:
+        """The served model's size where the server says (llama.cpp), else 0: ``compression="auto"``
+        then takes the small-model path (extractive); pass ``abstractive`` for a large served model."""
+        return self.info.num_parameters
 
     @property
     def generation_defaults(self) -> GenerationDefaults:
@@ -133,7 +141,9 @@ class RemoteEngine:
 
     @property
     def signals_source(self) -> str:
-        if self._signals in ("auto", "server") and self.info.dialect == "vllm":
+        """``server`` only when asked for, on vLLM: its V1 engine skips the prefix cache for
+        any request with ``prompt_logprobs``, so every turn would re-prefill in full."""
+        if self._signals == "server" and self.info.dialect == "vllm":
             return "server"
         if self._signals in ("auto", "scorer") and self.scorer is not None:
             return f"scorer:{self.scorer.model_name}"

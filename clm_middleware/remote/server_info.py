@@ -35,7 +35,7 @@ class ServerInfo:
     num_slots: int  # llama.cpp slots (0: the server has none to choose)
     context_tokens: int  # per request; 0 unknown
     vocab_size: int  # 0 unknown
-    tokenizer_checked: bool = False
+    num_parameters: int = 0  # 0 unknown (llama.cpp says; vLLM does not)
 
 
 def read_server_info(client: ServerClient, model_id: str | None) -> ServerInfo:
@@ -48,7 +48,8 @@ def read_server_info(client: ServerClient, model_id: str | None) -> ServerInfo:
     if isinstance(props, dict) and "total_slots" in props:
         settings = props.get("default_generation_settings") or {}
         context = int(settings.get("n_ctx") or meta.get("n_ctx_train") or 0)
-        return ServerInfo("llamacpp", chosen, int(props["total_slots"]), context, int(meta.get("n_vocab") or 0))
+        vocab, parameters = int(meta.get("n_vocab") or 0), int(meta.get("n_params") or 0)
+        return ServerInfo("llamacpp", chosen, int(props["total_slots"]), context, vocab, parameters)
     version = client.get_json("/version", missing_ok=True)
     dialect = "vllm" if isinstance(version, dict) and "version" in version else "openai"
     return ServerInfo(dialect, chosen, 0, int(first.get("max_model_len") or 0), 0)

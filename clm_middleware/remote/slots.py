@@ -50,18 +50,26 @@ class SlotTable:
 
     def _choose(self, prompt: Sequence[int]) -> int:
         """1. a slot whose whole content starts the prompt (the longest: the conversation's
-        own slot, no lifecycle change); 2. an empty slot; 3. the slot whose content the
-        prompt reuses the largest share of (after a lifecycle change, the conversation's
-        own: its context is what the prompt starts like), the least recently used on a tie."""
+        own slot, no lifecycle change); 2. a slot the prompt reuses at least half of (its
+        own after a late change: a dropped reply, a compaction near the end); 3. an empty
+        slot (a new conversation does not evict one it merely shares a system prompt
+        with); 4. the slot whose content the prompt reuses the largest share of, the least
+        recently used on a tie."""
         indices = range(len(self._slots))
         shared = [common_prefix(slot.tokens, prompt) for slot in self._slots]
         extended = [i for i in indices if self._slots[i].tokens and shared[i] == len(self._slots[i].tokens)]
         if extended:
             return max(extended, key=lambda i: shared[i])
+        used = [i for i in indices if self._slots[i].tokens]
+        best = max(
+            used, key=lambda i: (shared[i] / len(self._slots[i].tokens), -self._slots[i].last_used), default=None
+        )
+        if best is not None and 2 * shared[best] >= len(self._slots[best].tokens):
+            return best
         empty = [i for i in indices if not self._slots[i].tokens]
-        if empty:
+        if empty or best is None:
             return empty[0]
-        return max(indices, key=lambda i: (shared[i] / len(self._slots[i].tokens), -self._slots[i].last_used))
+        return best
 
     def record(self, slot: int | None, tokens: Sequence[int]) -> None:
         """What the slot's cache holds after a call: prompt + generated tokens."""

@@ -65,7 +65,8 @@ def test_a_llama_cpp_body_keeps_its_slot_and_cache_and_asks_for_token_ids():
     body = _body("llamacpp")
     assert body["prompt"] == [1, 2, 3]
     assert body["cache_prompt"] is True and body["id_slot"] == 1 and body["n_probs"] == 1
-    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["stream"] is True and body["stream_options"]["include_usage"] is True
+    assert body["timings_per_token"] is True
     assert "prompt_logprobs" not in body and "stop" not in body
 
 
@@ -123,7 +124,7 @@ def test_penalties_become_the_servers_own_fields_and_other_processors_are_refuse
 
 def test_a_conversation_keeps_its_slot_turn_after_turn():
     slots = SlotTable(2)
-    a1, b1 = [1, 2, 3], [1, 2, 9]  # same system prompt, different conversations
+    a1, b1 = [1, 2, 3, 5, 6], [1, 2, 9]  # same system prompt, different conversations
     assert slots.pick(a1) == 0
     slots.record(0, [*a1, 4])
     assert slots.pick(b1) == 1  # an empty slot, not a's (which b would only partly reuse)
@@ -137,6 +138,7 @@ def test_after_a_lifecycle_change_the_slot_reused_the_most_wins_and_no_slots_mea
     slots.record(slots.pick([1, 2, 3, 4, 5, 6, 7, 8]), [1, 2, 3, 4, 5, 6, 7, 8])  # a long history in 0
     slots.record(slots.pick([1, 2, 9, 9]), [1, 2, 9, 9])  # a short managed context in 1
     assert slots.pick([1, 2, 9, 5]) == 1  # shares 3 of 4 there, 2 of 8 in slot 0
+    assert slots.pick([1, 2, 3, 4, 5, 6, 0]) == 0  # its own slot after a change at the end
     assert SlotTable(0).pick([1]) is None
 
 
