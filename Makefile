@@ -9,7 +9,7 @@ STAMP := $(VENV)/.clm-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-unit lint format bench docs clean
+.PHONY: demo test test-unit test-remote lint format bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,14 @@ demo: $(STAMP)
 	$(CLM) replay examples/transcripts/lisbon_trip.jsonl --mode clm --budget 1024 --max-new-tokens 48
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not remote"
+
+# The lifecycle layer in front of a real llama.cpp server (tests/remote/). The first run
+# compiles llama-server from the llama-cpp-python sdist (see the script; minutes on 2
+# cores) into ~/.cache/clm-middleware; later runs reuse the binary.
+test-remote: $(STAMP)
+	CLM_LLAMA_SERVER="$$(PYTHON=$(PY) bash tests/remote/build_llama_server.sh | tail -n 1)" CLM_REQUIRE_REMOTE=1 \
+		$(PY) -m pytest -m remote tests/remote
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
+from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.models.loading import DEFAULT_MODEL
 from clm_middleware.structured import ResponseFormat
@@ -171,7 +172,13 @@ class ChatCLM(BaseChatModel):
     max_retries: int = 0
     """Accepted for compatibility: a local call has no transient failure to retry."""
     api_key: str | None = Field(default=None, exclude=True)
-    """Accepted for compatibility and ignored: nothing is called over a network."""
+    """The serving engine's bearer key, with ``engine_url``; ignored otherwise (a local model)."""
+    engine_url: str | None = None
+    """Generate on a serving engine instead of in this process: ``openai:http://host:port``
+    (vLLM, SGLang, llama.cpp's llama-server; docs/deploy.md). ``model`` then names the local
+    tokenizer (and signals scorer) of the model that server runs."""
+    engine_model: str | None = None
+    """With ``engine_url``: the model id to send [default: the server's first]."""
     engine: Any = Field(default=None, exclude=True)
     """An ``Engine`` to use instead of loading ``model`` (custom setups, scripted tests); not serialized."""
 
@@ -214,6 +221,7 @@ class ChatCLM(BaseChatModel):
             "frequency_penalty": self.frequency_penalty,
             "presence_penalty": self.presence_penalty,
             "no_repeat_ngram_size": self.no_repeat_ngram_size,
+            "engine_url": self.engine_url,
         }
 
     @property
@@ -357,6 +365,8 @@ class ChatCLM(BaseChatModel):
         model = kwargs.get("model") or self.model
         if self.engine is not None and not kwargs.get("model"):
             engine = self.engine
+        elif self.engine_url:
+            engine = _shared_remote_engine(self.engine_url, model, self.engine_model, self.api_key)
         else:
             engine = _shared_engine(model, self.device, self.dtype, self.block_size, self.max_kv_bytes, self.kv_dtype)
         router = self._router(model, engine)
@@ -403,7 +413,7 @@ class ChatCLM(BaseChatModel):
 
     # -------------------------------------------------------------- parts
 
-    def _router(self, model: str | None, engine: Engine) -> SessionRouter:
+    def _router(self, model: str | None, engine: ServingEngine) -> SessionRouter:
         key = f"{model or DEFAULT_MODEL}@{id(engine)}"  # one router per engine; a tenant is one ChatCLM
         with self._lock:
             router = self._routers.get(key)
@@ -411,7 +421,7 @@ class ChatCLM(BaseChatModel):
                 router = self._routers[key] = SessionRouter(lambda cid: self._conversation(engine, cid))
             return router
 
-    def _conversation(self, engine: Engine, conversation_id: str) -> Conversation:
+    def _conversation(self, engine: ServingEngine, conversation_id: str) -> Conversation:
         summarizer = None
         if self.summarizer:
             summarizer = _shared_engine(
@@ -460,7 +470,7 @@ class ChatCLM(BaseChatModel):
             no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", self.no_repeat_ngram_size),
         )
 
-    def _final_message(self, answer: ChatAnswer, engine: Engine, model: str | None) -> AIMessageChunk:
+    def _final_message(self, answer: ChatAnswer, engine: ServingEngine, model: str | None) -> AIMessageChunk:
         reply, conversation = answer.reply, answer.conversation
         stats = reply.stats
         usage = UsageMetadata(
@@ -526,6 +536,14 @@ def _shared_engine(
     return build_engine(
         model, device=device, dtype=dtype, block_size=block_size, max_kv_bytes=max_kv_bytes, kv_dtype=kv_dtype
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_remote_engine(url: str, model: str | None, engine_model: str | None, api_key: str | None) -> Any:
+    """One ``RemoteEngine`` per server and model setting, shared like ``_shared_engine``."""
+    from clm_middleware.cli.setup import build_remote_engine
+
+    return build_remote_engine(url, model, engine_model=engine_model, api_key=api_key)
 
 
 __all__ = ["ChatCLM"]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from clm_middleware.engine import Engine
+from clm_middleware.engine.protocol import ServingEngine, signals_source
 from clm_middleware.errors import ClmError, ConfigError
 from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdict
 from clm_middleware.lifecycle.compaction import Compactor
@@ -70,7 +71,7 @@ class Conversation:
 
     def __init__(
         self,
-        engine: Engine | None = None,
+        engine: ServingEngine | None = None,
         *,
         system_prompt: str | None = None,
         tagging: str = "auto",
@@ -90,7 +91,7 @@ class Conversation:
         presence_penalty: float = 0.0,
         no_repeat_ngram_size: int | None = None,
         response_format: ResponseFormat | Mapping[str, Any] | None = None,
-        summarizer: Engine | None = None,
+        summarizer: ServingEngine | None = None,
         store: Any = None,
         conversation_id: str | None = None,
         segmenter: Segmenter | None = None,
@@ -427,6 +428,7 @@ class Conversation:
             "reply_nll": _mean([t.reply_nll for t in log if t.reply_nll is not None]),
             "held_blocks": len(self._chain) + self.reclaimer.held_blocks,
             "pool": self.engine.pool.stats().as_dict(),
+            "signals_source": signals_source(self.engine),
         }
 
     def settings(self) -> dict[str, Any]:
@@ -470,7 +472,9 @@ class Conversation:
         self.close()
 
     @classmethod
-    def load(cls, store: Any, conversation_id: str, engine: Engine | None = None, **settings: Any) -> Conversation:
+    def load(
+        cls, store: Any, conversation_id: str, engine: ServingEngine | None = None, **settings: Any
+    ) -> Conversation:
         """Rebuild a stored conversation: same messages, segments, labels, context."""
         from clm_middleware.store import load_conversation
 

@@ -64,15 +64,23 @@ def start_server(tmp_path: Path, *args: str, model: str | None = "tiny") -> Live
     with log.open("w") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
     server = LiveServer(process, f"http://127.0.0.1:{port}", log)
+    if not wait_until_healthy(process, server.url, log, "clm serve"):
+        server.stop()
+        raise AssertionError(f"clm serve did not come up in {START_TIMEOUT_S} s:\n{log.read_text()}")
+    return server
+
+
+def wait_until_healthy(process: subprocess.Popen, url: str, log: Path, name: str) -> bool:
+    """Poll ``url/health`` until it answers 200 (True) or ``START_TIMEOUT_S`` pass (False);
+    a process that exits meanwhile fails with its log."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(f"clm serve exited with {process.returncode}:\n{log.read_text()}")
+            raise AssertionError(f"{name} exited with {process.returncode}:\n{log.read_text()[-4000:]}")
         try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return server
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return True
         except httpx.TransportError:
             pass
         time.sleep(0.3)
-    server.stop()
-    raise AssertionError(f"clm serve did not come up in {START_TIMEOUT_S} s:\n{log.read_text()}")
+    return False

@@ -11,7 +11,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import format_option, generation_options, lifecycle_options, model_options
+from clm_middleware.cli.options import (
+    format_option,
+    generation_options,
+    lifecycle_options,
+    model_options,
+    remote_engine_options,
+)
 
 BENCH_MODES = ("stateless", "prefix", "truncate", "clm")
 
@@ -28,6 +34,7 @@ BENCH_MODES = ("stateless", "prefix", "truncate", "clm")
 @generation_options
 @lifecycle_options
 @model_options
+@remote_engine_options
 @click.option(
     "--probes",
     "probes_path",
@@ -83,7 +90,13 @@ def bench(
     from clm_middleware.cli.output import turn_progress
     from clm_middleware.cli.plot import plot_reports
     from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes
-    from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory, sibling_engine
+    from clm_middleware.cli.setup import (
+        LifecycleOptions,
+        build_engine,
+        driver_factory,
+        engine_description,
+        sibling_engine,
+    )
     from clm_middleware.replay.bench import comparison_rows, header, to_markdown
     from clm_middleware.replay.formats import read_transcripts
     from clm_middleware.replay.report import ReplayReport
@@ -129,7 +142,11 @@ def bench(
             )
         lifecycles[mode] = lifecycle
         factories[mode] = driver_factory(engine, options, lifecycle)
-        settings = {"transcript": str(transcript), **(lifecycle.settings() if mode in ("clm", "truncate") else {})}
+        settings = {
+            "transcript": str(transcript),
+            **engine_description(engine),
+            **(lifecycle.settings() if mode in ("clm", "truncate") else {}),
+        }
         reports[mode] = ReplayReport(mode=mode, model=first.model_name, settings=settings)
     stderr = Console(stderr=True)
     command = "clm " + " ".join(shlex.quote(arg) for arg in sys.argv[1:]) if sys.argv[1:] else "clm bench"

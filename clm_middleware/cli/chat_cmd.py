@@ -11,7 +11,7 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import model_options, penalty_options, sampling_options
+from clm_middleware.cli.options import model_options, penalty_options, remote_engine_options, sampling_options
 from clm_middleware.errors import ClmError
 
 COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /help  /quit"
@@ -55,6 +55,7 @@ PREVIEW_CHARS = 60
     "no prompt, and everything else (banner, command output) goes to stderr.",
 )
 @model_options
+@remote_engine_options
 def chat(
     db: Path | None,
     session: str | None,

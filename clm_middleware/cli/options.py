@@ -65,6 +65,42 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def remote_engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--engine, --engine-model, --engine-api-key, --engine-signals: drive a serving engine (docs/deploy.md)."""
+    from clm_middleware.remote.engine import SIGNALS
+
+    for option in reversed(
+        [
+            click.option(
+                "--engine",
+                "engine_url",
+                default=None,
+                metavar="openai:URL",
+                help="Generate on a serving engine (vLLM, SGLang, llama.cpp's llama-server) through its "
+                "OpenAI-compatible completions API, e.g. openai:http://127.0.0.1:8080; --model then names "
+                "the local tokenizer (and signals scorer) of the model the server runs.",
+            ),
+            click.option("--engine-model", default=None, help="The model id to send [default: the server's first]."),
+            click.option(
+                "--engine-api-key",
+                default=None,
+                envvar="CLM_ENGINE_API_KEY",
+                help="Bearer key for the engine [env: CLM_ENGINE_API_KEY].",
+            ),
+            click.option(
+                "--engine-signals",
+                type=click.Choice(SIGNALS),
+                default="auto",
+                show_default=True,
+                help="Where self-information comes from: a local scorer (--model, loaded on CPU; auto is the "
+                "same), the server's prompt log-probs (vLLM only; it then skips its prefix cache), or none.",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
 def penalty_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--repetition-penalty, --frequency-penalty, --presence-penalty, --no-repeat-ngram-size.
 

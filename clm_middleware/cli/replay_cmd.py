@@ -9,7 +9,13 @@ from typing import Any
 import click
 from rich.console import Console
 
-from clm_middleware.cli.options import format_option, generation_options, lifecycle_options, model_options
+from clm_middleware.cli.options import (
+    format_option,
+    generation_options,
+    lifecycle_options,
+    model_options,
+    remote_engine_options,
+)
 from clm_middleware.replay.report import ON_ERROR
 
 MODES = ("stateless", "prefix", "truncate", "clm")
@@ -40,6 +46,7 @@ MODES = ("stateless", "prefix", "truncate", "clm")
     help="Probes JSON [default: FILE.probes.json beside the transcript].",
 )
 @model_options
+@remote_engine_options
 @click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N conversations of the file."
 )
@@ -98,7 +105,7 @@ def replay(
     from clm_middleware.cli.output import replies_text, summary_table, turn_progress, turn_table
     from clm_middleware.cli.plot import plot_reports
     from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes
-    from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory
+    from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory, engine_description
     from clm_middleware.errors import TranscriptError
     from clm_middleware.replay.formats import read_transcripts
     from clm_middleware.replay.report import Failure, ReplayReport, TurnRecord
@@ -144,6 +151,7 @@ def replay(
         "no_repeat_ngram_size": no_repeat_ngram_size,
         "block_size": engine.block_size,
         "on_error": on_error,
+        **engine_description(engine),
     }
     if mode in ("clm", "truncate"):
         settings.update(lifecycle.settings())

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from clm_middleware.cli.options import model_options, penalty_options, sampling_filter_options
+from clm_middleware.cli.options import model_options, penalty_options, remote_engine_options, sampling_filter_options
 
 API_KEY_ENV = "CLM_API_KEY"
 
@@ -64,6 +64,7 @@ API_KEY_ENV = "CLM_API_KEY"
 @sampling_filter_options
 @penalty_options
 @model_options
+@remote_engine_options
 def serve(
     host: str,
     port: int,

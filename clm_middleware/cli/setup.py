@@ -8,6 +8,7 @@ from typing import Any
 
 from clm_middleware.cache import PoolConfig
 from clm_middleware.engine import Engine
+from clm_middleware.engine.protocol import ServingEngine, signals_source
 from clm_middleware.errors import ConfigError
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.plain import PlainChatDriver
@@ -28,7 +29,17 @@ def build_engine(
     kv_dtype: str | None = None,
     disk_cache_dir: str | None = None,
     min_free_disk_mb: int = 512,
-) -> Engine:
+    engine_url: str | None = None,
+    engine_model: str | None = None,
+    engine_api_key: str | None = None,
+    engine_signals: str = "auto",
+) -> ServingEngine:
+    """The local engine for ``model``; with ``engine_url``, a ``RemoteEngine`` on that server,
+    with ``model``'s tokenizer (and, for signals, ``model`` itself as a local scorer)."""
+    if engine_url is not None:
+        return build_remote_engine(
+            engine_url, model, engine_model=engine_model, api_key=engine_api_key, signals=engine_signals, dtype=dtype
+        )
     pool_config = PoolConfig(block_size=block_size, max_kv_bytes=max_kv_bytes, max_blocks=max_blocks, kv_dtype=kv_dtype)
     disk = {"disk_cache_dir": disk_cache_dir, "min_free_disk_mb": min_free_disk_mb}
     if model == TINY_MODEL:
@@ -40,9 +51,44 @@ def build_engine(
     return Engine(load_model(model, device=device, dtype=dtype), load_tokenizer(model), pool_config=pool_config, **disk)
 
 
-def sibling_engine(engine: Engine) -> Engine:
-    """Same weights and tokenizer, its own pool (and no disk tier): modes under comparison never share blocks."""
+def build_remote_engine(
+    url: str,
+    model: str | None,
+    *,
+    engine_model: str | None = None,
+    api_key: str | None = None,
+    signals: str = "auto",
+    dtype: str = "float32",
+) -> ServingEngine:
+    from clm_middleware.remote import RemoteEngine
+
+    if model == TINY_MODEL:
+        from clm_middleware.models import tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+    else:
+        from clm_middleware.models.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(model)
+    remote = RemoteEngine(url, tokenizer, model=engine_model, api_key=api_key, signals=signals)
+    if remote.wants_scorer:  # the server gives no self-information: a small local model does (on CPU)
+        remote.use_scorer(build_engine(model, dtype=dtype))
+    return remote
+
+
+def sibling_engine(engine: ServingEngine) -> ServingEngine:
+    """Same weights and tokenizer, its own pool (and no disk tier): modes under comparison never share blocks.
+    A remote engine is its own sibling: the server's cache is shared whatever we do."""
+    if not isinstance(engine, Engine):
+        return engine
     return Engine(engine.model, engine.tokenizer, pool_config=engine.pool.config)
+
+
+def engine_description(engine: ServingEngine) -> dict[str, Any]:
+    """Report settings that say which engine ran: a remote engine's server, kind and
+    ``signals_source``; for the local engine, ``signals_source: local``."""
+    describe = getattr(engine, "describe", None)
+    return describe() if callable(describe) else {"signals_source": signals_source(engine)}
 
 
 @dataclass(slots=True)
@@ -55,7 +101,7 @@ class LifecycleOptions:
     compression: str = "auto"
     db: str | None = None
     tenant: str | None = None
-    summarizer: Engine | None = None
+    summarizer: ServingEngine | None = None
     drivers: list[Any] = field(default_factory=list)  # every driver created, in order
 
     @property
@@ -73,7 +119,7 @@ class LifecycleOptions:
 
 
 def driver_factory(
-    engine: Engine, options: ReplayOptions, lifecycle: LifecycleOptions | None = None
+    engine: ServingEngine, options: ReplayOptions, lifecycle: LifecycleOptions | None = None
 ) -> Callable[[Transcript], TurnDriver]:
     """A factory of drivers for ``options.mode``; every driver made is kept in ``lifecycle.drivers``."""
     lifecycle = lifecycle if lifecycle is not None else LifecycleOptions()
@@ -88,7 +134,7 @@ def driver_factory(
 
 
 def _mode_factory(
-    engine: Engine, options: ReplayOptions, lifecycle: LifecycleOptions
+    engine: ServingEngine, options: ReplayOptions, lifecycle: LifecycleOptions
 ) -> Callable[[Transcript], TurnDriver]:
     chat_format = ChatFormat.from_tokenizer(engine.tokenizer)
     if options.mode in ("stateless", "prefix"):

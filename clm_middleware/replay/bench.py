@@ -29,6 +29,8 @@ def _last_ttft(report: ReplayReport) -> float:
 
 METRICS: tuple[Metric, ...] = (
     Metric("prefill tokens", "tokens", lambda r: r.totals()["prefill_tokens"]),
+    # from the block pool, or the server's own count behind --engine
+    Metric("cached tokens", "tokens", lambda r: r.totals()["cached_tokens"], ratio=False),
     Metric("TTFT p50", "s", lambda r: r.totals()["ttft_p50_s"]),
     Metric("TTFT p95", "s", lambda r: r.totals()["ttft_p95_s"]),
     Metric(f"TTFT mean, last {LAST_TURNS} turns", "s", _last_ttft),

@@ -1,0 +1,174 @@
+"""The lifecycle layer in front of a real llama.cpp server (llama-server, SmolLM2 GGUF).
+
+Every request loop here is bounded in count (the transcript's turns, a few chats) and
+in time (the client's timeouts, the server fixture's start deadline).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from clm_middleware.cli.main import cli
+from clm_middleware.conversation import Conversation
+from clm_middleware.engine.protocol import ServingEngine
+from clm_middleware.remote import ClientConfig, RemoteEngine, RemoteEngineError
+from clm_middleware.store import Store
+
+pytestmark = pytest.mark.remote
+
+REPO = Path(__file__).resolve().parents[2]
+LISBON = REPO / "examples/transcripts/lisbon_trip.jsonl"
+PARITY_TURNS = 6
+REPLY_TOKENS = 24
+LOOP_FLAGS = {"repetition_loop", "repeats_earlier_reply"}  # such a reply may leave the context at once
+LONG_PROMPT_TOKENS = 768  # a user message here is ≤ ~70 tokens
+
+
+@pytest.fixture(scope="module")
+def remote(llama_server, smollm2_tokenizer) -> RemoteEngine:
+    return RemoteEngine(llama_server.url, smollm2_tokenizer, signals="none")
+
+
+def test_remote_engine_satisfies_the_engine_protocol_and_reads_the_server(remote):
+    assert isinstance(remote, ServingEngine)
+    assert remote.info.dialect == "llamacpp"
+    assert remote.info.num_slots == 2
+    assert remote.tokenizer_checked
+    assert remote.signals_source == "none"
+
+
+def test_a_server_with_another_tokenizer_is_refused_at_start(llama_server, tiny_tok):
+    with pytest.raises(RemoteEngineError, match="tokenizer"):
+        RemoteEngine(llama_server.url, tiny_tok)
+
+
+def test_generate_streams_token_ids_and_the_next_prompt_hits_the_servers_cache(remote, smollm2_tokenizer):
+    prompt = smollm2_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three colours."}], add_generation_prompt=True, return_dict=False
+    )
+    first = remote.generate(prompt, max_new_tokens=REPLY_TOKENS)
+    streamed = list(first)
+    assert streamed == first.token_ids and streamed
+    assert first.stats.prompt_tokens == len(prompt)
+    follow = prompt + first.token_ids + smollm2_tokenizer.encode("<|im_end|>\n<|im_start|>user\nAnd two more?")
+    second = remote.generate(follow, max_new_tokens=4).result()
+    # the server kept prompt + reply in the same slot: all of it is reused
+    assert second.stats.cached_tokens >= len(prompt) + len(first.token_ids) - 1
+
+
+def test_replay_through_the_engine_hits_the_servers_cache_on_turns_without_a_lifecycle_change(llama_server, tmp_path):
+    report_path = tmp_path / "clm.json"
+    args = [
+        "replay",
+        str(LISBON),
+        "--engine",
+        f"openai:{llama_server.url}",
+        "--mode",
+        "clm",
+        "--budget",
+        "1024",
+        "--tagging",
+        "signals",
+        "--max-new-tokens",
+        str(REPLY_TOKENS),
+        "--report",
+        str(report_path),
+        "--quiet",
+    ]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    assert report["settings"]["dialect"] == "llamacpp"
+    assert report["settings"]["signals_source"].startswith("scorer:")
+    turns = report["turns"]
+    assert len(turns) == 34
+    # a turn without a lifecycle change extends the previous prompt (and reply), so the
+    # server recomputes only the new message: all of the previous prompt is reused...
+    # (a lifecycle change: a compaction, or the previous reply dropped at once as a loop)
+    pairs = itertools.pairwise(turns)
+    steady = [(b, t) for b, t in pairs if not t["compaction"] and not LOOP_FLAGS & set(b["reply_flags"])]
+    assert len(steady) >= 10
+    for before, turn in steady:
+        assert turn["cached_tokens"] >= before["prompt_tokens"], turn
+    # ... which, once the context is long (a new message is then < 10% of it), is ≥ 90% of the prompt
+    long = [t for _, t in steady if t["prompt_tokens"] >= LONG_PROMPT_TOKENS]
+    assert len(long) >= 5
+    for turn in long:
+        assert turn["cached_tokens"] >= 0.9 * turn["prompt_tokens"], turn
+    assert any(t["compaction"] for t in turns)  # the budget did act
+    assert max(t["context_tokens"] for t in turns[5:]) <= 1024 + 2 * REPLY_TOKENS
+
+
+def _chat_reply(url: str, messages: list[dict[str, str]]) -> str:
+    body = {"messages": messages, "max_tokens": REPLY_TOKENS, "temperature": 0.0}
+    answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120.0).json()
+    return answer["choices"][0]["message"]["content"]
+
+
+def test_prefix_mode_greedy_replies_equal_llama_cpps_own_chat_completion(llama_server, tmp_path):
+    report_path = tmp_path / "prefix.json"
+    transcript = tmp_path / "lisbon_head.jsonl"
+    rows = [json.loads(line) for line in LISBON.read_text().splitlines() if line.strip()]
+    head, users = [], 0
+    for row in rows:
+        users += row["role"] == "user"
+        if users > PARITY_TURNS:
+            break
+        head.append(row)
+    transcript.write_text("\n".join(json.dumps(r) for r in head) + "\n")
+    args = ["replay", str(transcript), "--engine", f"openai:{llama_server.url}", "--engine-signals", "none"]
+    args += ["--mode", "prefix", "--max-new-tokens", str(REPLY_TOKENS), "--report", str(report_path), "--quiet"]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    ours = [t["reply"] for t in json.loads(report_path.read_text())["turns"]]
+    assert len(ours) == PARITY_TURNS
+    messages: list[dict[str, str]] = []
+    theirs = []
+    for row in head:
+        if row["role"] == "assistant":
+            reply = _chat_reply(llama_server.url, messages)
+            theirs.append(reply)
+            messages.append({"role": "assistant", "content": ours[len(theirs) - 1]})  # the history ours saw
+        else:
+            messages.append({"role": row["role"], "content": row["content"]})
+    assert all(r.strip() for r in ours)
+    assert [r.strip() for r in ours] == [r.strip() for r in theirs]
+
+
+def test_a_server_killed_mid_turn_gives_a_clear_error_and_loses_no_message(llama_server, smollm2_tokenizer, tmp_path):
+    config = ClientConfig(llama_server.url, retry_attempts=2, read_timeout_s=60.0)
+    remote = RemoteEngine(llama_server.url, smollm2_tokenizer, signals="none", client_config=config)
+    db = tmp_path / "store.db"
+    conversation = Conversation(remote, tagging="rules", max_new_tokens=12, store=str(db), system_prompt="Be brief.")
+    conversation.send("My booking code is QX-4471. Please remember it.")
+    conversation.send("Which city is the Tower of Belem in?")
+    stored_before = len(Store(db).rows("messages", conversation.id, "idx"))
+    assert stored_before == 5  # system, two users, two replies
+    long_message = "Here is my whole itinerary again, day by day. " + "We walk, eat and look at tiles. " * 300
+    killer = threading.Timer(0.5, llama_server.process.kill)
+    killer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(RemoteEngineError) as raised:
+            conversation.send(long_message)
+    finally:
+        killer.cancel()
+        llama_server.process.wait(timeout=15)
+    assert time.monotonic() - started < 60
+    assert llama_server.url.split("//")[1] in str(raised.value)
+    stored = Store(db).rows("messages", conversation.id, "idx")
+    assert len(stored) == stored_before  # every answered message is still there
+    assert conversation.messages[-1].content == long_message  # the unanswered one is kept in memory
+    assert conversation.turn == 2  # the failed turn was undone
+    # the server comes back on the same address: the pending message is answered, then stored
+    llama_server.start(tmp_path, port=llama_server.port)
+    conversation.respond()
+    assert len(Store(db).rows("messages", conversation.id, "idx")) == stored_before + 2

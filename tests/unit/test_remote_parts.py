@@ -1,0 +1,161 @@
+"""The remote engine's parts that need no server: URLs, request bodies, event parsing,
+slot choice, the empty pool; and a refused connection (a real one: nothing listens)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from clm_middleware.engine import Engine
+from clm_middleware.engine.penalties import CountPenalty, NoRepeatNgram, RepetitionPenalty
+from clm_middleware.engine.protocol import KVPool, ServingEngine, signals_source
+from clm_middleware.errors import ConfigError
+from clm_middleware.remote import ClientConfig, RemoteEngine, RemoteEngineError, parse_engine_url
+from clm_middleware.remote.completion import completion_body, parse_event, penalty_fields
+from clm_middleware.remote.null_pool import NullPool
+from clm_middleware.remote.slots import SlotTable
+
+
+def test_the_local_engine_satisfies_the_protocol(engine: Engine):
+    assert isinstance(engine, ServingEngine)
+    assert isinstance(engine.pool, KVPool)
+    assert signals_source(engine) == "local"
+
+
+@pytest.mark.parametrize(
+    ("spec", "url"),
+    [
+        ("openai:http://127.0.0.1:8080", "http://127.0.0.1:8080"),
+        ("openai:http://gpu-1:8000/v1/", "http://gpu-1:8000"),
+        ("https://fleet.example/v1", "https://fleet.example"),
+    ],
+)
+def test_engine_urls_name_the_server_root(spec, url):
+    assert parse_engine_url(spec) == url
+
+
+def test_an_engine_url_without_a_scheme_is_a_config_error():
+    with pytest.raises(ConfigError, match="engine"):
+        parse_engine_url("openai:localhost:8080")
+
+
+def _body(dialect: str, **overrides):
+    settings = dict(
+        model="m",
+        dialect=dialect,
+        prompt=[1, 2, 3],
+        max_tokens=8,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=None,
+        min_p=None,
+        seed=None,
+        stop=(),
+        cache_prompt=True,
+        slot=1,
+        prompt_logprobs=True,
+        extra={},
+    )
+    settings.update(overrides)
+    return completion_body(**settings)
+
+
+def test_a_llama_cpp_body_keeps_its_slot_and_cache_and_asks_for_token_ids():
+    body = _body("llamacpp")
+    assert body["prompt"] == [1, 2, 3]
+    assert body["cache_prompt"] is True and body["id_slot"] == 1 and body["n_probs"] == 1
+    assert body["stream"] is True and body["stream_options"]["include_usage"] is True
+    assert body["timings_per_token"] is True
+    assert "prompt_logprobs" not in body and "stop" not in body
+
+
+def test_a_vllm_body_asks_for_token_ids_and_prompt_logprobs_and_names_no_slot():
+    body = _body("vllm", stop=("\n\n",), seed=3)
+    assert body["return_token_ids"] is True and body["prompt_logprobs"] == 0
+    assert "id_slot" not in body and "cache_prompt" not in body
+    assert body["stop"] == ["\n\n"] and body["seed"] == 3
+
+
+def test_llama_cpp_events_give_token_ids_logprobs_and_the_cache_count():
+    partial = {
+        "choices": [{"text": "Hi", "finish_reason": None, "logprobs": {"content": [{"id": 42, "logprob": -0.5}]}}]
+    }
+    final = {
+        "choices": [{"text": "", "finish_reason": "stop", "logprobs": None}],
+        "usage": {"prompt_tokens": 30, "prompt_tokens_details": {"cached_tokens": 28}},
+        "timings": {"cache_n": 28, "prompt_n": 2},
+    }
+    first, last = parse_event(partial), parse_event(final)
+    assert (first.token_ids, first.token_logprobs, first.text) == ([42], [-0.5], "Hi")
+    assert (last.finish_reason, last.prompt_tokens, last.cached_tokens) == ("stop", 30, 28)
+    assert parse_event({"timings": {"cache_n": 7}}).cached_tokens == 7
+    assert parse_event({"tokens_cached": 5}).cached_tokens == 5
+
+
+def test_vllm_events_give_token_ids_and_the_prompts_own_logprobs():
+    event = parse_event(
+        {
+            "choices": [
+                {
+                    "text": "a",
+                    "token_ids": [9, 10],
+                    "prompt_logprobs": [None, {"5": {"logprob": -1.5, "rank": 3}}],
+                    "finish_reason": None,
+                }
+            ]
+        }
+    )
+    assert event.token_ids == [9, 10] and event.prompt_logprobs == [None, -1.5]
+
+
+def test_penalties_become_the_servers_own_fields_and_other_processors_are_refused():
+    assert penalty_fields([RepetitionPenalty(1.3), CountPenalty(0.2, 0.1)], "llamacpp") == {
+        "repeat_penalty": 1.3,
+        "frequency_penalty": 0.2,
+        "presence_penalty": 0.1,
+    }
+    assert penalty_fields([RepetitionPenalty(1.3)], "vllm") == {"repetition_penalty": 1.3}
+    with pytest.raises(ConfigError, match="no_repeat_ngram_size"):
+        penalty_fields([NoRepeatNgram(3)], "llamacpp")
+    with pytest.raises(ConfigError, match="logits"):
+        penalty_fields([lambda ids, logits: logits], "vllm")
+
+
+def test_a_conversation_keeps_its_slot_turn_after_turn():
+    slots = SlotTable(2)
+    a1, b1 = [1, 2, 3, 5, 6], [1, 2, 9]  # same system prompt, different conversations
+    assert slots.pick(a1) == 0
+    slots.record(0, [*a1, 4])
+    assert slots.pick(b1) == 1  # an empty slot, not a's (which b would only partly reuse)
+    slots.record(1, [*b1, 8])
+    assert slots.pick([*a1, 4, 5, 6]) == 0
+    assert slots.pick([*b1, 8, 7]) == 1
+
+
+def test_after_a_lifecycle_change_the_slot_reused_the_most_wins_and_no_slots_means_none():
+    slots = SlotTable(2)
+    slots.record(slots.pick([1, 2, 3, 4, 5, 6, 7, 8]), [1, 2, 3, 4, 5, 6, 7, 8])  # a long history in 0
+    slots.record(slots.pick([1, 2, 9, 9]), [1, 2, 9, 9])  # a short managed context in 1
+    assert slots.pick([1, 2, 9, 5]) == 1  # shares 3 of 4 there, 2 of 8 in slot 0
+    assert slots.pick([1, 2, 3, 4, 5, 6, 0]) == 0  # its own slot after a change at the end
+    assert SlotTable(0).pick([1]) is None
+
+
+def test_the_null_pool_holds_nothing_and_reports_zeros():
+    pool = NullPool()
+    pool.release([])
+    pool.acquire([])
+    assert pool.stats().blocks_in_use == 0 and pool.stats().kv_bytes == 0
+    with pytest.raises(RuntimeError):
+        pool.release([3])
+
+
+def test_a_server_that_does_not_listen_is_a_clear_error_after_the_retries(tiny_tok):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again below: nothing listens there
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(RemoteEngineError, match="cannot reach") as raised:
+        RemoteEngine(url, tiny_tok, client_config=ClientConfig(url, retry_attempts=2, connect_timeout_s=1.0))
+    assert "2 tries" in str(raised.value) and "--engine" in str(raised.value)
