@@ -92,16 +92,13 @@ class Tagger:
 
     # ------------------------------------------------------------ per turn
 
-    def observe(self, positions: frozenset[int], newest: int | None = None) -> Observe:
+    def observe(self, positions: frozenset[int]) -> Observe:
         """What the turn's generation should record: self-information at ``positions``
         (the tokens of what the model was told, not yet scored; its own replies get
         theirs from decoding), and, for signals, the newest turn's attention: the queries
-        of the last ``attention_window`` prompt tokens, at most the ``newest`` ones (those
-        this turn added), so the window depends on the conversation alone, never on what
-        the pool holds."""
+        of the last ``attention_window`` prompt tokens, which the engine computes even
+        where the pool holds them, so the window never depends on what is cached."""
         window = self.config.attention_window if self.config.mode in ("signals", "auto") else 0
-        if window and newest is not None:
-            window = max(1, min(window, newest))
         return Observe(logprobs=True, logprob_positions=positions, attention_window=window)
 
     def asks_for_block(self, turn: int) -> bool:

@@ -206,7 +206,7 @@ class TurnRunner:
             stop=stops or None,
             hold_blocks=True,
             use_pool=c.use_pool,
-            observe=c.tagger.observe(self._unscored_positions(rendered), newest=self._newest_tokens(rendered, prompt)),
+            observe=c.tagger.observe(self._unscored_positions(rendered)),
             cache_salt=c.cache_salt,
             logits_processors=processors,
             forced_token_ids=forced_ids,
@@ -242,15 +242,6 @@ class TurnRunner:
                 flags = c.chat_format.word_initial(segment.token_ids)
                 positions.update(start + i for i, initial in enumerate(flags) if initial)
         return frozenset(positions)
-
-    def _newest_tokens(self, rendered: RenderedContext, prompt: list[int]) -> int:
-        """How many of the prompt's last tokens this turn added: after the last segment
-        of an earlier turn (the new messages, their glue, the reply's header). The
-        attention window is taken from them, so it depends on the conversation alone,
-        never on what this or another conversation left in the pool."""
-        c = self.conversation
-        earlier = (end for identifier, (_, end) in rendered.spans.items() if c._segments[identifier].turn < c.turn)
-        return len(prompt) - max(earlier, default=0)
 
     def _answer(
         self,

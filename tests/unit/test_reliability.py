@@ -152,8 +152,8 @@ def _labelled_run(engine) -> tuple[list[list[int]], list[list[tuple[str, str, st
 
 
 def test_a_conversation_labels_the_same_whatever_its_neighbours_cached(make_engine):
-    # the attention window is the conversation's own newest tokens, computed by its own
-    # call: before, a neighbour's blocks shortened it (attention 1.04 → 0.97 at turn 88)
+    # the attention window, the prompt's last 32 positions, is computed by the call
+    # itself: before, a neighbour's blocks shortened it (attention 1.04 → 0.97 at turn 88)
     alone = _labelled_run(make_engine())
     shared = make_engine()
     _labelled_run(shared)  # a neighbour caches every block this conversation will hit

@@ -41,7 +41,7 @@ def test_retrying_the_last_answer_branches_and_keeps_the_first_answer(scripted_l
     a2 = llm.invoke([h1, a1, h2])
     retry = llm.invoke([h1, a1, h2])
     assert retry.content == "A2 again." and conversation_of(retry) != conversation_of(a2)
-    # all cached but the attention window, the newest ≤ 32 tokens, whose queries are observed again
+    # all cached but the attention window, the prompt's last 32 tokens, whose queries are observed again
     window = TaggingConfig().attention_window
     assert retry.usage_metadata["input_token_details"]["cache_read"] >= a2.usage_metadata["input_tokens"] - window
     follow_up = llm.invoke([h1, a1, h2, a2, HumanMessage("Back on the first branch.")])
