@@ -42,7 +42,7 @@ from clm_middleware.cache.hashing import extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
 from clm_middleware.engine import scoring
 from clm_middleware.engine.attention import use_gqa_attention
-from clm_middleware.engine.generation import Generation, LogitsProcessor, Request
+from clm_middleware.engine.generation import Generation, LogitsProcessor, Request, request_ids
 from clm_middleware.engine.observe import AttentionProbe, Observe, default_probe_layers
 from clm_middleware.engine.penalties import GenerationDefaults
 from clm_middleware.engine.reuse import PrefixHit, match_prefix, store_computed
@@ -206,11 +206,8 @@ class Engine:
         ``top_k`` / ``min_p`` filter sampled tokens (``engine/sampling.py``; 0 is off);
         ``None`` takes the model's generation config. Greedy decoding ignores them.
         """
-        prompt = [int(token) for token in prompt_token_ids]
-        forced = None if forced_token_ids is None else tuple(int(t) for t in forced_token_ids)
+        prompt, forced = request_ids(prompt_token_ids, forced_token_ids)
         if forced is not None:
-            if not forced:
-                raise ConfigError("forced_token_ids", "must hold at least one token")
             self._check_vocabulary(list(forced), "forced_token_ids")
             max_new_tokens = len(forced)
         check_sampling_filters(top_k, min_p)

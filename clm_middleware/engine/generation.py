@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +12,22 @@ from clm_middleware.cache.hashing import BlockKey
 from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.sampling import SamplingParams
 from clm_middleware.engine.stats import CallStats
+from clm_middleware.errors import ConfigError
 
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 """``f(generated token ids so far, next-token logits [vocab]) -> logits``."""
+
+
+def request_ids(
+    prompt_token_ids: Sequence[int], forced_token_ids: Sequence[int] | None
+) -> tuple[list[int], tuple[int, ...] | None]:
+    """A generate call's prompt and forced continuation as plain ints (``None``: decode);
+    a forced continuation must hold at least one token (every engine's contract)."""
+    prompt = [int(token) for token in prompt_token_ids]
+    forced = None if forced_token_ids is None else tuple(int(token) for token in forced_token_ids)
+    if forced is not None and not forced:
+        raise ConfigError("forced_token_ids", "must hold at least one token")
+    return prompt, forced
 
 
 @dataclass(frozen=True, slots=True)

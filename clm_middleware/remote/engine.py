@@ -32,7 +32,7 @@ from typing import Any
 
 import xxhash
 
-from clm_middleware.engine.generation import Generation, LogitsProcessor, Request
+from clm_middleware.engine.generation import Generation, LogitsProcessor, Request, request_ids
 from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.penalties import GenerationDefaults
 from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters
@@ -194,10 +194,7 @@ class RemoteEngine:
         ``cache_salt`` goes to vLLM as its ``cache_salt`` (tenants share no cached prefix)."""
         if return_logits:
             raise ConfigError("return_logits", "a remote engine does not return logits")
-        prompt = [int(t) for t in prompt_token_ids]
-        forced = None if forced_token_ids is None else tuple(int(t) for t in forced_token_ids)
-        if forced is not None and not forced:
-            raise ConfigError("forced_token_ids", "must hold at least one token")
+        prompt, forced = request_ids(prompt_token_ids, forced_token_ids)
         check_sampling_filters(top_k, min_p)
         extra = penalty_fields(logits_processors, self.info.dialect)
         if stop_token_ids is not None:
