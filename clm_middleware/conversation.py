@@ -29,6 +29,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from clm_middleware.engine import Engine
@@ -38,6 +39,7 @@ from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdi
 from clm_middleware.lifecycle.compaction import Compactor
 from clm_middleware.lifecycle.compressor import Compressor
 from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
+from clm_middleware.lifecycle.journal import ChangeJournal
 from clm_middleware.lifecycle.live import LiveIndex, recently_removed
 from clm_middleware.lifecycle.prompts import PROTOCOL_PROMPT, resolve_prompt, summarizer_prompt
 from clm_middleware.lifecycle.protocol import neutralise
@@ -61,6 +63,7 @@ from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts
 from clm_middleware.lifecycle.turn_runner import TurnRunner
 from clm_middleware.render import ChatFormat
 from clm_middleware.render.chat_format import lone_surrogate
+from clm_middleware.store import ConversationRecord, Store
 from clm_middleware.structured import ResponseFormat
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
@@ -166,14 +169,12 @@ class Conversation:
         self._chain: list[int] = []  # pool blocks of the previous prompt + reply, held
         self._last_render: RenderedContext | None = None
         self._turn_log: list[TurnStats] = []
-        self._unsaved_messages: list[MessageRecord] = []
-        self._unsaved_decisions: list[Decision] = []
-        self._dirty: set[SegmentId] = set()
+        self.journal = ChangeJournal()  # what the next save writes
         self.last_reply: Reply | None = None
         self._runner = TurnRunner(self)
         self.store = _open_store(store)
         if self.store is not None:
-            self.store.register(self)
+            self.store.register(self.record())
         if system_prompt:
             self.add("system", system_prompt)
 
@@ -203,7 +204,7 @@ class Conversation:
         turn = self.turn if role == "system" and not self.messages else self.turn + 1
         message = MessageRecord(index=len(self.messages), role=role, content=content, turn=turn)
         self.messages.append(message)
-        self._unsaved_messages.append(message)
+        self.journal.message(message)
         created = []
         for piece in self.segmenter.split(text, role):
             created.append(
@@ -270,9 +271,7 @@ class Conversation:
         for message in removed:
             for segment in message.segment_ids:
                 self._segments.pop(segment, None)
-                self._dirty.discard(segment)
-        gone = {id(m) for m in removed}
-        self._unsaved_messages = [m for m in self._unsaved_messages if id(m) not in gone]
+        self.journal.forget(removed)
         del self.messages[messages:]
         self._live.truncate(messages)
         self.fold = min(self.fold, messages)
@@ -325,8 +324,7 @@ class Conversation:
         twin.tools_prompt = self.tools_prompt
         twin.renderer = twin._make_renderer()
         twin.tagger.parse_history.extend(self.tagger.parse_history)
-        twin._unsaved_messages = list(copied)
-        twin._dirty = set(twin._segments)
+        twin.journal.everything(copied)
         return twin
 
     @property
@@ -476,9 +474,49 @@ class Conversation:
         cls, store: Any, conversation_id: str, engine: ServingEngine | None = None, **settings: Any
     ) -> Conversation:
         """Rebuild a stored conversation: same messages, segments, labels, context."""
-        from clm_middleware.store import load_conversation
+        store = store if isinstance(store, Store) else Store(store)
+        stored = store.load(conversation_id)
+        conversation = cls(
+            engine, store=store, conversation_id=conversation_id, **{**stored.record.settings, **settings}
+        )
+        conversation.messages = stored.messages
+        conversation._segments = {s.id: s for s in stored.segments}
+        conversation.turn = stored.record.turn
+        conversation._next_index = stored.record.next_index
+        conversation.fold = stored.record.fold
+        conversation.protocol_context = stored.record.protocol_context
+        conversation.renderer = conversation._make_renderer()
+        conversation.tagger.parse_history.extend(stored.record.parse_history)
+        conversation.journal = ChangeJournal()  # all of it is stored already
+        return conversation
 
-        return load_conversation(cls, store, conversation_id, engine, **settings)
+    def record(self) -> ConversationRecord:
+        """This conversation's row in a store: its counters and settings."""
+        return ConversationRecord(
+            id=self.id,
+            model=self.engine.model_name,
+            settings=self.settings(),
+            turn=self.turn,
+            next_index=self._next_index,
+            fold=self.fold,
+            protocol_context=self.protocol_context,
+            parse_history=list(self.tagger.parse_history),
+        )
+
+    def attach_store(self, store: Store) -> None:
+        """Save to ``store`` from now on, everything so far included."""
+        self.store = store
+        store.register(self.record())
+        self.journal.everything(self.messages)
+        self._persist(None)
+
+    def segment_map(self) -> Mapping[SegmentId, Segment]:
+        """Every segment by id (read-only view; change segments through the conversation)."""
+        return MappingProxyType(self._segments)
+
+    def next_segment_id(self) -> SegmentId:
+        """The id the next new segment gets."""
+        return segment_id(self._next_index)
 
     # ------------------------------------------------------------- one turn
 
@@ -564,7 +602,7 @@ class Conversation:
         )
         self._segments[identifier] = segment
         message.segment_ids.append(identifier)
-        self._dirty.add(identifier)
+        self.journal.segment(identifier)
         return segment
 
     def _blocks_of(self, segment: SegmentId) -> list[int]:
@@ -580,24 +618,21 @@ class Conversation:
         self._live.restore(segment.message_index)  # a long-removed segment (pin) is live again
         segment.status = Status.ACTIVE
         segment.removed_round = None
-        self._dirty.add(segment.id)
+        self.journal.segment(segment.id)
 
     def _record_user_decision(self, segment: Segment, label: Label, reason: str) -> None:
-        self._dirty.add(segment.id)
-        self._unsaved_decisions.append(Decision(self.turn, segment.id, label, DecidedBy.RULES, reason))
-        if self.store is not None:
-            self.store.save(self, None)
+        self.journal.segment(segment.id)
+        self.journal.decisions([Decision(self.turn, segment.id, label, DecidedBy.RULES, reason)])
+        self._persist(None)
 
     def _persist(self, stats: TurnStats | None) -> None:
         if self.store is not None:
-            self.store.save(self, stats)
+            self.store.save(self.record(), self.journal.drain(self.messages, self._segments), stats)
 
 
-def _open_store(store: Any):
+def _open_store(store: Any) -> Store | None:
     if store is None:
         return None
-    from clm_middleware.store import Store
-
     if isinstance(store, Store):
         return store
     if isinstance(store, str | Path):

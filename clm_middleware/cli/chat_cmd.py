@@ -270,12 +270,7 @@ def _save(conversation: Any, argument: str, console: Console) -> None:
     from clm_middleware.store import Store
 
     if conversation.store is None:
-        path = Path(argument or "clm_chat.db")
-        conversation.store = Store(path)
-        conversation.store.register(conversation)
-        conversation._unsaved_messages = list(conversation.messages)
-        conversation._dirty = {s.id for s in conversation.segments}
-    conversation.store.save(conversation, None)
+        conversation.attach_store(Store(Path(argument or "clm_chat.db")))
     console.print(f"saved to {conversation.store.path} as {conversation.id}; later turns are saved as they happen")
 
 

@@ -34,7 +34,7 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from clm_middleware.errors import ClmError
@@ -92,7 +92,7 @@ class Compactor:
     def run(
         self,
         messages: Sequence[MessageRecord],
-        segments: dict[SegmentId, Segment],
+        segments: Mapping[SegmentId, Segment],
         turn: int,
         fold: int,
         history: Sequence[MessageRecord] | None = None,
@@ -158,7 +158,7 @@ class Compactor:
     def _fit_budget(
         self,
         messages: Sequence[MessageRecord],
-        segments: dict[SegmentId, Segment],
+        segments: Mapping[SegmentId, Segment],
         turn: int,
         budget: int,
         result: CompactionResult,
@@ -180,7 +180,9 @@ class Compactor:
                 return
 
     @staticmethod
-    def _older(body: Sequence[MessageRecord], segments: dict[SegmentId, Segment], protected_from: int) -> list[Segment]:
+    def _older(
+        body: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment], protected_from: int
+    ) -> list[Segment]:
         """Visible, unpinned segments of the turns before the protected ones, in order."""
         older = [segments[s] for m in body for s in m.segment_ids]
         return [s for s in older if s.visible and not s.pinned and s.turn < protected_from]
@@ -188,7 +190,7 @@ class Compactor:
     def _reduce(
         self,
         messages: Sequence[MessageRecord],
-        segments: dict[SegmentId, Segment],
+        segments: Mapping[SegmentId, Segment],
         candidates: list[Segment],
         protected_from: int,
         accepted: frozenset[int],
@@ -233,7 +235,7 @@ class Compactor:
     def _fold_oldest(
         self,
         body: Sequence[MessageRecord],
-        segments: dict[SegmentId, Segment],
+        segments: Mapping[SegmentId, Segment],
         accepted: frozenset[int],
         protected_from: int,
         target: int,

@@ -33,7 +33,6 @@ from clm_middleware.lifecycle.segments import (
     MessageRecord,
     Segment,
     Status,
-    segment_id,
 )
 from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
 from clm_middleware.structured.format import inside_string
@@ -75,14 +74,14 @@ class TurnRunner:
             decisions += self._restore_referenced(turn, stats)
             stats.phases["restore_s"] = time.perf_counter() - tick
             tick = time.perf_counter()
-            compaction = c.compactor.run(c.live_messages(), c._segments, turn, c.fold, history=c.messages)
+            compaction = c.compactor.run(c.live_messages(), c.segment_map(), turn, c.fold, history=c.messages)
             c.fold = compaction.fold
             self._after_compaction(compaction, turn, stats, decisions)
             if c._format_changed and not stats.compaction:
                 stats.compaction = "format"  # protocol left or tools changed: the prompt's start moved
             c._format_changed = False
             stats.phases["compaction_s"] = time.perf_counter() - tick - stats.phases["compression_s"]
-            reply_id = segment_id(c._next_index)
+            reply_id = c.next_segment_id()
             stats.protocol_context = c.protocol_context
             rendered = c._render(reply_id)
             prefix_ids = c.chat_format.encode(prefix) if forced is None else []
@@ -147,7 +146,7 @@ class TurnRunner:
             raw_output = answer_text + "\n" + model_written
         reply_message = MessageRecord(len(c.messages), "assistant", answer_text, turn, raw_output=raw_output)
         c.messages.append(reply_message)
-        c._unsaved_messages.append(reply_message)
+        c.journal.message(reply_message)
         kind = "ack" if is_ack(answer_text) else "reply"
         # a document that was asked for stays in the context, however repetitive its values
         if not structured and (
@@ -166,7 +165,7 @@ class TurnRunner:
         c.reclaimer.release_due(turn)
         self._finish_stats(stats, rendered, generation, decisions, started)
         c.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)
-        c._unsaved_decisions += decisions
+        c.journal.decisions(decisions)
         c._persist(stats)
 
     def _generate(
@@ -237,7 +236,7 @@ class TurnRunner:
         c = self.conversation
         positions: set[int] = set()
         for identifier, (start, _) in rendered.spans.items():
-            segment = c._segments[identifier]
+            segment = c.segment(identifier)
             if segment.surprisal is None and segment.status is Status.ACTIVE:
                 flags = c.chat_format.word_initial(segment.token_ids)
                 positions.update(start + i for i, initial in enumerate(flags) if initial)
@@ -316,7 +315,7 @@ class TurnRunner:
         stats.tagging_mode, stats.parse_ok = outcome.mode, outcome.parse_ok
         applied = []
         for decision in outcome.decisions:
-            segment = c._segments[decision.segment_id]
+            segment = c.segment(decision.segment_id)
             if segment.pinned:
                 continue
             if not segment.visible:
@@ -325,7 +324,7 @@ class TurnRunner:
                 else:
                     continue
             segment.label, segment.decided_by = decision.label, decision.decided_by
-            c._dirty.add(segment.id)
+            c.journal.segment(segment.id)
             applied.append(decision)
         self._maybe_leave_protocol(stats)
         elapsed = time.perf_counter() - tick
@@ -352,7 +351,7 @@ class TurnRunner:
         stay in the conversation's chain until the next turn hands the chain over."""
         segment.label, segment.decided_by = Label.DROP, DecidedBy.RULES
         segment.status, segment.removed_round = Status.DROPPED, turn
-        self.conversation._dirty.add(segment.id)
+        self.conversation.journal.segment(segment.id)
         return Decision(turn, segment.id, Label.DROP, DecidedBy.RULES, "repetition loop")
 
     def _maybe_leave_protocol(self, stats: TurnStats) -> None:
@@ -380,7 +379,7 @@ class TurnRunner:
         for segment in compaction.removed:
             c.reclaimer.hold(segment.id, c._blocks_of(segment.id), turn)
             segment.removed_round = turn
-            c._dirty.add(segment.id)
+            c.journal.segment(segment.id)
         for segment, outcome in compaction.compressions:
             stats.summaries.append(
                 {
@@ -394,7 +393,7 @@ class TurnRunner:
                     "summary": outcome.text,
                 }
             )
-            c._dirty.add(segment.id)
+            c.journal.segment(segment.id)
         decisions += compaction.decisions
 
     def _restore_referenced(self, turn: int, stats: TurnStats) -> list[Decision]:
@@ -420,7 +419,7 @@ class TurnRunner:
                 c._restore(segment)
                 stats.restored.append(segment.id)
             segment.label, segment.decided_by = Label.KEEP, DecidedBy.RULES
-            c._dirty.add(segment.id)
+            c.journal.segment(segment.id)
             decisions.append(
                 Decision(
                     turn,

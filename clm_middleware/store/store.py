@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 from sqlite_utils import Database
 
 from clm_middleware.errors import ClmError
+from clm_middleware.lifecycle.segments import DecidedBy, Label, MessageRecord, Segment, SegmentId, Status
 from clm_middleware.store.migrations import MIGRATIONS_TABLE, migrate
+from clm_middleware.store.records import ConversationChanges, ConversationRecord, StoredConversation
 
 if TYPE_CHECKING:
-    from clm_middleware.conversation import Conversation
     from clm_middleware.lifecycle.turn import TurnStats
 
 
@@ -93,53 +94,54 @@ class Store:
                 raise
             self.db.conn.commit()
 
-    def register(self, conversation: Conversation) -> None:
+    def register(self, record: ConversationRecord) -> None:
+        """Create the conversation's row unless it exists (a loaded conversation's does)."""
         with self._writing():
-            if not self.db["conversations"].count_where("id = ?", [conversation.id]):
-                self.db["conversations"].insert(_conversation_row(conversation, created=True))
+            if not self.db["conversations"].count_where("id = ?", [record.id]):
+                self.db["conversations"].insert(_conversation_row(record, created=True))
 
-    def save(self, conversation: Conversation, stats: TurnStats | None) -> None:
-        """Everything the conversation changed since the last save, in one transaction."""
-        messages = list(conversation._unsaved_messages)
-        decisions = list(conversation._unsaved_decisions)
-        dirty = [conversation._segments[s] for s in sorted(conversation._dirty, key=lambda s: int(s.split("_")[1]))]
+    def save(self, record: ConversationRecord, changes: ConversationChanges, stats: TurnStats | None) -> None:
+        """The conversation's row, what changed since the last save and the turn's stats, in
+        one transaction."""
         with self._writing():
-            self.db["conversations"].upsert(_conversation_row(conversation, created=False), pk="id")
-            if messages:
+            self.db["conversations"].upsert(_conversation_row(record, created=False), pk="id")
+            if changes.messages:
                 self.db["messages"].upsert_all(
-                    [_message_row(conversation.id, m) for m in conversation.messages if m.index >= messages[0].index],
-                    pk=("conversation_id", "idx"),
+                    [_message_row(record.id, m) for m in changes.messages], pk=("conversation_id", "idx")
                 )
-            if dirty:
+            if changes.segments:
                 self.db["segments"].upsert_all(
-                    [_segment_row(conversation.id, s) for s in dirty], pk=("conversation_id", "id")
+                    [_segment_row(record.id, s) for s in changes.segments], pk=("conversation_id", "id")
                 )
-            if decisions:
+            if changes.decisions:
                 self.db["decisions"].insert_all(
-                    [{"conversation_id": conversation.id, **d.as_dict()} for d in decisions]
+                    [{"conversation_id": record.id, **d.as_dict()} for d in changes.decisions]
                 )
             if stats is not None:
                 self.db["summaries"].insert_all(
-                    [
-                        {
-                            "conversation_id": conversation.id,
-                            "turn": stats.turn,
-                            **{k: v for k, v in s.items()},
-                        }
-                        for s in stats.summaries
-                    ]
+                    [{"conversation_id": record.id, "turn": stats.turn, **s} for s in stats.summaries]
                 )
                 self.db["turns"].upsert(
-                    {
-                        "conversation_id": conversation.id,
-                        "turn": stats.turn,
-                        "stats": json.dumps(stats.as_dict()),
-                    },
+                    {"conversation_id": record.id, "turn": stats.turn, "stats": json.dumps(stats.as_dict())},
                     pk=("conversation_id", "turn"),
                 )
-        conversation._unsaved_messages.clear()
-        conversation._unsaved_decisions.clear()
-        conversation._dirty.clear()
+
+    def load(self, conversation_id: str) -> StoredConversation:
+        """Every message and segment of one conversation; a ``StoreError`` if it is not there."""
+        row = self.conversation_row(conversation_id)
+        record = ConversationRecord(
+            id=row["id"],
+            model=row["model"],
+            settings=json.loads(row["settings"] or "{}"),
+            turn=row["turn"],
+            next_index=row["next_index"],
+            fold=row.get("fold") or 0,
+            protocol_context=bool(row["protocol_context"]),
+            parse_history=json.loads(row["parse_history"] or "[]"),
+        )
+        messages = [_message(m) for m in self.rows("messages", conversation_id, "idx")]
+        segments = [_segment(s) for s in self.rows("segments", conversation_id, "idx")]
+        return StoredConversation(record, messages, segments)
 
     # ---------------------------------------------------------------- reads
 
@@ -166,24 +168,24 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
-def _conversation_row(conversation: Conversation, *, created: bool) -> dict[str, Any]:
+def _conversation_row(record: ConversationRecord, *, created: bool) -> dict[str, Any]:
     row = {
-        "id": conversation.id,
+        "id": record.id,
         "updated_at": _now(),
-        "model": conversation.engine.model_name,
-        "settings": json.dumps(conversation.settings()),
-        "turn": conversation.turn,
-        "next_index": conversation._next_index,
-        "fold": conversation.fold,
-        "protocol_context": int(conversation.protocol_context),
-        "parse_history": json.dumps(list(conversation.tagger.parse_history)),
+        "model": record.model,
+        "settings": json.dumps(record.settings),
+        "turn": record.turn,
+        "next_index": record.next_index,
+        "fold": record.fold,
+        "protocol_context": int(record.protocol_context),
+        "parse_history": json.dumps(record.parse_history),
     }
     if created:
         row["created_at"] = row["updated_at"]
     return row
 
 
-def _message_row(conversation_id: str, message: Any) -> dict[str, Any]:
+def _message_row(conversation_id: str, message: MessageRecord) -> dict[str, Any]:
     return {
         "conversation_id": conversation_id,
         "idx": message.index,
@@ -195,7 +197,7 @@ def _message_row(conversation_id: str, message: Any) -> dict[str, Any]:
     }
 
 
-def _segment_row(conversation_id: str, segment: Any) -> dict[str, Any]:
+def _segment_row(conversation_id: str, segment: Segment) -> dict[str, Any]:
     return {
         "conversation_id": conversation_id,
         "id": segment.id,
@@ -218,6 +220,41 @@ def _segment_row(conversation_id: str, segment: Any) -> dict[str, Any]:
         "attention": segment.attention,
         "removed_round": segment.removed_round,
     }
+
+
+def _message(row: dict[str, Any]) -> MessageRecord:
+    return MessageRecord(
+        index=row["idx"],
+        role=row["role"],
+        content=row["content"],
+        turn=row["turn"],
+        segment_ids=[SegmentId(s) for s in json.loads(row["segment_ids"] or "[]")],
+        raw_output=row["raw_output"],
+    )
+
+
+def _segment(row: dict[str, Any]) -> Segment:
+    return Segment(
+        id=SegmentId(row["id"]),
+        index=row["idx"],
+        message_index=row["message_idx"],
+        role=row["role"],
+        kind=row["kind"],
+        text=row["text"],
+        token_ids=json.loads(row["token_ids"]),
+        separator=row["separator"] or "",
+        turn=row["turn"],
+        pinned=bool(row["pinned"]),
+        status=Status(row["status"]),
+        label=Label(row["label"]),
+        decided_by=DecidedBy(row["decided_by"]) if row["decided_by"] else None,
+        summary=row["summary"],
+        summary_ids=json.loads(row["summary_ids"]) if row["summary_ids"] else None,
+        summary_method=row["summary_method"],
+        surprisal=json.loads(row["surprisal"]) if row["surprisal"] else None,
+        attention=row["attention"] or 0.0,
+        removed_round=row["removed_round"],
+    )
 
 
 def _create_private(path: Path) -> None:

@@ -1,0 +1,66 @@
+"""What a conversation changed since its last save.
+
+Invariants:
+- Every message and segment id it holds belongs to the conversation that owns it; a
+  discarded message leaves it with its segments (``forget``).
+- ``drain`` is the only way it empties otherwise, and it hands over the messages from the
+  first unsaved one to the last (an unsaved message may precede saved ones after a fork).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from clm_middleware.lifecycle.segments import Decision, MessageRecord, Segment, SegmentId
+from clm_middleware.store.records import ConversationChanges
+
+
+class ChangeJournal:
+    def __init__(self) -> None:
+        self._first_message: int | None = None
+        self._decisions: list[Decision] = []
+        self._segments: set[SegmentId] = set()
+
+    def message(self, message: MessageRecord) -> None:
+        """A message was added or changed."""
+        if self._first_message is None or message.index < self._first_message:
+            self._first_message = message.index
+
+    def segment(self, segment: SegmentId) -> None:
+        """A segment was added or changed (status, label, summary, pin)."""
+        self._segments.add(segment)
+
+    def decisions(self, decisions: Iterable[Decision]) -> None:
+        self._decisions.extend(decisions)
+
+    def everything(self, messages: Sequence[MessageRecord]) -> None:
+        """Every message and segment is unsaved: a conversation new to its store."""
+        for message in messages:
+            self.message(message)
+            self._segments.update(message.segment_ids)
+
+    def forget(self, messages: Sequence[MessageRecord]) -> None:
+        """The messages from ``messages[0]`` on are gone, unsaved (``Conversation.discard``)."""
+        if not messages:
+            return
+        for message in messages:
+            self._segments.difference_update(message.segment_ids)
+        if self._first_message is not None and self._first_message >= messages[0].index:
+            self._first_message = None
+
+    def drain(self, messages: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment]) -> ConversationChanges:
+        """What changed, read from the conversation's ``messages`` and ``segments``; then empty."""
+        first = self._first_message
+        changes = ConversationChanges(
+            messages=[] if first is None else [m for m in messages if m.index >= first],
+            segments=[segments[s] for s in sorted(self._segments, key=_index)],
+            decisions=list(self._decisions),
+        )
+        self._first_message = None
+        self._decisions.clear()
+        self._segments.clear()
+        return changes
+
+
+def _index(segment: SegmentId) -> int:
+    return int(segment.split("_")[1])
