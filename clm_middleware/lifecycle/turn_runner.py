@@ -398,14 +398,16 @@ class TurnRunner:
 
     def _restore_referenced(self, turn: int, stats: TurnStats) -> list[Decision]:
         """Segments the new messages clearly refer to come back (the reference test:
-        they share a distinctive token) if removed within the last K rounds, and a
-        pending drop or compression of them is cancelled."""
+        they share a distinctive token) if removed within the last K rounds and, under a
+        budget, if the prompt still fits with them; a pending drop or compression of them
+        is cancelled."""
         c = self.conversation
         new_text = " ".join(m.content for m in c.live_messages() if m.turn == turn and m.role in ("user", "tool"))
         wanted = distinctive_tokens(new_text)
         if not wanted:
             return []
         decisions = []
+        budget = c.config.budget
         for segment in c.live_segments():
             if segment.pinned or segment.role == "system" or segment.kind == LOOP_KIND:
                 continue
@@ -416,7 +418,14 @@ class TurnRunner:
             if not shared:
                 continue
             if removed:
+                removed_round = segment.removed_round
                 c._restore(segment)
+                if budget is not None and c._next_prompt_length(c.fold) > budget:
+                    # a restore that does not fit would only make the compaction that
+                    # follows drop something else (or it again): a second compaction
+                    # in a row for pressure of our own making
+                    segment.status, segment.removed_round = Status.DROPPED, removed_round
+                    continue
                 stats.restored.append(segment.id)
             segment.label, segment.decided_by = Label.KEEP, DecidedBy.RULES
             c.journal.segment(segment.id)
