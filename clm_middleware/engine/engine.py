@@ -26,7 +26,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -43,15 +42,15 @@ from clm_middleware.cache.layout import KVLayout, PoolConfig
 from clm_middleware.engine import scoring
 from clm_middleware.engine.attention import use_gqa_attention
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request, request_ids
-from clm_middleware.engine.observe import AttentionProbe, Observe, default_probe_layers
+from clm_middleware.engine.observe import Observe, default_probe_layers
 from clm_middleware.engine.penalties import GenerationDefaults
+from clm_middleware.engine.prefill import force, prefill
 from clm_middleware.engine.reuse import PrefixHit, match_prefix, store_computed
 from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters, choose_token
 from clm_middleware.engine.stats import EngineStats
 from clm_middleware.errors import ConfigError, ContextWindowError, PoolExhaustedError
 from clm_middleware.models.fingerprint import model_fingerprint
 
-PREFILL_CHUNK_TOKENS = 256  # bounds activation memory (logits alone: 256 × vocab floats)
 _NO_OBSERVATION = Observe()
 
 
@@ -317,76 +316,27 @@ class Engine:
         if bad is not None:
             raise ConfigError(field, f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
 
-    def _force(self, forced: tuple[int, ...], last_logits: torch.Tensor, arena: ArenaCache) -> list[float]:
-        """Feed all but the last forced token (the cache then holds prompt + forced − 1,
-        as after decoding); log p of every forced token, the first from ``last_logits``."""
-        rows = [last_logits[None].float()]
-        body = list(forced[:-1])
-        for offset in range(0, len(body), PREFILL_CHUNK_TOKENS):
-            rows.append(self.forward(body[offset : offset + PREFILL_CHUNK_TOKENS], arena, all_logits=True).float())
-        logits = torch.cat(rows)
-        target = torch.tensor(forced, device=logits.device)[:, None]
-        return (logits.gather(1, target)[:, 0] - torch.logsumexp(logits, dim=-1)).tolist()
-
-    def _forward_chunks(self, token_ids: list[int], arena: ArenaCache) -> torch.Tensor:
-        """Feed ``token_ids`` in chunks; logits of the last position."""
-        logits = None
-        for start in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
-            logits = self.forward(token_ids[start : start + PREFILL_CHUNK_TOKENS], arena)[-1]
-        assert logits is not None
-        return logits
-
     def _prefill(
         self, request: Request, result: Generation, arena: ArenaCache, start: int, hit: PrefixHit
     ) -> torch.Tensor:
-        """Compute the prompt from position ``start`` on; returns the last position's logits.
-        Log-probs at the positions ``hit`` serves are the ones its blocks measured."""
-        prompt, observe = request.prompt, request.observe
-        if not observe.logprobs and not observe.attention_window:
-            return self._forward_chunks(prompt[start:], arena)
-        logprobs: list[float | None] = [None] * len(prompt)
-        if observe.logprobs:
-            logprobs = hit.cached_logprobs(self.pool, len(prompt))
-            if start == hit.start and start > 0:
-                logprobs[start] = hit.known_logprob(self.pool, prompt)
-        wanted = observe.logprob_positions
-        probe = AttentionProbe(self.model, observe.attention_layers or self.probe_layers)
-        last = None
-        extra = 0.0  # the observation's own cost: extra LM-head rows, log-softmax, probe
-        with probe if observe.attention_window else contextlib.nullcontext():
-            for offset in range(start, len(prompt), PREFILL_CHUNK_TOKENS):
-                chunk = prompt[offset : offset + PREFILL_CHUNK_TOKENS]
-                if not observe.logprobs:
-                    last = self.forward(chunk, arena)[-1]
-                    continue
-                # logits at position q predict token q + 1; the last row also feeds sampling
-                scored = [q for q in range(offset, offset + len(chunk) - 1) if wanted is None or q + 1 in wanted]
-                tick = time.perf_counter()
-                logits = self.forward(chunk, arena, keep=[q - offset for q in scored] + [len(chunk) - 1])
-                spent = time.perf_counter() - tick
-                last = logits[-1]
-                tick = time.perf_counter()
-                targets = [prompt[q + 1] for q in scored]
-                if offset + len(chunk) < len(prompt) and (wanted is None or offset + len(chunk) in wanted):
-                    scored.append(offset + len(chunk) - 1)  # the chunk's last row predicts the next chunk's first token
-                    targets.append(prompt[offset + len(chunk)])
-                if scored:
-                    rows = logits[: len(targets)].float()
-                    target = torch.tensor(targets, device=rows.device)[:, None]
-                    picked = rows.gather(1, target)[:, 0] - torch.logsumexp(rows, dim=-1)
-                    for q, value in zip(scored, picked.tolist(), strict=True):
-                        logprobs[q + 1] = value
-                # the LM head on the scored rows instead of one: its share of the forward
-                extra += time.perf_counter() - tick + spent * self._lm_head_share * len(scored) / max(1, len(chunk))
-        if observe.logprobs:
-            result.prompt_logprobs = logprobs
-        if observe.attention_window:
-            tick = time.perf_counter()
-            result.attention = probe.attention_mass(arena.flat_keys, len(prompt), observe.attention_window)
-            extra += time.perf_counter() - tick
-        result.stats.observe_s += extra
-        assert last is not None
-        return last
+        """Compute the prompt from ``start`` on (engine/prefill.py); the last position's logits."""
+        done = prefill(
+            self.forward,
+            self.model,
+            request,
+            arena,
+            start,
+            hit,
+            self.pool,
+            probe_layers=self.probe_layers,
+            lm_head_share=self._lm_head_share,
+        )
+        if request.observe.logprobs:
+            result.prompt_logprobs = done.prompt_logprobs
+        if request.observe.attention_window:
+            result.attention = done.attention
+        result.stats.observe_s += done.observe_s
+        return done.last_logits
 
     def _run(self, request: Request, result: Generation) -> Iterator[int]:
         started = time.perf_counter()
@@ -435,7 +385,7 @@ class Engine:
             if request.forced is not None:
                 first_token_at = time.perf_counter()
                 stats.ttft_s = first_token_at - started
-                result.token_logprobs = self._force(request.forced, logits, arena)
+                result.token_logprobs = force(self.forward, request.forced, logits, arena)
                 result.token_ids.extend(request.forced)
                 stats.forced_tokens = len(request.forced)
                 yield from request.forced

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from clm_middleware.cache.arena import ArenaCache
+from clm_middleware.engine.prefill import forward_chunks, rows_at
 from clm_middleware.engine.reuse import PrefixHit, match_prefix
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def choose(
         if sequential:
             rows = []
             for piece in pieces:
-                logits = engine._forward_chunks(pending + list(piece), arena)
+                logits = forward_chunks(engine.forward, pending + list(piece), arena)
                 rows.append(logits)
                 index = int(torch.argmax(logits[choice_index]))
                 pending = [int(choices[index]), *tails[index]]
@@ -67,7 +68,7 @@ def choose(
                 supplied += list(piece)
                 positions.append(len(supplied) - 1)
                 supplied += [int(choices[0]), *tails[0]]
-            rows = rows_at(engine, supplied, positions, arena)
+            rows = rows_at(engine.forward, supplied, positions, arena)
     picked = []
     for logits in rows:
         probs = torch.softmax(logits[choice_index].float(), dim=-1)
@@ -83,7 +84,7 @@ def score(
     engine._validate(prefix, longest)
     scores: list[float] = []
     with transient_prefix(engine, prefix, len(prefix) + longest, engine.extra_key(cache_salt)) as (arena, hit):
-        last = torch.log_softmax(engine._forward_chunks(prefix[hit.start :], arena).float(), dim=-1)
+        last = torch.log_softmax(forward_chunks(engine.forward, prefix[hit.start :], arena).float(), dim=-1)
         base = arena.num_tokens
         for continuation in continuations:
             tokens = [int(t) for t in continuation]
@@ -94,17 +95,3 @@ def score(
                 total += float(rows.gather(1, torch.tensor(tokens[1:], device=rows.device)[:, None]).sum())
             scores.append(total)
     return scores
-
-
-def rows_at(engine: Engine, token_ids: list[int], positions: list[int], arena: ArenaCache) -> list[torch.Tensor]:
-    """Feed ``token_ids`` in chunks; the logits rows at ``positions`` (relative to ``token_ids``)."""
-    from clm_middleware.engine.engine import PREFILL_CHUNK_TOKENS
-
-    rows: list[torch.Tensor] = []
-    for offset in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
-        chunk = token_ids[offset : offset + PREFILL_CHUNK_TOKENS]
-        wanted = [p - offset for p in positions if offset <= p < offset + len(chunk)]
-        logits = engine.forward(chunk, arena, keep=wanted or [len(chunk) - 1])
-        if wanted:
-            rows.extend(logits[i] for i in range(len(wanted)))
-    return rows
