@@ -77,8 +77,11 @@ class AttentionProbe:
         self._handles.clear()
 
     def _hook(self, layer: int):
-        def capture(module, args, kwargs):
-            if threading.get_ident() != self._thread:
+        # torch registers (and removes) a with_kwargs hook in two steps: another thread's
+        # forward running between them calls it as a plain hook, without kwargs. Such a
+        # call is never this thread's (it registers before its own forward), so it is ignored.
+        def capture(module, args, kwargs=None):
+            if threading.get_ident() != self._thread or kwargs is None:
                 return
             hidden = args[0] if args else kwargs["hidden_states"]
             position = kwargs.get("position_embeddings")

@@ -182,3 +182,28 @@ def test_attention_probes_of_concurrent_generations_do_not_mix(make_engine):
         thread.join()
     for index, attention in enumerate(expected):
         assert (results[index] - attention).abs().max() <= 1e-5
+
+
+def test_attention_probe_ignores_a_foreign_thread_calling_its_hook_without_kwargs(tiny_model, monkeypatch):
+    """torch sets a hook's with_kwargs flag after inserting it: a forward in between calls it plainly."""
+    import threading
+
+    from clm_middleware.engine.observe import AttentionProbe
+
+    module = tiny_model.model.layers[0].self_attn
+    registered = []
+    register = module.register_forward_pre_hook
+
+    def recording_register(hook, **kwargs):
+        registered.append(hook)
+        return register(hook, **kwargs)
+
+    monkeypatch.setattr(module, "register_forward_pre_hook", recording_register)
+    hidden = torch.zeros(1, 3, tiny_model.config.hidden_size)
+    outcome: list[object] = []
+    with AttentionProbe(tiny_model, (0,)) as probe:
+        foreign = threading.Thread(target=lambda: outcome.append(registered[0](module, (hidden,))))
+        foreign.start()
+        foreign.join()
+    assert outcome == [None]
+    assert probe.attention_mass(torch.zeros(2, 1, 3, 8), num_tokens=3, window=2) is None
