@@ -158,7 +158,7 @@ class Conversation:
             summarizer_prompt=summarizer_prompt(summarizer_prompt_text),
             shown=self.shown_text,
         )
-        self.compactor = Compactor(self.config, self.compressor, self._next_prompt_length)
+        self.compactor = Compactor(self.config, self.compressor, self.prompt_length)
         self.reclaimer = Reclaimer(self.engine.pool, self.config.k)
         self.messages: list[MessageRecord] = []
         self.fold = 0  # messages before this index are rendered in the digest
@@ -208,7 +208,7 @@ class Conversation:
         created = []
         for piece in self.segmenter.split(text, role):
             created.append(
-                self._new_segment(
+                self.new_segment(
                     message,
                     piece.text,
                     self.encode_content(piece.text, role, after_space=piece.separator == " "),
@@ -283,8 +283,7 @@ class Conversation:
         """
         if text != self.tools_prompt:
             self.tools_prompt = text
-            self.renderer = self._make_renderer()
-            self._format_changed = True
+            self.rebuild_renderer()
 
     def score_continuations(self, prefix: str, candidates: Sequence[str]) -> list[float]:
         """Log-probability the model gives each candidate after the next prompt and ``prefix``.
@@ -354,17 +353,17 @@ class Conversation:
     @property
     def context(self) -> str:
         """The text the model sees now (before the next generation prompt)."""
-        rendered = self._render(None, for_generation=False)
+        rendered = self.render_prompt(None, for_generation=False)
         return self.renderer.text(rendered.token_ids)
 
     @property
     def context_ids(self) -> list[int]:
         """The token ids of ``context``: what the next turn's prompt starts with."""
-        return list(self._render(None, for_generation=False).token_ids)
+        return list(self.render_prompt(None, for_generation=False).token_ids)
 
     @property
     def context_tokens(self) -> int:
-        return len(self._render(None, for_generation=False).token_ids)
+        return len(self.render_prompt(None, for_generation=False).token_ids)
 
     def segment(self, segment: SegmentId | str) -> Segment:
         try:
@@ -377,7 +376,7 @@ class Conversation:
         target = self.segment(segment)
         target.pinned, target.label, target.decided_by = True, Label.KEEP, DecidedBy.RULES
         if target.status is not Status.ACTIVE:
-            self._restore(target)
+            self.restore(target)
         self._record_user_decision(target, Label.KEEP, "pinned by user")
         return target
 
@@ -390,7 +389,7 @@ class Conversation:
         if target.visible:
             spans = self._last_render.spans if self._last_render else {}
             if target.id in spans:
-                self.reclaimer.hold(target.id, self._blocks_of(target.id), self.turn)
+                self.reclaimer.hold(target.id, self.blocks_of(target.id), self.turn)
             target.status, target.removed_round = Status.DROPPED, self.turn
         self._record_user_decision(target, Label.DROP, "forgotten by user")
         return target
@@ -508,7 +507,7 @@ class Conversation:
         self.store = store
         store.register(self.record())
         self.journal.everything(self.messages)
-        self._persist(None)
+        self.persist(None)
 
     def segment_map(self) -> Mapping[SegmentId, Segment]:
         """Every segment by id (read-only view; change segments through the conversation)."""
@@ -518,7 +517,33 @@ class Conversation:
         """The id the next new segment gets."""
         return segment_id(self._next_index)
 
-    # ------------------------------------------------------------- one turn
+    # ------------------------------------- one turn (what lifecycle/turn_runner.py uses)
+
+    def rebuild_renderer(self) -> None:
+        """Render from now on with the current protocol and tools settings; the prompt's
+        start moves, so the next turn re-prefills (``take_format_change`` says so once)."""
+        self.renderer = self._make_renderer()
+        self._format_changed = True
+
+    def take_format_change(self) -> bool:
+        """Whether the system block changed since the last call (then cleared)."""
+        changed, self._format_changed = self._format_changed, False
+        return changed
+
+    def swap_chain(self, block_ids: list[int]) -> list[int]:
+        """Hold ``block_ids`` (the new prompt + reply) as this conversation's chain; returns
+        the previous chain, which the caller releases."""
+        previous, self._chain = self._chain, list(block_ids)
+        return previous
+
+    @property
+    def chain_blocks(self) -> int:
+        """Pool blocks the conversation holds for its last prompt + reply."""
+        return len(self._chain)
+
+    def log_turn(self, stats: TurnStats) -> None:
+        """Append a finished turn's figures to ``turn_log``."""
+        self._turn_log.append(stats)
 
     def _make_renderer(self) -> ContextRenderer:
         sections = [self.protocol_text if self.protocol_context else None, self.tools_prompt]
@@ -528,7 +553,10 @@ class Conversation:
             markers=self.protocol_context,
         )
 
-    def _render(self, reply_id: SegmentId | None, *, for_generation: bool = True) -> RenderedContext:
+    def render_prompt(self, reply_id: SegmentId | None, *, for_generation: bool = True) -> RenderedContext:
+        """The context as the model sees it next; ``for_generation`` adds the reply glue
+        (and ``reply_id``'s marker where the protocol is shown) and remembers the render,
+        whose spans ``blocks_of`` reads."""
         rendered = self.renderer.render(
             self._rendered_messages(self.fold),
             self._segments,
@@ -540,7 +568,8 @@ class Conversation:
             self._last_render = rendered
         return rendered
 
-    def _next_prompt_length(self, fold: int) -> int:
+    def prompt_length(self, fold: int) -> int:
+        """Tokens of the next prompt if the digest held the messages before ``fold``."""
         reply_id = segment_id(self._next_index)
         messages = self._rendered_messages(fold)
         return len(self.renderer.render(messages, self._segments, reply_id=reply_id, fold=fold).token_ids)
@@ -576,7 +605,7 @@ class Conversation:
         shown = self.shown_text(text, role)
         return self.chat_format.encode_after_space(shown) if after_space else self.chat_format.encode(shown)
 
-    def _new_segment(
+    def new_segment(
         self,
         message: MessageRecord,
         text: str,
@@ -585,6 +614,8 @@ class Conversation:
         separator: str,
         forced_id: SegmentId | None = None,
     ) -> Segment:
+        """A new segment of ``message`` (appended to it), with the next free id or
+        ``forced_id``; ids only grow. System segments are pinned."""
         identifier = forced_id or segment_id(self._next_index)
         index = int(identifier.split("_")[1])
         self._next_index = max(self._next_index, index + 1)
@@ -605,16 +636,19 @@ class Conversation:
         self.journal.segment(identifier)
         return segment
 
-    def _blocks_of(self, segment: SegmentId) -> list[int]:
+    def blocks_of(self, segment: SegmentId) -> list[int]:
+        """Pool blocks of the held chain that hold ``segment``'s tokens in the last generation render."""
         if self._last_render is None or segment not in self._last_render.spans:
             return []
         size = self.engine.block_size
         return [self._chain[i] for i in self._last_render.segment_blocks(segment, size) if i < len(self._chain)]
 
-    def _recently_removed(self, segment: Segment, turn: int) -> bool:
+    def is_recently_removed(self, segment: Segment, turn: int) -> bool:
+        """Removed within the last ``k`` rounds: its blocks are still held and it can come back."""
         return recently_removed(segment, turn, self.config.k)
 
-    def _restore(self, segment: Segment) -> None:
+    def restore(self, segment: Segment) -> None:
+        """Show ``segment`` again (active, live), journalled for the next save."""
         self._live.restore(segment.message_index)  # a long-removed segment (pin) is live again
         segment.status = Status.ACTIVE
         segment.removed_round = None
@@ -623,9 +657,10 @@ class Conversation:
     def _record_user_decision(self, segment: Segment, label: Label, reason: str) -> None:
         self.journal.segment(segment.id)
         self.journal.decisions([Decision(self.turn, segment.id, label, DecidedBy.RULES, reason)])
-        self._persist(None)
+        self.persist(None)
 
-    def _persist(self, stats: TurnStats | None) -> None:
+    def persist(self, stats: TurnStats | None) -> None:
+        """Write what changed since the last save (and a turn's ``stats``) to the store, if any."""
         if self.store is not None:
             self.store.save(self.record(), self.journal.drain(self.messages, self._segments), stats)
 

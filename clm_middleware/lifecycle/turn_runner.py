@@ -77,13 +77,12 @@ class TurnRunner:
             compaction = c.compactor.run(c.live_messages(), c.segment_map(), turn, c.fold, history=c.messages)
             c.fold = compaction.fold
             self._after_compaction(compaction, turn, stats, decisions)
-            if c._format_changed and not stats.compaction:
+            if c.take_format_change() and not stats.compaction:
                 stats.compaction = "format"  # protocol left or tools changed: the prompt's start moved
-            c._format_changed = False
             stats.phases["compaction_s"] = time.perf_counter() - tick - stats.phases["compression_s"]
             reply_id = c.next_segment_id()
             stats.protocol_context = c.protocol_context
-            rendered = c._render(reply_id)
+            rendered = c.render_prompt(reply_id)
             prefix_ids = c.chat_format.encode(prefix) if forced is None else []
             generation = self._generate(rendered, prefix_ids, forced, settings, constraint)
             escaped_at = 0  # structured: where the text stood when a loop in a string was last closed
@@ -154,7 +153,7 @@ class TurnRunner:
             or ("repeats_earlier_reply" in stats.reply_flags and not self._adds_facts(answer_text))
         ):
             kind = LOOP_KIND
-        reply_segment = c._new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)
+        reply_segment = c.new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)
         if kind == LOOP_KIND:
             decisions.append(self._drop_loop(reply_segment, turn))
         tick = time.perf_counter()
@@ -166,7 +165,7 @@ class TurnRunner:
         self._finish_stats(stats, rendered, generation, decisions, started)
         c.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)
         c.journal.decisions(decisions)
-        c._persist(stats)
+        c.persist(stats)
 
     def _generate(
         self,
@@ -300,7 +299,7 @@ class TurnRunner:
         tick = time.perf_counter()
         live = c.live_segments()
         candidates = c.tagger.candidates(live, turn)
-        valid = {s.id for s in live if s.visible or c._recently_removed(s, turn)}
+        valid = {s.id for s in live if s.visible or c.is_recently_removed(s, turn)}
         outcome = c.tagger.label(
             turn=turn,
             candidates=candidates,
@@ -320,7 +319,7 @@ class TurnRunner:
                 continue
             if not segment.visible:
                 if decision.label is Label.KEEP and decision.decided_by is DecidedBy.MODEL:
-                    c._restore(segment)  # the model relabelled a removed segment keep
+                    c.restore(segment)  # the model relabelled a removed segment keep
                 else:
                     continue
             segment.label, segment.decided_by = decision.label, decision.decided_by
@@ -361,8 +360,7 @@ class TurnRunner:
         if c.protocol_context and c.tagger.model_failed_protocol:
             record_runtime_failure(c.engine, c.protocol_text)
             c.protocol_context = False
-            c.renderer = c._make_renderer()
-            c._format_changed = True
+            c.rebuild_renderer()
 
     # ------------------------------------------------------------- helpers
 
@@ -377,7 +375,7 @@ class TurnRunner:
         )
         stats.phases["compression_s"] = compaction.compression_s
         for segment in compaction.removed:
-            c.reclaimer.hold(segment.id, c._blocks_of(segment.id), turn)
+            c.reclaimer.hold(segment.id, c.blocks_of(segment.id), turn)
             segment.removed_round = turn
             c.journal.segment(segment.id)
         for segment, outcome in compaction.compressions:
@@ -411,7 +409,7 @@ class TurnRunner:
         for segment in c.live_segments():
             if segment.pinned or segment.role == "system" or segment.kind == LOOP_KIND:
                 continue
-            removed = segment.status is Status.DROPPED and c._recently_removed(segment, turn)
+            removed = segment.status is Status.DROPPED and c.is_recently_removed(segment, turn)
             if not (removed or segment.pending):
                 continue
             shared = wanted - missing_from(wanted, segment.text)
@@ -419,8 +417,8 @@ class TurnRunner:
                 continue
             if removed:
                 removed_round = segment.removed_round
-                c._restore(segment)
-                if budget is not None and c._next_prompt_length(c.fold) > budget:
+                c.restore(segment)
+                if budget is not None and c.prompt_length(c.fold) > budget:
                     # a restore that does not fit would only make the compaction that
                     # follows drop something else (or it again): a second compaction
                     # in a row for pressure of our own making
@@ -443,7 +441,7 @@ class TurnRunner:
     def _hand_over_chain(self, generation: Generation) -> None:
         """Hold the new prompt + reply chain, then let the previous one go (tail first)."""
         c = self.conversation
-        previous, c._chain = c._chain, generation.block_ids
+        previous = c.swap_chain(generation.block_ids)
         c.engine.pool.release(list(reversed(previous)))
 
     def _finish_stats(
@@ -468,7 +466,7 @@ class TurnRunner:
         stats.decisions = decision_counts(decisions)
         stats.lifecycle_s = sum(stats.phases.values())
         stats.pool_blocks_in_use = c.engine.pool.stats().blocks_in_use
-        stats.conversation_blocks = len(c._chain)
+        stats.conversation_blocks = c.chain_blocks
         stats.reclaimer_blocks = c.reclaimer.held_blocks
         stats.turn_s = time.perf_counter() - started
-        c._turn_log.append(stats)
+        c.log_turn(stats)

@@ -65,7 +65,7 @@ def test_blocks_of_a_removed_segment_wait_k_rounds_then_return_to_the_pool(conve
     conversation.send("My order number is 88412 and it ships to Porto next week.")
     conversation.send(FILLER[0])
     first = conversation.segments[0]
-    held = conversation._blocks_of(first.id)
+    held = conversation.blocks_of(first.id)
     assert held
     refs_before = engine.pool.ref_counts(held)
     conversation.forget(first.id)

@@ -25,13 +25,13 @@ def test_a_reloaded_conversation_renders_the_same_context_and_continues(converse
         conversation.send(text)
     conversation.forget(conversation.segments[2].id)
     expected_context = conversation.context
-    expected_prompt = conversation._render(None).token_ids
+    expected_prompt = conversation.render_prompt(None).token_ids
     expected_statuses = [(s.id, s.status, s.label, s.turn) for s in conversation.segments]
     conversation.close()
 
     loaded = Conversation.load(path, "trip", engine)
     assert loaded.context == expected_context
-    assert loaded._render(None).token_ids == expected_prompt
+    assert loaded.render_prompt(None).token_ids == expected_prompt
     assert [(s.id, s.status, s.label, s.turn) for s in loaded.segments] == expected_statuses
     assert [m.content for m in loaded.history] == [m.content for m in conversation.history]
     assert loaded.config.budget == 400 and loaded.turn == 4
