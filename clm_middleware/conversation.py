@@ -181,14 +181,27 @@ class Conversation:
     # ------------------------------------------------------------ public API
 
     def send(self, text: str) -> Reply:
-        """Add a user message and answer it."""
+        """Add a user message and answer it. If the turn fails (or is interrupted), the
+        message is taken back too: the conversation is as it was before the call, and the
+        next ``send`` does not carry the failed message along."""
+        start = len(self.messages)
         self.add("user", text)
-        return self.respond()
+        try:
+            return self.respond()
+        except BaseException:
+            self.discard(start)
+            raise
 
     def stream(self, text: str) -> Iterator[str]:
-        """Like ``send``, yielding the visible reply as it is generated; then ``last_reply`` is set."""
+        """Like ``send``, yielding the visible reply as it is generated; then ``last_reply``
+        is set. A failed turn, or a stream closed before its end, takes the message back."""
+        start = len(self.messages)
         self.add("user", text)
-        yield from self.respond_stream()
+        try:
+            yield from self.respond_stream()
+        except BaseException:
+            self.discard(start)
+            raise
 
     def add(self, role: str, content: str) -> list[Segment]:
         """Put a message into the conversation without answering it (system, user or tool)."""

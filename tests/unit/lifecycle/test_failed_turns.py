@@ -47,3 +47,27 @@ def test_an_empty_message_is_a_clear_error_and_generates_nothing(converse, engin
     llm = ChatCLM(engine=scripted("unused")[0], tagging="signals")
     with pytest.raises(ConfigError, match="must not be empty"):
         llm.invoke(text)
+
+
+def test_a_send_that_fails_takes_its_message_back_so_the_next_send_works(converse):
+    from clm_middleware.lifecycle.compaction import ContextBudgetError
+
+    conversation = converse(budget=128)
+    conversation.send("hello there")
+    before = [(m.role, m.content) for m in conversation.history]
+    with pytest.raises(ContextBudgetError):
+        conversation.send("word " * 2000)
+    assert [(m.role, m.content) for m in conversation.history] == before
+    reply = conversation.send("short")
+    assert reply.turn == 2 and [m.content for m in conversation.history][-2] == "short"
+
+
+def test_a_stream_closed_before_its_end_takes_its_message_back(converse, scripted):
+    engine, _ = scripted("Hi there, friend.", "A long answer that goes on and on for a while.", "Again.")
+    conversation = converse(engine=engine, max_new_tokens=32)
+    conversation.send("hello there")
+    stream = conversation.stream("tell me more")
+    assert next(stream)
+    stream.close()
+    assert [m.content for m in conversation.history] == ["hello there", "Hi there, friend."]
+    assert conversation.send("again").turn == 2
