@@ -78,6 +78,7 @@ def check_settings(model: Any) -> None:
         frequency_penalty=model.frequency_penalty,
         presence_penalty=model.presence_penalty,
         no_repeat_ngram_size=model.no_repeat_ngram_size,
+        seed=model.seed,
     )
     if model.engine is None:
         from clm_middleware.cli.setup import TINY_MODEL

@@ -33,6 +33,17 @@ def check_sampling_filters(top_k: int | None, min_p: float | None) -> None:
         raise ConfigError("min_p", f"must be in [0, 1] (0 is off), got {min_p}")
 
 
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+def check_seed(seed: int | None) -> None:
+    """Raise ``ConfigError`` naming ``seed`` unless it is None or an integer torch can seed with."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ConfigError("seed", f"must be an integer in [-2**63, 2**64 - 1], got {seed!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Resolved sampling settings of one request (no ``None``: defaults are applied by the engine)."""
@@ -52,6 +63,7 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
         check_sampling_filters(self.top_k, self.min_p)
+        check_seed(self.seed)
 
     @property
     def greedy(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clm_middleware.engine.penalties import check_penalties
-from clm_middleware.engine.sampling import check_sampling_filters
+from clm_middleware.engine.sampling import check_sampling_filters, check_seed
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.compressor import METHODS
 from clm_middleware.lifecycle.tagging import TaggingConfig
@@ -48,6 +48,7 @@ class GenerationSettings:
         if not 0 < self.top_p <= 1:
             raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")
         check_sampling_filters(self.top_k, self.min_p)
+        check_seed(self.seed)
         check_penalties(self)
 
 

@@ -160,3 +160,21 @@ def test_the_server_takes_top_k_and_min_p_as_vllm_and_llama_cpp_do():
     settings = chat_request(ChatCompletionRequest(**body, top_k=5, min_p=0.1), defaults, None).settings
     assert (settings.top_k, settings.min_p) == (5, 0.1)
     assert chat_request(ChatCompletionRequest(**body, top_k=-1), defaults, None).settings.top_k == 0  # vLLM's "off"
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1, 2**70, 1.5])
+def test_a_seed_torch_cannot_take_is_a_config_error_naming_seed(seed):
+    from clm_middleware.engine.sampling import SamplingParams
+    from clm_middleware.lifecycle.config import GenerationSettings
+
+    with pytest.raises(ConfigError, match="seed"):
+        GenerationSettings(seed=seed)
+    with pytest.raises(ConfigError, match="seed"):
+        SamplingParams(temperature=1.0, seed=seed)
+
+
+def test_the_ends_of_the_seed_range_seed_a_generator():
+    from clm_middleware.engine.sampling import SEED_RANGE, SamplingParams
+
+    for seed in SEED_RANGE:
+        assert SamplingParams(temperature=1.0, seed=seed).generator(torch.device("cpu")) is not None

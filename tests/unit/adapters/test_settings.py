@@ -17,6 +17,7 @@ from clm_middleware.errors import ModelNotFoundError
         ({"tagging": "magic"}, "tagging: unknown mode"),
         ({"top_p": 0}, "top_p"),
         ({"frequency_penalty": 5}, "frequency_penalty"),
+        ({"seed": 2**70}, "seed: must be an integer in"),
     ],
 )
 def test_an_unknown_argument_or_a_bad_setting_fails_at_construction(arguments, message):

@@ -39,6 +39,7 @@ def _hello(model_id: str, **extra) -> dict:
         ({"temperature": 5}, "temperature"),
         ({"min_p": 1.5}, "min_p"),
         ({"top_k": -2}, "top_k"),
+        ({"seed": 2**64, "temperature": 1}, "seed"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"n": 2}, "n"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
