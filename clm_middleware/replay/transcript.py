@@ -98,8 +98,9 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
             raise TranscriptError(path, line, f'"{where}" must be an object with a string "name"')
     if role != "assistant" and tool_calls:
         raise TranscriptError(path, line, f"a {role} message cannot carry tool calls")
-    if not content and not tool_calls and role in ("user", "system"):
-        raise TranscriptError(path, line, f'a {role} message needs a non-empty "content"')
+    if not content.strip() and not tool_calls and role in ("user", "system"):
+        # Conversation.add refuses it too: caught here, every mode fails at FILE:LINE alike
+        raise TranscriptError(path, line, f'a {role} message needs a "content" that is not empty or only whitespace')
     return Message(
         role=role,
         content=content,

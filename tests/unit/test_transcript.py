@@ -90,6 +90,8 @@ def test_turns_are_the_assistant_positions_plus_a_trailing_question(tmp_path):
             '"content\\[0\\]" is not a text part',
         ),
         ("[" * 100_000 + "]" * 100_000, "nested too deeply|expected an object"),
+        ('{"role": "user", "content": "   \\n\\t "}', "not empty or only whitespace"),
+        ('{"role": "system", "content": "  "}', "not empty or only whitespace"),
     ],
 )
 def test_hostile_records_are_errors_naming_the_line_and_field(tmp_path, line, problem):
