@@ -11,6 +11,7 @@ import time
 
 from clm_middleware.engine import Engine, penalty_processors
 from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.compaction import ContextBudgetError
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.plain import forced_ids, plain_turn_record, reply_of
 from clm_middleware.replay.report import TurnRecord
@@ -34,6 +35,7 @@ class TruncationDriver:
         self.conversation_id, self.budget = conversation_id, budget
         self.system: list[int] | None = None
         self.messages: list[list[int]] = []  # rendered ids of each non-system message
+        self._contents: list[tuple[str, list[int]]] = []  # (role, content ids) of each, for cutting one
         self.last_prompt: list[int] = []
         self.replies: list[str] = []  # the assistant's replies so far (``reply_flags`` compares against them)
         self._answered = 0  # len(messages) after the last reply
@@ -41,14 +43,23 @@ class TruncationDriver:
 
     def add(self, message: Message) -> None:
         role = message.role if self.format.supports_role(message.role) else "user"
-        ids = self.format.message_ids(role, self.format.encode(message_text(message)))
+        content = self.format.encode(message_text(message))
+        ids = self.format.message_ids(role, content)
         if role == "system" and self.system is None and not self.messages:
             self.system = ids
         else:
-            self.messages.append(ids)
+            self._append(role, content)
+
+    def _append(self, role: str, content: list[int]) -> None:
+        self.messages.append(self.format.message_ids(role, content))
+        self._contents.append((role, content))
 
     def window(self) -> list[int]:
-        """System message + the newest messages that fit, + the generation prompt."""
+        """System message + the newest messages that fit, + the generation prompt.
+
+        A newest message that alone is too long keeps its role's header and footer and
+        the end of its content. A system message that leaves no room for even that is a
+        ``ContextBudgetError``: the baseline keeps the system message whole, as clm does."""
         head = self.system if self.system is not None else self.format.start_ids(None)
         room = self.budget - len(head) - len(self.format.generation_prompt_ids)
         kept: list[list[int]] = []
@@ -58,7 +69,17 @@ class TruncationDriver:
             kept.append(ids)
             room -= len(ids)
         if not kept and self.messages:  # the newest message alone is too long: keep its tail
-            kept.append(self.messages[-1][-max(1, room) :])
+            role, content = self._contents[-1]
+            glue = len(self.format.message_ids(role, []))
+            keep = room - glue
+            if keep < 1:
+                needed = self.budget - room + glue + 1
+                raise ContextBudgetError(
+                    f"truncation needs {needed} tokens for the system message, the chat glue and one token "
+                    f"of the newest message; the budget is {self.budget}",
+                    hint="raise the budget, or shorten the system message",
+                )
+            kept.append(self.format.message_ids(role, content[-keep:]))
         prompt = list(head)
         for ids in reversed(kept):
             prompt.extend(ids)
@@ -76,7 +97,7 @@ class TruncationDriver:
             forced_token_ids=forced_ids(forced, self.format),
         ).result()
         reply, reply_ids = reply_of(generation, forced, self.format, self.engine)
-        self.messages.append(self.format.message_ids("assistant", reply_ids))
+        self._append("assistant", list(reply_ids))
         self._answered = len(self.messages)
         self._replied = True
         record = plain_turn_record(
@@ -87,6 +108,7 @@ class TruncationDriver:
 
     def discard_turn(self) -> None:
         del self.messages[self._answered :]
+        del self._contents[self._answered :]
         if not self._replied:
             self.system = None  # it came with the failed turn
 
