@@ -11,6 +11,8 @@ class IncrementalText:
 
     Byte-level tokenizers can end a token in the middle of a UTF-8 character; the
     decoded tail then shows U+FFFD, which is held back until the next token completes it.
+    ``text`` is what the deltas add up to: a reply cut (by ``max_new_tokens``) inside a
+    character ends before that character, never with U+FFFD.
     """
 
     def __init__(self, tokenizer: Any, skip_ids: frozenset[int] = frozenset()) -> None:
@@ -18,19 +20,18 @@ class IncrementalText:
         self.skip_ids = skip_ids
         self.ids: list[int] = []
         self._emitted = 0
+        self._text = ""  # the complete characters of ``ids``, decoded once per push
 
     def push(self, token_id: int) -> str:
         if token_id not in self.skip_ids:
             self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        delta, self._emitted = text[self._emitted :], len(text)
+            self._text = self.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")
+        delta, self._emitted = self._text[self._emitted :], max(self._emitted, len(self._text))
         return delta
 
     @property
     def text(self) -> str:
-        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        return self._text
 
 
 def ids_for_prefix(tokenizer: Any, token_ids: Sequence[int], text_length: int) -> list[int]:

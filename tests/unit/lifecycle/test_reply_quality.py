@@ -199,3 +199,14 @@ def test_the_repeat_cut_takes_bounded_time_on_long_runs(pieces):
     first_repeated_sentence(text)
     repeat_in_progress(text)
     assert time.perf_counter() - started < 2.0  # linear: 40k characters of "a" took 80 s before
+
+
+def test_a_reply_cut_inside_a_character_ends_before_it_and_equals_its_stream(tiny_tok):
+    from clm_middleware.lifecycle.reply import IncrementalText
+
+    ids = tiny_tok.encode("café au lait", add_special_tokens=False)
+    cut = next(i for i in range(1, len(ids)) if tiny_tok.decode(ids[:i]).endswith("\ufffd"))
+    detok = IncrementalText(tiny_tok)
+    streamed = "".join(detok.push(token) for token in ids[:cut])
+    assert detok.text == streamed == "caf"
+    assert streamed + "".join(detok.push(token) for token in ids[cut:]) == detok.text == "café au lait"
