@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -96,3 +96,13 @@ class ChatCompletionRequest(_Lenient):
     logprobs: bool | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, values: Any) -> Any:
+        """OpenAI's API takes ``null`` for an optional field as "not given" (clients send
+        ``"n": null``, ``"stream": null``): such a field gets its default."""
+        if isinstance(values, dict):
+            defaults = {name for name, f in cls.model_fields.items() if not f.is_required() and f.default is not None}
+            values = {k: v for k, v in values.items() if not (v is None and k in defaults)}
+        return values

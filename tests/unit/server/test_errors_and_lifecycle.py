@@ -69,6 +69,12 @@ def test_a_bad_request_is_a_400_naming_the_field(server, model_id, change, param
     assert param.split("[")[0] in error["message"]
 
 
+def test_null_for_an_optional_field_means_its_default(server, model_id):
+    nulls = {"n": None, "stream": None, "frequency_penalty": None, "presence_penalty": None}
+    response = _post(server.api, {**_hello(model_id), **nulls, "max_tokens": 4})
+    assert response.status_code == 200 and len(response.json()["choices"]) == 1
+
+
 def test_a_body_that_is_not_json_is_a_400(server):
     error = _error(_post(server.api, "{not json"), 400)
     assert "JSON" in error["message"]
