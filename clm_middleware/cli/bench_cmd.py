@@ -104,7 +104,12 @@ def bench(
 
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
     unknown = sorted(set(chosen) - set(BENCH_MODES))
-    if unknown or len(chosen) < 2 or len(set(chosen)) != len(chosen):
+    if unknown:
+        raise click.BadParameter(
+            f"unknown mode{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; use {', '.join(BENCH_MODES)}",
+            param_hint="--modes",
+        )
+    if len(chosen) < 2 or len(set(chosen)) != len(chosen):
         raise click.BadParameter(f"give two or more distinct modes from {', '.join(BENCH_MODES)}", param_hint="--modes")
     if "truncate" in chosen and budget is None:
         raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")

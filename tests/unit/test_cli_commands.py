@@ -372,3 +372,10 @@ def test_chat_resume_applies_the_flags_given_and_save_exports_json_and_help_list
     saved = json.loads(exported.read_text())
     assert saved["settings"]["budget"] == 300 and saved["settings"]["tagging"] == "signals"
     assert [m["content"] for m in saved["messages"]][:1] == ["hello there"]
+
+
+def test_bench_names_an_unknown_mode(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    result = run("bench", str(path), "--model", "tiny", "--modes", "prefix,bogus")
+    assert result.exit_code == 2 and "unknown mode bogus" in result.output
