@@ -174,6 +174,12 @@ def replay(
 
     for failure in report.failures:  # the records left out while reading
         failed(failure)
+    if not count_turns(transcripts):
+        stderr.print(
+            f"{transcript.name}: no turn to replay (a turn is a user or tool message the assistant answers)",
+            markup=False,
+            highlight=False,
+        )
 
     def save() -> None:
         engine.close()  # spill to the disk tier, if one is set

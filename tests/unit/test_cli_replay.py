@@ -210,3 +210,14 @@ def test_limit_replays_the_first_conversations_and_budget_in_prefix_mode_is_flag
     assert result.exit_code == 0, result.output
     assert "--budget only apply to --mode clm or truncate" in result.output
     assert {t["conversation_id"] for t in json.loads(report.read_text())["turns"]} == {"a", "b"}
+
+
+def test_a_transcript_with_no_turn_says_so(tmp_path):
+    from click.testing import CliRunner
+
+    from clm_middleware.cli.main import cli
+
+    path = tmp_path / "greeting.jsonl"
+    path.write_text('{"role": "assistant", "content": "Hello! How can I help?"}\n')
+    result = CliRunner().invoke(cli, ["replay", str(path), "--model", "tiny"])
+    assert result.exit_code == 0 and "greeting.jsonl: no turn to replay" in result.output
