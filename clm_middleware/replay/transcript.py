@@ -83,6 +83,8 @@ def _jsonl_line(raw: str, path: Path, number: int) -> tuple[str, Message]:
 def message_from_record(record: dict[str, Any], path: str, line: int | None) -> Message:
     """Validate one ``{"role", "content", ...}`` record."""
     role = record.get("role")
+    if role == "developer":  # OpenAI's name for the system role of newer models, as clm serve reads it
+        role = "system"
     if role not in ROLES:
         raise TranscriptError(path, line, f"unknown role {role!r}; expected one of {sorted(ROLES)}")
     content = _content_text(record.get("content"), path, line)

@@ -112,3 +112,9 @@ def test_json_lines_read_as_another_format_name_the_mismatch(tmp_path):
     )
     with pytest.raises(TranscriptError, match=r"one JSON object per line.*--format jsonl"):
         read_transcripts(path, "sharegpt")
+
+
+def test_a_developer_message_reads_as_a_system_message(tmp_path):
+    lines = ['{"role": "developer", "content": "Be brief."}', '{"role": "user", "content": "hi"}']
+    (transcript,) = read_jsonl(write_lines(tmp_path / "d.jsonl", lines))
+    assert [m.role for m in transcript.messages] == ["system", "user"]
