@@ -181,25 +181,30 @@ class Conversation:
     # ------------------------------------------------------------ public API
 
     def send(self, text: str) -> Reply:
-        """Add a user message and answer it. If the turn fails (or is interrupted), the
-        message is taken back too: the conversation is as it was before the call, and the
-        next ``send`` does not carry the failed message along."""
+        """Add a user message and answer it.
+
+        If the message cannot be answered as it is (a ``ValueError``: over the budget or
+        the window, a bad setting), it is taken back: the conversation is as it was
+        before the call, and the next ``send`` does not carry it along. If the engine
+        failed (a server gone, the pool full), the message stays, unanswered, and
+        ``respond()`` answers it once the engine is back: no message is lost."""
         start = len(self.messages)
         self.add("user", text)
         try:
             return self.respond()
-        except BaseException:
+        except ValueError:
             self.discard(start)
             raise
 
     def stream(self, text: str) -> Iterator[str]:
         """Like ``send``, yielding the visible reply as it is generated; then ``last_reply``
-        is set. A failed turn, or a stream closed before its end, takes the message back."""
+        is set. A stream closed before its end takes its message back, as a
+        ``ValueError`` does; an engine failure leaves it pending, as in ``send``."""
         start = len(self.messages)
         self.add("user", text)
         try:
             yield from self.respond_stream()
-        except BaseException:
+        except (ValueError, GeneratorExit):
             self.discard(start)
             raise
 

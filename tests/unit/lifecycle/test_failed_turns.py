@@ -49,7 +49,7 @@ def test_an_empty_message_is_a_clear_error_and_generates_nothing(converse, engin
         llm.invoke(text)
 
 
-def test_a_send_that_fails_takes_its_message_back_so_the_next_send_works(converse):
+def test_a_send_over_the_budget_takes_its_message_back_so_the_next_send_works(converse):
     from clm_middleware.lifecycle.compaction import ContextBudgetError
 
     conversation = converse(budget=128)
