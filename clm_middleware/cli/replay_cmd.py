@@ -174,7 +174,8 @@ def replay(
 
     for failure in report.failures:  # the records left out while reading
         failed(failure)
-    if not count_turns(transcripts):
+    turns = count_turns(transcripts)
+    if not turns:
         stderr.print(
             f"{transcript.name}: no turn to replay (a turn is a user or tool message the assistant answers)",
             markup=False,
@@ -191,7 +192,7 @@ def replay(
             plot_reports({mode: report}, plot_path, f"{transcript.name} · {mode}")
 
     def run() -> None:
-        with turn_progress(count_turns(transcripts), stderr, enabled=not quiet) as advance:
+        with turn_progress(turns, stderr, enabled=not quiet) as advance:
             run_replay(
                 transcripts,
                 driver_factory(engine, options, lifecycle),

@@ -34,8 +34,7 @@ class TruncationDriver:
         self.engine, self.format, self.options = engine, chat_format, options
         self.conversation_id, self.budget = conversation_id, budget
         self.system: list[int] | None = None
-        self.messages: list[list[int]] = []  # rendered ids of each non-system message
-        self._contents: list[tuple[str, list[int]]] = []  # (role, content ids) of each, for cutting one
+        self.messages: list[tuple[str, list[int]]] = []  # (role, content ids) of each non-system message
         self.last_prompt: list[int] = []
         self.replies: list[str] = []  # the assistant's replies so far (``reply_flags`` compares against them)
         self._answered = 0  # len(messages) after the last reply
@@ -44,15 +43,10 @@ class TruncationDriver:
     def add(self, message: Message) -> None:
         role = message.role if self.format.supports_role(message.role) else "user"
         content = self.format.encode(message_text(message))
-        ids = self.format.message_ids(role, content)
         if role == "system" and self.system is None and not self.messages:
-            self.system = ids
+            self.system = self.format.message_ids(role, content)
         else:
-            self._append(role, content)
-
-    def _append(self, role: str, content: list[int]) -> None:
-        self.messages.append(self.format.message_ids(role, content))
-        self._contents.append((role, content))
+            self.messages.append((role, content))
 
     def window(self) -> list[int]:
         """System message + the newest messages that fit, + the generation prompt.
@@ -63,13 +57,14 @@ class TruncationDriver:
         head = self.system if self.system is not None else self.format.start_ids(None)
         room = self.budget - len(head) - len(self.format.generation_prompt_ids)
         kept: list[list[int]] = []
-        for ids in reversed(self.messages):
+        for role, content in reversed(self.messages):  # rendered only as far back as the window reaches
+            ids = self.format.message_ids(role, content)
             if len(ids) > room:
                 break
             kept.append(ids)
             room -= len(ids)
         if not kept and self.messages:  # the newest message alone is too long: keep its tail
-            role, content = self._contents[-1]
+            role, content = self.messages[-1]
             glue = len(self.format.message_ids(role, []))
             keep = room - glue
             if keep < 1:
@@ -97,7 +92,7 @@ class TruncationDriver:
             forced_token_ids=forced_ids(forced, self.format),
         ).result()
         reply, reply_ids = reply_of(generation, forced, self.format, self.engine)
-        self._append("assistant", list(reply_ids))
+        self.messages.append(("assistant", list(reply_ids)))
         self._answered = len(self.messages)
         self._replied = True
         record = plain_turn_record(
@@ -108,7 +103,6 @@ class TruncationDriver:
 
     def discard_turn(self) -> None:
         del self.messages[self._answered :]
-        del self._contents[self._answered :]
         if not self._replied:
             self.system = None  # it came with the failed turn
 
