@@ -18,15 +18,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from clm_middleware.adapters.chat_call import ChatAnswer, ChatCall
+from clm_middleware.adapters.chat_call import ChatAnswer
 from clm_middleware.adapters.sessions import Session
 from clm_middleware.errors import ClmError
 
 from . import convert
+from .accounting import RequestAccounting
 from .errors import APIError, clm_error_to_api, install_error_handlers, unexpected_error
 from .metrics import CONTENT_TYPE
 from .schemas import ChatCompletionRequest
@@ -34,6 +34,8 @@ from .service import ChatService, detail, summary
 from .streaming import TurnEvents, sse
 
 SESSION_HEADER = "x-session-id"
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for it: logged, never read
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
@@ -51,19 +53,7 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
     model_id = service.config.model_id
     created = int(time.time())
 
-    @app.middleware("http")
-    async def count_and_limit(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            response = APIError(
-                413, f"the request body is over {max_body_bytes} bytes", code="body_too_large"
-            ).response()
-        else:
-            response = await call_next(request)
-        route = request.scope.get("route")  # the route's template: one label per endpoint, not per URL
-        endpoint = getattr(route, "path", None) or "unmatched"
-        service.metrics.requests.labels(endpoint=endpoint, status=str(response.status_code)).inc()
-        return response
+    app.add_middleware(RequestAccounting, metrics=service.metrics, max_body_bytes=max_body_bytes)
 
     def api_key(request: Request) -> str | None:
         keys = service.config.api_keys
@@ -155,16 +145,35 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             stream = sse(service, events, first, completion_id, model_id, session_id, include_usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        async with slots:
-            answer = await anyio.to_thread.run_sync(_run_to_end, service.call(chat, tenant))
+        await slots.acquire()
+        events = TurnEvents(on_finished=slots.release)
+        try:
+            events.start(service.call(chat, tenant, events.tick))
+        except BaseException:
+            slots.release()
+            raise
+        answer = await _answer_unless_gone(events, request)
+        if answer is None:  # nobody reads a response; the turn was undone
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         service.metrics.turn(answer.reply.stats)
         return JSONResponse(convert.completion_body(answer, model_id, completion_id, session_id))
 
     return app
 
 
-def _run_to_end(call: ChatCall) -> ChatAnswer:
-    for _ in call.stream():
-        pass
-    assert call.answer is not None
-    return call.answer
+async def _answer_unless_gone(events: TurnEvents, request: Request) -> ChatAnswer | None:
+    """The turn's answer (its error is raised), or None once the client has gone away:
+    then the turn is cancelled and undone before this returns, as a stream's is."""
+    while True:
+        try:
+            kind, value = await asyncio.wait_for(events.next(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                await events.finished()
+                return None
+            continue
+        if kind == "done":
+            return value
+        if kind == "error":
+            await events.finished()
+            raise value

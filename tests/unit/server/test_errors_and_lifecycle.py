@@ -121,6 +121,25 @@ def test_a_client_that_leaves_mid_stream_cancels_its_turn_and_frees_its_blocks(s
     assert httpx.delete(server.api + "/sessions/leaver", timeout=TIMEOUT_S).status_code == 200
 
 
+
+def test_a_client_that_leaves_a_non_streaming_request_cancels_its_turn(server, model_id):
+    session = {"X-Session-Id": "impatient"}
+    first = _post(server.api, _hello(model_id), session).json()
+    history = [{"role": "user", "content": "hello"}, first["choices"][0]["message"]]
+    messages = [*history, {"role": "user", "content": "Write a very long story."}]
+    body = {"model": model_id, "messages": messages, "max_tokens": 4000}
+    headers = {"Content-Type": "application/json", **session}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 4,000 tokens
+        httpx.post(server.api + "/chat/completions", json=body, headers=headers, timeout=1.0)
+    deadline = time.monotonic() + TIMEOUT_S
+    while httpx.get(server.api + "/sessions/impatient", timeout=TIMEOUT_S).json()["busy"]:
+        assert time.monotonic() < deadline, "the abandoned turn never ended"
+        time.sleep(0.1)
+    detail = httpx.get(server.api + "/sessions/impatient", timeout=TIMEOUT_S).json()
+    assert detail["messages"] == 2 and detail["turns"] == 1  # cancelled, not run to its end
+    retried = _post(server.api, {**body, "max_tokens": 4}, session).json()
+    assert retried["clm"]["route"] == "extend" and retried["clm"]["turn"] == 2
+
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory, launch):
     """API key required; a pool of 24 blocks (384 tokens of the tiny model)."""

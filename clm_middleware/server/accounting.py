@@ -1,0 +1,56 @@
+"""Every HTTP request counted by endpoint and status, and bodies over the limit refused.
+
+A plain ASGI middleware rather than ``@app.middleware("http")``: Starlette's
+``BaseHTTPMiddleware`` hides the client's ``http.disconnect`` from the endpoint, so a
+non-streaming request could never tell that its caller had gone and would run its turn to
+the end. Here ``receive`` passes through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import APIError
+from .metrics import ServerMetrics
+
+
+class RequestAccounting:
+    """Counts each answered request once, at its response's start, under the route's
+    template (one label per endpoint, not per URL); a ``Content-Length`` over
+    ``max_body_bytes`` is a 413 before the body is read."""
+
+    def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, max_body_bytes: int) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self._count(scope, message["status"])
+            await send(message)
+
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            refusal = APIError(413, f"the request body is over {self.max_body_bytes} bytes", code="body_too_large")
+            await refusal.response()(scope, receive, counting_send)
+            return
+        await self.app(scope, receive, counting_send)
+
+    def _count(self, scope: Scope, status: int) -> None:
+        route: Any = scope.get("route")  # set by the router on the shared scope once it matched
+        endpoint = getattr(route, "path", None) or "unmatched"
+        self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
