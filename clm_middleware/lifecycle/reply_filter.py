@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from clm_middleware.lifecycle.protocol import split_reply
 from clm_middleware.lifecycle.reply import cut_at_stop
 from clm_middleware.lifecycle.reply_quality import (
+    RepeatWatch,
     could_become_artifact,
     first_repeated_sentence,
-    repeat_in_progress,
     strip_artifacts,
 )
 
@@ -79,6 +79,13 @@ class ReplyFilter:
         self.cut_repeats = cut_repeats and not verbatim
         self.verbatim = verbatim
         self._emitted = 0
+        self._repeats = RepeatWatch()  # of the written answer, kept across deltas (linear per reply)
+
+    @property
+    def repeated(self) -> bool:
+        """With ``cut_repeats``: the answer so far has a complete sentence that repeats an
+        earlier one (the reply ends there; generation may stop)."""
+        return self._repeats.cut is not None
 
     def delta(self, raw_so_far: str) -> str:
         """New visible text since the last call."""
@@ -88,8 +95,9 @@ class ReplyFilter:
         written = model_answer(raw_so_far, self.stops)
         held_raw = trailing_machinery(written)
         if self.cut_repeats:
-            cut = cut_repeat(written)
-            held_raw = len(written) - len(cut) if cut != written else max(held_raw, repeat_in_progress(written))
+            self._repeats.update(written)
+            cut = self._repeats.cut
+            held_raw = len(written) - cut if cut is not None else max(held_raw, self._repeats.in_progress(written))
         answer = strip_artifacts(written[: len(written) - held_raw])
         safe = len(answer) - self._held_stop(answer) if not held_raw else len(answer.rstrip())
         return self._emit(answer, safe)

@@ -30,7 +30,8 @@ holds back a suffix that may still turn into a marker instead of showing half of
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import bisect
+from collections.abc import Iterable
 
 import regex
 
@@ -136,44 +137,62 @@ def _sentence_key(sentence: str) -> str | None:
     return " ".join(words) if len(words) >= REPEAT_MIN_WORDS else None
 
 
-def _sentences(text: str) -> Iterator[tuple[int, str]]:
-    """``(start, text)`` of each complete sentence or clause, leading whitespace included."""
-    start = 0
-    for end in _SENTENCE_END.finditer(text):
-        yield start, text[start : end.end()]
-        start = end.end()
-
-
 def first_repeated_sentence(text: str) -> int | None:
     """Offset where the first complete sentence that repeats an earlier one of ``text`` starts."""
-    seen: set[str] = set()
-    for start, sentence in _sentences(text):
-        key = _sentence_key(sentence)
-        if key is None:
-            continue
-        if key in seen:
-            return start + len(sentence) - len(sentence.lstrip())
-        seen.add(key)
-    return None
+    watch = RepeatWatch()
+    watch.update(text)
+    return watch.cut
 
 
 def repeat_in_progress(text: str) -> int:
     """Length of the unfinished last sentence of ``text`` when it may still become a repeat
     (its words so far begin an earlier sentence): a stream holds it back until it diverges."""
-    complete = list(_sentences(text))
-    tail = text[complete[-1][0] + len(complete[-1][1]) if complete else 0 :]
-    said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
-    if not said:
-        return 0
-    for _, sentence in complete:
-        key = _sentence_key(sentence)
-        if key is None:
-            continue
-        words = key.split()
-        if (
-            len(said) <= len(words)
-            and words[: len(said) - 1] == said[:-1]
-            and words[len(said) - 1].startswith(said[-1])
-        ):
-            return len(tail)
-    return 0
+    watch = RepeatWatch()
+    watch.update(text)
+    return watch.in_progress(text)
+
+
+class RepeatWatch:
+    """``first_repeated_sentence`` and ``repeat_in_progress`` of a text that grows, fed the
+    whole text so far after every token: each call scans only what was appended since
+    the last complete sentence, so a reply costs linear time, not quadratic.
+
+    Invariant: ``_scanned`` is the end of the last complete sentence of ``_text`` (an end
+    that appending cannot move: its terminator is already followed by whitespace);
+    ``_keys`` holds the keys of the sentences before it, sorted, for prefix look-ups. A
+    text that does not extend the last one (a stop string cut it) starts over."""
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._scanned = 0
+        self._keys: list[str] = []
+        self.cut: int | None = None  # where the first repeated sentence starts, once there is one
+
+    def update(self, text: str) -> None:
+        if not text.startswith(self._text[: self._scanned]):
+            self._scanned, self._keys, self.cut = 0, [], None
+        self._text = text
+        if self.cut is not None:
+            return
+        start = self._scanned
+        for end in _SENTENCE_END.finditer(text, pos=start):
+            sentence, start = text[start : end.end()], end.end()
+            key = _sentence_key(sentence)
+            if key is None:
+                continue
+            at = bisect.bisect_left(self._keys, key)
+            if at < len(self._keys) and self._keys[at] == key:
+                self.cut = start - len(sentence.lstrip())
+                break
+            self._keys.insert(at, key)
+        self._scanned = start
+
+    def in_progress(self, text: str) -> int:
+        """``repeat_in_progress`` of ``text``, the text of the last ``update``."""
+        tail = text[self._scanned :]
+        said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
+        if not said:
+            return 0
+        begun = " ".join(said)  # an earlier key that starts with it: its words, the last one begun
+        at = bisect.bisect_left(self._keys, begun)
+        return len(tail) if at < len(self._keys) and self._keys[at].startswith(begun) else 0

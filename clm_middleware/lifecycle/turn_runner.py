@@ -103,7 +103,7 @@ class TurnRunner:
                             constraint.close_string()  # the document cannot be cut: end the string instead
                             escaped_at = len(written)
                             stats.reply_flags.append("string_loop_closed")
-                    elif settings.cut_repeats and self._repeats_itself(prefix + detok.text, settings):
+                    elif reply_filter.repeated:
                         generation.close()
                         generation.finish_reason = "repetition"
                         break
@@ -329,10 +329,6 @@ class TurnRunner:
         elapsed = time.perf_counter() - tick
         stats.phases["parsing_s" if outcome.mode == "free" else "tagging_s"] += elapsed
         return applied
-
-    @staticmethod
-    def _repeats_itself(raw: str, settings: GenerationSettings) -> bool:
-        return first_repeated_sentence(model_answer(raw, settings.stop)) is not None
 
     def _adds_facts(self, text: str) -> bool:
         """Whether ``text`` states a distinctive token (a code, a number, a name) that no

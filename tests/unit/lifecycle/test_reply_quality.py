@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -210,3 +211,52 @@ def test_a_reply_cut_inside_a_character_ends_before_it_and_equals_its_stream(tin
     streamed = "".join(detok.push(token) for token in ids[:cut])
     assert detok.text == streamed == "caf"
     assert streamed + "".join(detok.push(token) for token in ids[cut:]) == detok.text == "café au lait"
+
+
+def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
+    """The whole-text scan the watch replaces, kept plain as the oracle: every complete
+    sentence in order, the first repeated key's start, and the unfinished tail's hold."""
+    from clm_middleware.lifecycle.reply_quality import _SENTENCE_END, _sentence_key, _words
+
+    sentences, start = [], 0
+    for end in _SENTENCE_END.finditer(text):
+        sentences.append((start, text[start : end.end()]))
+        start = end.end()
+    cut, seen = None, set()
+    for at, sentence in sentences:
+        key = _sentence_key(sentence)
+        if key is not None and key in seen:
+            cut = at + len(sentence) - len(sentence.lstrip())
+            break
+        seen.add(key)
+    tail = text[start:]
+    said = [w for w in _words(tail) if w[0].isalnum()]
+    keys = [k.split() for _, s in sentences if (k := _sentence_key(s)) is not None]
+    hold = any(
+        len(said) <= len(w) and w[: len(said) - 1] == said[:-1] and w[len(said) - 1].startswith(said[-1]) for w in keys
+    )
+    return cut, len(tail) if said and hold else 0
+
+
+SENTENCES = ["We book the room.", "we book the rooms,", "The room is 1,200 euros!", "e.g. the room", "Book it\n"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    said=st.lists(st.sampled_from(SENTENCES), min_size=1, max_size=8),
+    cut=st.integers(min_value=0, max_value=200),
+)
+def test_the_incremental_repeat_watch_agrees_with_a_whole_text_scan_at_every_token(said, cut):
+    from clm_middleware.lifecycle.reply_quality import RepeatWatch
+
+    text = " ".join(said)
+    text = text[: len(text) - cut % len(text)]  # often ends inside a sentence that may become a repeat
+    pieces = regex.findall(r"\s*\S{1,3}", text)  # token-sized steps, a word split across some
+    watch, so_far = RepeatWatch(), ""
+    for piece in pieces:
+        so_far += piece
+        watch.update(so_far)
+        expected_cut, expected_hold = _reference_cut_and_hold(so_far)
+        assert watch.cut == expected_cut
+        if expected_cut is None:
+            assert watch.in_progress(so_far) == expected_hold
