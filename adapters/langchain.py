@@ -34,7 +34,7 @@ from clm_middleware.structured import ResponseFormat
 from .chat_call import ChatAnswer, ChatCall, ChatRequest
 from .messages import to_turn
 from .sessions import SessionRouter
-from .settings import check_settings, resolve_aliases, unknown_arguments
+from .settings import check_settings, resolve_aliases, unknown_arguments, unknown_call_arguments
 
 Stops = list[str] | None
 
@@ -362,6 +362,7 @@ class ChatCLM(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        unknown_call_arguments(kwargs)
         model = kwargs.get("model") or self.model
         if self.engine is not None and not kwargs.get("model"):
             engine = self.engine

@@ -1,4 +1,5 @@
-"""ChatCLM's constructor checks: an unknown argument or a bad setting fails at construction.
+"""ChatCLM's argument checks: an unknown argument or a bad setting fails at construction,
+and an argument one call does not use fails that call before its turn.
 
 Other LangChain chat models reject or warn about arguments they do not know; silently
 dropping ``num_ctx=`` or ``base_url=`` would let a user believe a setting took effect.
@@ -42,7 +43,37 @@ def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:
     return resolved
 
 
-def unknown_arguments(values: dict[str, Any], known: set[str]) -> None:
+# what one call (``invoke(..., temperature=0)``, ``bind(...)``, ``bind_tools``) may set
+CALL_ARGUMENTS = frozenset(
+    {
+        "model",
+        "session_id",
+        "stop",
+        "tools",
+        "tool_choice",
+        "response_format",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "no_repeat_ngram_size",
+        *ALIASES,
+    }
+)
+
+
+def unknown_call_arguments(values: dict[str, Any]) -> None:
+    """Raise ``ConfigError`` for the first per-call argument ChatCLM does not use: a
+    misspelt ``temprature=0`` must not look as if it took effect."""
+    unknown_arguments(values, set(CALL_ARGUMENTS), what="a call of ChatCLM takes no such argument")
+
+
+def unknown_arguments(values: dict[str, Any], known: set[str], what: str = "ChatCLM has no such argument") -> None:
     """Raise ``ConfigError`` for the first argument ChatCLM does not have, with a hint."""
     for name in values:
         if name in known:
@@ -54,7 +85,7 @@ def unknown_arguments(values: dict[str, Any], known: set[str]) -> None:
         else:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"did you mean {close[0]!r}?" if close else None
-        raise ConfigError(name, "ChatCLM has no such argument", hint=hint)
+        raise ConfigError(name, what, hint=hint)
 
 
 def check_settings(model: Any) -> None:

@@ -25,7 +25,8 @@ So the prompt of turn t+1 starts with the prompt of turn t plus its reply, unles
 segment changed; a change at segment i leaves every token before i untouched.
 Markers appear only where the protocol needs them (tagging modes that ask the model
 to label), and never in the system message, which is pinned. A message whose
-segments are all dropped is left out whole.
+segments are all dropped is left out whole; one sent empty (no segments at all) is an
+empty turn, header and footer, as the chat template renders it.
 """
 
 from __future__ import annotations
@@ -94,8 +95,10 @@ class ContextRenderer:
         self._digest(ids, rendered, folded, segments)
         for message in body[len(folded) :]:
             visible = [segments[s] for s in message.segment_ids if segments[s].visible]
-            if not visible:
+            if not visible and message.segment_ids:  # all of it left the context: so does its turn
                 continue
+            # a message sent empty (an assistant turn that only called tools, a tool that
+            # printed nothing) is an empty turn, as the chat template renders it
             role = self.tool_role if message.role == "tool" else message.role
             glue = self.format.glue[role]
             begin = len(ids)

@@ -28,3 +28,21 @@ def test_an_unknown_argument_or_a_bad_setting_fails_at_construction(arguments, m
 def test_a_model_path_that_is_not_there_fails_at_construction(tmp_path):
     with pytest.raises(ModelNotFoundError, match="never downloads"):
         ChatCLM(model=str(tmp_path / "missing.gguf"))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda chat: chat.invoke("hi", temprature=0.5), "temprature: a call of ChatCLM .*did you mean 'temperature'"),
+        (lambda chat: chat.bind(num_predict=5).invoke("hi"), "num_predict: .*'max_tokens'"),
+        (lambda chat: list(chat.stream("hi", logprobs=True)), "logprobs: a call of ChatCLM takes no such argument"),
+    ],
+)
+def test_an_unknown_per_call_argument_fails_before_the_turn(call, message):
+    from clm_middleware.errors import ConfigError
+
+    chat = ChatCLM(model="tiny", max_tokens=4)
+    with pytest.raises(ConfigError, match=message):
+        call(chat)
+    reply = chat.invoke("hi", temperature=0.0, repeat_penalty=1.1)  # known names, aliases too
+    assert reply.response_metadata["turn"] == 1  # the refused call left no turn behind

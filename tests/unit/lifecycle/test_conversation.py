@@ -254,6 +254,17 @@ def test_an_assistant_greeting_and_two_user_messages_in_a_row_are_answered(conve
     assert "booking bot" in conversation.context and "8 pm" in conversation.context
 
 
+def test_an_empty_assistant_or_tool_message_renders_as_the_chat_templates_empty_turn(converse, tiny_tok):
+    conversation = converse(system_prompt="Be brief.")
+    messages = [("user", "hi"), ("assistant", ""), ("user", "and now?"), ("tool", ""), ("user", "well?")]
+    for role, content in messages:
+        conversation.add(role, content)
+    prompt = conversation.render_prompt(conversation.next_segment_id()).token_ids
+    bare = [{"role": "system", "content": "Be brief."}] + [{"role": r, "content": c} for r, c in messages]
+    expected = tiny_tok.apply_chat_template(bare, tokenize=False, add_generation_prompt=True)
+    assert tiny_tok.decode(prompt) == expected  # no user, user where the caller sent user, assistant, user
+    assert conversation.respond().turn == 1
+
 def test_close_gives_every_block_back(converse, engine):
     with converse(k=3) as conversation:
         for text in FILLER[:4]:
