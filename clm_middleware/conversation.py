@@ -36,7 +36,7 @@ from clm_middleware.engine import Engine
 from clm_middleware.engine.protocol import ServingEngine, signals_source
 from clm_middleware.errors import ClmError, ConfigError
 from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdict
-from clm_middleware.lifecycle.compaction import Compactor
+from clm_middleware.lifecycle.compaction import Compactor, ContextBudgetError
 from clm_middleware.lifecycle.compressor import Compressor
 from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
 from clm_middleware.lifecycle.journal import ChangeJournal
@@ -177,6 +177,8 @@ class Conversation:
             self.store.register(self.record())
         if system_prompt:
             self.add("system", system_prompt)
+        else:
+            self._check_system_block_fits()
 
     # ------------------------------------------------------------ public API
 
@@ -234,6 +236,12 @@ class Conversation:
                     piece.separator,
                 )
             )
+        if role == "system":
+            try:
+                self._check_system_block_fits()
+            except ContextBudgetError:
+                self.discard(message.index)
+                raise
         return created
 
     def respond(
@@ -300,8 +308,48 @@ class Conversation:
         Changing it changes the start of the prompt, so the next turn re-prefills.
         """
         if text != self.tools_prompt:
-            self.tools_prompt = text
+            before, self.tools_prompt = self.tools_prompt, text
             self.rebuild_renderer()
+            try:
+                self._check_system_block_fits()
+            except ContextBudgetError:
+                self.tools_prompt = before
+                self.rebuild_renderer()
+                raise
+
+    def system_block_tokens(self) -> int:
+        """Tokens every prompt spends before any message: the system block (protocol
+        prompt, tools, system messages, all pinned) and the reply glue."""
+        system = [m for m in self.messages if m.role == "system"]
+        reply_id = segment_id(self._next_index)
+        return len(self.renderer.render(system, self._segments, reply_id=reply_id).token_ids)
+
+    def _check_system_block_fits(self) -> None:
+        """``ContextBudgetError`` when the pinned system block leaves the budget no room
+        for a message: every turn would fail, so the setting that does it fails now."""
+        budget = self.config.budget
+        if budget is None:
+            return
+        fixed = self.system_block_tokens()
+        if fixed < budget:
+            return
+        parts = [
+            name
+            for name, present in (
+                ("protocol prompt", self.protocol_context),
+                ("tools", self.tools_prompt),
+                ("system messages", any(m.role == "system" for m in self.messages)),
+            )
+            if present
+        ]
+        hint = "raise the budget or shorten the system prompt"
+        if self.protocol_context:
+            hint += "; tagging='signals' does not show the protocol prompt"
+        raise ContextBudgetError(
+            f"the system block ({', '.join(parts) or 'chat glue'}) takes {fixed} tokens, "
+            f"which leaves no room for a message in a budget of {budget}",
+            hint=hint,
+        )
 
     def score_continuations(self, prefix: str, candidates: Sequence[str]) -> list[float]:
         """Log-probability the model gives each candidate after the next prompt and ``prefix``.

@@ -265,6 +265,20 @@ def test_an_empty_assistant_or_tool_message_renders_as_the_chat_templates_empty_
     assert tiny_tok.decode(prompt) == expected  # no user, user where the caller sent user, assistant, user
     assert conversation.respond().turn == 1
 
+
+def test_a_budget_the_system_block_alone_fills_fails_at_once_and_names_it(converse):
+    with pytest.raises(ContextBudgetError, match=r"system block \(protocol prompt\) takes \d+ tokens.*signals"):
+        converse(tagging="free", budget=128, protocol_prompt=None)  # the default prompt, in the tiny tokenizer's bytes
+    with pytest.raises(ContextBudgetError, match=r"system block \(system messages\)"):
+        converse(budget=64, system_prompt="Answer in the style of a ship's log. " * 4)
+    conversation = converse(budget=128)
+    conversation.send("hello")
+    with pytest.raises(ContextBudgetError, match="leaves no room for a message in a budget of 128"):
+        conversation.add("system", "From now on, answer in the style of a ship's log, please. " * 3)
+    assert [m.role for m in conversation.history] == ["user", "assistant"]  # the refused message is gone
+    assert conversation.send("and again").turn == 2
+
+
 def test_close_gives_every_block_back(converse, engine):
     with converse(k=3) as conversation:
         for text in FILLER[:4]:
