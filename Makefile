@@ -9,7 +9,7 @@ STAMP := $(VENV)/.clm-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-unit test-remote lint format bench docs clean
+.PHONY: demo test test-unit test-remote lint format bench bench-anchor docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,5 +48,18 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(CLM) bench examples/transcripts/lisbon_trip.jsonl --teacher-force --markdown docs/bench/lisbon_prefix.md
 
+# `prefix` against llama.cpp (llama-cpp-python, the same GGUF) on the same token ids,
+# alternating turn by turn (docs/bench_anchor.py). llama-cpp-python goes into its own venv,
+# so it never becomes a dependency; it compiles from source once (pip caches the wheel).
+ANCHOR_VENV ?= .venv-anchor
+LLAMA_CPP_PYTHON_VERSION ?= 0.3.36
+
+$(ANCHOR_VENV)/bin/python:
+	$(PYTHON) -m venv $(ANCHOR_VENV)
+	$(ANCHOR_VENV)/bin/python -m pip install --quiet llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)
+
+bench-anchor: $(STAMP) $(ANCHOR_VENV)/bin/python
+	OMP_NUM_THREADS=1 $(PY) docs/bench_anchor.py --llama-python $(ANCHOR_VENV)/bin/python --out docs/bench/anchor
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ANCHOR_VENV) build dist *.egg-info .pytest_cache .ruff_cache
