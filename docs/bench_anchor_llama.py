@@ -7,7 +7,9 @@ of it is a dependency of the project. One JSON object per line in, one out:
   tokens already in the context (llama.cpp's prompt cache: the longest common prefix is
   kept, the rest of the KV removed), the new part evaluated, the first token sampled
   (TTFT), then the transcript's reply evaluated (teacher forcing). Answers ``prefill``
-  (prompt tokens computed), ``ttft_s``, ``cells`` (KV cells in use).
+  (prompt tokens computed), ``ttft_s``, ``cells`` (KV cells in use). The reply's last
+  token is not evaluated, as in a generation, where the last token is chosen, never fed
+  (our engine does the same), so the next prompt computes it.
 - ``{"op": "decode", "prompt": [ids], "tokens": n}``: a fresh context, the prompt
   evaluated, then ``n`` greedy tokens one at a time (EOS not honoured, so both sides
   decode the same count). Answers ``tokens_per_s`` over the tokens after the first.
@@ -42,8 +44,8 @@ def turn(prompt: list[int], reply: list[int]) -> dict:
     llm.eval(prompt[matched:])
     greedy()
     ttft = time.perf_counter() - started
-    if reply:
-        llm.eval(reply)
+    if len(reply) > 1:  # as a generation feeds it: every token but the last, which is only chosen
+        llm.eval(reply[:-1])
     return {"prefill": len(prompt) - matched, "ttft_s": ttft, "cells": llm.n_tokens}
 
 
