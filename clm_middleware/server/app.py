@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from clm_middleware.adapters.chat_call import ChatAnswer
+from clm_middleware.adapters.chat_call import ChatAnswer, ChatRequest
 from clm_middleware.adapters.sessions import Session
 from clm_middleware.errors import ClmError
 
@@ -116,6 +116,17 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
         service.router(tenant).forget(found)
         return {"id": found.conversation.id, "object": "clm.session", "deleted": True}
 
+    async def start_turn(chat: ChatRequest, tenant: str | None) -> TurnEvents:
+        """The turn running in a worker once a slot is free; the worker gives the slot back."""
+        await slots.acquire()
+        try:
+            events = TurnEvents(on_finished=slots.release)
+            events.start(service.call(chat, tenant, events.tick))
+        except BaseException:
+            slots.release()
+            raise
+        return events
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request, key: str | None = Depends(api_key)):
         if body.model != model_id:
@@ -129,14 +140,8 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
         chat = convert.chat_request(body, service.config.generation, session_id)
         tenant = service.tenant(key, body.user)
         completion_id = convert.completion_id()
+        events = await start_turn(chat, tenant)
         if body.stream:
-            await slots.acquire()
-            try:
-                events = TurnEvents(on_finished=slots.release)  # the worker releases the slot
-                events.start(service.call(chat, tenant, events.tick))
-            except BaseException:
-                slots.release()
-                raise
             first = await events.next()
             if first[0] == "error":  # failed before its first token: a real status, not a 200 stream
                 await events.finished()
@@ -145,13 +150,6 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             stream = sse(service, events, first, completion_id, model_id, session_id, include_usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        await slots.acquire()
-        events = TurnEvents(on_finished=slots.release)
-        try:
-            events.start(service.call(chat, tenant, events.tick))
-        except BaseException:
-            slots.release()
-            raise
         answer = await _answer_unless_gone(events, request)
         if answer is None:  # nobody reads a response; the turn was undone
             return Response(status_code=CLIENT_CLOSED_REQUEST)
