@@ -1,24 +1,52 @@
-"""clm-middleware: a local chat model manages its own context over a block-pool KV cache."""
+"""clm-middleware: a local chat model manages its own context over a block-pool KV cache.
 
-from clm_middleware.cache import BlockPool, PoolConfig
-from clm_middleware.conversation import Conversation
-from clm_middleware.engine import CallStats, Engine, Generation, Observe
-from clm_middleware.errors import ClmError
-from clm_middleware.lifecycle import Decision, Label, Reply, Segment, Segmenter, TurnStats
-from clm_middleware.models import load_model, load_tokenizer, model_fingerprint, tiny_llama
-from clm_middleware.store import Store
+Every name is imported on first use (``lazy.py``), so ``import clm_middleware`` and the
+``clm`` command's start-up (``clm --help``, an argument error) load neither torch nor
+transformers nor LangChain until something needs them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from clm_middleware.lazy import lazy_namespace
 
 __version__ = "0.1.0"
 
+_EXPORTS = {
+    "BlockPool": "clm_middleware.cache",
+    "CallStats": "clm_middleware.engine",
+    "ChatCLM": "clm_middleware.adapters",
+    "ClmError": "clm_middleware.errors",
+    "Conversation": "clm_middleware.conversation",
+    "Decision": "clm_middleware.lifecycle",
+    "Engine": "clm_middleware.engine",
+    "Generation": "clm_middleware.engine",
+    "Label": "clm_middleware.lifecycle",
+    "Observe": "clm_middleware.engine",
+    "PoolConfig": "clm_middleware.cache",
+    "Reply": "clm_middleware.lifecycle",
+    "Segment": "clm_middleware.lifecycle",
+    "Segmenter": "clm_middleware.lifecycle",
+    "Store": "clm_middleware.store",
+    "TurnStats": "clm_middleware.lifecycle",
+    "load_model": "clm_middleware.models",
+    "load_tokenizer": "clm_middleware.models",
+    "model_fingerprint": "clm_middleware.models",
+    "tiny_llama": "clm_middleware.models",
+}
 
-def __getattr__(name: str):
-    """``clm_middleware.ChatCLM``: imported on first use, so the core never loads LangChain."""
-    if name == "ChatCLM":
-        from clm_middleware.adapters import ChatCLM
+if TYPE_CHECKING:
+    from clm_middleware.adapters import ChatCLM
+    from clm_middleware.cache import BlockPool, PoolConfig
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.engine import CallStats, Engine, Generation, Observe
+    from clm_middleware.errors import ClmError
+    from clm_middleware.lifecycle import Decision, Label, Reply, Segment, Segmenter, TurnStats
+    from clm_middleware.models import load_model, load_tokenizer, model_fingerprint, tiny_llama
+    from clm_middleware.store import Store
 
-        return ChatCLM
-    raise AttributeError(f"module 'clm_middleware' has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_namespace(__name__, globals(), _EXPORTS)
 
 __all__ = [
     "BlockPool",

@@ -70,7 +70,7 @@ def variants(taggings: str, budget: int, compression: str) -> list[tuple[str, st
     truncation to the same budget, then keep-all; an unknown tagging mode is a usage error."""
     from clm_middleware.cli.setup import LifecycleOptions
     from clm_middleware.evaluation.retention import KEEP_ALL, TRUNCATE
-    from clm_middleware.lifecycle.tagging import TAGGING_MODES
+    from clm_middleware.lifecycle.modes import TAGGING_MODES
 
     modes = [m.strip() for m in taggings.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(TAGGING_MODES))

@@ -67,7 +67,7 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def remote_engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--engine, --engine-model, --engine-api-key, --engine-signals: drive a serving engine (docs/deploy.md)."""
-    from clm_middleware.remote.engine import SIGNALS
+    from clm_middleware.remote.signals import SIGNALS
 
     for option in reversed(
         [
@@ -220,7 +220,7 @@ def generation_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--budget, --k, --tagging, --compression, --db, --tenant, --summarizer (used by the clm mode)."""
-    from clm_middleware.lifecycle.tagging import TAGGING_MODES
+    from clm_middleware.lifecycle.modes import TAGGING_MODES
 
     for option in reversed(
         [

@@ -101,19 +101,22 @@ def replay(
     Several conversations in one file replay one after another through one pool, so
     prefixes they share (a system prompt, a document) are cache hits.
     """
+    from clm_middleware.errors import TranscriptError
+    from clm_middleware.replay.formats import read_transcripts
+
+    # the file first: a bad transcript is named before torch and the model load (seconds)
+    skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
+    transcripts = read_transcripts(transcript, transcript_format, skipped)[:limit]
+
     from clm_middleware.cli import json_lines as lines
     from clm_middleware.cli.output import replies_text, summary_table, turn_progress, turn_table
     from clm_middleware.cli.plot import plot_reports
     from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes
     from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory, engine_description
-    from clm_middleware.errors import TranscriptError
-    from clm_middleware.replay.formats import read_transcripts
     from clm_middleware.replay.report import Failure, ReplayReport, TurnRecord
     from clm_middleware.replay.runner import ReplayOptions, count_turns
     from clm_middleware.replay.runner import replay as run_replay
 
-    skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
-    transcripts = read_transcripts(transcript, transcript_format, skipped)[:limit]
     stderr = Console(stderr=True)
     if mode in ("stateless", "prefix"):
         ignored = [name for name, value in (("--budget", budget), ("--db", db), ("--summarizer", summarizer)) if value]

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 
 from clm_middleware.engine import Engine, Observe
 from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.modes import TAGGING_MODES
 from clm_middleware.lifecycle.protocol import OPEN_TAG, parse_block
 from clm_middleware.lifecycle.rules import RuleConfig, rule_label
 from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, Segment, SegmentId
 from clm_middleware.lifecycle.signals import SignalThresholds, signal_label
 from clm_middleware.render import ChatFormat
 
-TAGGING_MODES = ("auto", "free", "constrained", "signals", "rules")
 PROTOCOL_MODES = frozenset({"auto", "free", "constrained"})
 LABEL_CHOICES = (Label.KEEP, Label.COMPRESS, Label.DROP)
 

@@ -42,12 +42,12 @@ from clm_middleware.remote.client import ClientConfig, RemoteEngineError, Server
 from clm_middleware.remote.completion import CompletionEvent, completion_body, parse_event, penalty_fields
 from clm_middleware.remote.null_pool import NullPool
 from clm_middleware.remote.server_info import TOKENIZER_PROBE, ServerInfo, check_tokenizer, read_server_info
+from clm_middleware.remote.signals import SIGNALS
 from clm_middleware.remote.slots import SlotTable
 
 log = logging.getLogger(__name__)
 
 ENGINE_SCHEME = "openai:"  # --engine openai:URL
-SIGNALS = ("auto", "server", "scorer", "none")
 _NO_OBSERVATION = Observe()
 
 
