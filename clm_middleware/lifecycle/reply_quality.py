@@ -157,24 +157,23 @@ class RepeatWatch:
     whole text so far after every token: each call scans only what was appended since
     the last complete sentence, so a reply costs linear time, not quadratic.
 
-    Invariant: ``_scanned`` is the end of the last complete sentence of ``_text`` (an end
-    that appending cannot move: its terminator is already followed by whitespace);
-    ``_keys`` holds the keys of the sentences before it, sorted, for prefix look-ups. A
-    text that does not extend the last one (a stop string cut it) starts over."""
+    Invariant: ``_complete`` is the text through its last complete sentence (an end that
+    appending cannot move: its terminator is already followed by whitespace), or through
+    the repeated one once there is a ``cut``; ``_keys`` holds the keys of the sentences
+    before it, sorted, for prefix look-ups. A text that does not start with
+    ``_complete`` (a stop string cut it) starts over."""
 
     def __init__(self) -> None:
-        self._text = ""
-        self._scanned = 0
+        self._complete = ""
         self._keys: list[str] = []
         self.cut: int | None = None  # where the first repeated sentence starts, once there is one
 
     def update(self, text: str) -> None:
-        if not text.startswith(self._text[: self._scanned]):
-            self._scanned, self._keys, self.cut = 0, [], None
-        self._text = text
+        if not text.startswith(self._complete):
+            self._complete, self._keys, self.cut = "", [], None
         if self.cut is not None:
             return
-        start = self._scanned
+        scanned = start = len(self._complete)
         for end in _SENTENCE_END.finditer(text, pos=start):
             sentence, start = text[start : end.end()], end.end()
             key = _sentence_key(sentence)
@@ -185,11 +184,12 @@ class RepeatWatch:
                 self.cut = start - len(sentence.lstrip())
                 break
             self._keys.insert(at, key)
-        self._scanned = start
+        if start != scanned:  # copied only when a sentence ended, not on every token
+            self._complete = text[:start]
 
     def in_progress(self, text: str) -> int:
         """``repeat_in_progress`` of ``text``, the text of the last ``update``."""
-        tail = text[self._scanned :]
+        tail = text[len(self._complete) :]
         said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
         if not said:
             return 0
