@@ -10,6 +10,7 @@ field), and a model path that is not there fails now, not at the first ``invoke`
 from __future__ import annotations
 
 import difflib
+from collections.abc import Collection
 from typing import Any
 
 from clm_middleware.errors import ConfigError
@@ -70,10 +71,12 @@ CALL_ARGUMENTS = frozenset(
 def unknown_call_arguments(values: dict[str, Any]) -> None:
     """Raise ``ConfigError`` for the first per-call argument ChatCLM does not use: a
     misspelt ``temprature=0`` must not look as if it took effect."""
-    unknown_arguments(values, set(CALL_ARGUMENTS), what="a call of ChatCLM takes no such argument")
+    unknown_arguments(values, CALL_ARGUMENTS, what="a call of ChatCLM takes no such argument")
 
 
-def unknown_arguments(values: dict[str, Any], known: set[str], what: str = "ChatCLM has no such argument") -> None:
+def unknown_arguments(
+    values: dict[str, Any], known: Collection[str], what: str = "ChatCLM has no such argument"
+) -> None:
     """Raise ``ConfigError`` for the first argument ChatCLM does not have, with a hint."""
     for name in values:
         if name in known:
