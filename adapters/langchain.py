@@ -130,6 +130,11 @@ class ChatCLM(BaseChatModel):
     kv_dtype: str | None = None
     """Storage dtype of pooled KV blocks (bf16 / fp16 halve the pool; hits are then
     approximate); None keeps the model's dtype, exact."""
+    approximate_reuse: float | None = None
+    """After a compaction, reuse the KV of the text it kept at its new positions and
+    recompute this share of it, the most changed first (CacheBlend; 0.15 is its
+    default). Approximate: counted in ``cache_read`` like an exact hit, never stored in
+    the pool; None (default) keeps reuse exact."""
     store_path: str | None = None
     """SQLite file for conversations; None keeps them in memory only."""
     session_id: str | None = None
@@ -369,7 +374,15 @@ class ChatCLM(BaseChatModel):
         elif self.engine_url:
             engine = _shared_remote_engine(self.engine_url, model, self.engine_model, self.api_key)
         else:
-            engine = _shared_engine(model, self.device, self.dtype, self.block_size, self.max_kv_bytes, self.kv_dtype)
+            engine = _shared_engine(
+                model,
+                self.device,
+                self.dtype,
+                self.block_size,
+                self.max_kv_bytes,
+                self.kv_dtype,
+                self.approximate_reuse,
+            )
         router = self._router(model, engine)
         request = ChatRequest(
             turns=[to_turn(message) for message in messages],
@@ -528,14 +541,26 @@ def _session_kwargs(config: RunnableConfig | None, kwargs: dict[str, Any]) -> di
 
 @functools.lru_cache(maxsize=8)
 def _shared_engine(
-    model: str | None, device: str, dtype: str, block_size: int, max_kv_bytes: int | None, kv_dtype: str | None = None
+    model: str | None,
+    device: str,
+    dtype: str,
+    block_size: int,
+    max_kv_bytes: int | None,
+    kv_dtype: str | None = None,
+    approximate_reuse: float | None = None,
 ) -> Engine:
     """One engine (weights + pool) per model setting, shared by every ChatCLM in the process:
     constructing ChatCLM stays cheap, and conversations of different instances share blocks."""
     from clm_middleware.cli.setup import build_engine
 
     return build_engine(
-        model, device=device, dtype=dtype, block_size=block_size, max_kv_bytes=max_kv_bytes, kv_dtype=kv_dtype
+        model,
+        device=device,
+        dtype=dtype,
+        block_size=block_size,
+        max_kv_bytes=max_kv_bytes,
+        kv_dtype=kv_dtype,
+        approximate_reuse=approximate_reuse,
     )
 
 

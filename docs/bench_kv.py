@@ -5,6 +5,7 @@
     python docs/bench_kv.py attention-op           # one SDPA call: repeat_kv copies vs enable_gqa
     python docs/bench_kv.py kv-dtype [TRANSCRIPT]  # pool storage dtype: peak KV and reply_nll
     python docs/bench_kv.py kv-hit                 # pool storage dtype: logits of a pool-served hit
+    python docs/bench_kv.py blend [TRANSCRIPT]     # clm at a budget: exact vs approximate reuse
 
 Every variant is its own engine (own pool) over the same SmolLM2 weights; ratios
 from one run are comparable on a noisy machine, single times are not.
@@ -91,6 +92,57 @@ def kv_dtype(args: argparse.Namespace) -> None:
         ("TTFT sum (s)", total("ttft_s", "{:.2f}")),
     ]
     print_table(reports, rows, f"{args.transcript.name}, {len(baseline)} turns, teacher-forced, pool kv_dtype")
+
+
+def blend(args: argparse.Namespace) -> None:
+    """``clm`` teacher-forced at ``--budget``, exact reuse against approximate reuse at
+    each ``--shares`` (engine/blend.py), alternating turn by turn: what the blend saves
+    in prefill, and what it costs in ``reply_nll`` on the same contexts."""
+    from clm_middleware.cli.setup import LifecycleOptions, driver_factory
+    from clm_middleware.engine.blend import BlendConfig
+
+    exact = build_engine()
+    engines = {"exact": exact}
+    for share in args.shares:
+        engines[f"blend {share:g}"] = Engine(exact.model, exact.tokenizer, blend=BlendConfig(recompute_share=share))
+    options = ReplayOptions(mode="clm", teacher_force=True)
+    factories = {
+        name: driver_factory(engine, options, LifecycleOptions(budget=args.budget)) for name, engine in engines.items()
+    }
+    # keep-all `prefix` beside, on its own exact engine: the TTFT that clm's is held to
+    factories["prefix"] = driver_factory(
+        Engine(exact.model, exact.tokenizer), ReplayOptions(mode="prefix", teacher_force=True)
+    )
+    reports = {name: ReplayReport(mode=name, model="smollm2") for name in factories}
+    replay_interleaved(read_transcripts(args.transcript), factories, reports, teacher_force=True)
+    baseline = reports["exact"].turns
+    prefix_p95 = reports["prefix"].totals()["ttft_p95_s"]
+    changed = [i for i, turn in enumerate(baseline) if turn.cached_tokens < turn.prompt_tokens - 200]
+
+    def worst_change(report: ReplayReport) -> str:
+        if report.mode == "prefix":
+            return "(other contexts)"
+        return f"{max(abs(a.reply_nll - b.reply_nll) for a, b in zip(report.turns, baseline, strict=True)):.4f}"
+
+    def heavy_ttft(report: ReplayReport) -> str:
+        """TTFT summed over the turns where exact reuse recomputed over 200 tokens (compactions)."""
+        return f"{sum(report.turns[i].ttft_s for i in changed):.2f}"
+
+    rows = [
+        ("prefill tokens", total("prefill_tokens", "{:,}")),
+        ("of the cached tokens, approximate", total("approximate_tokens", "{:,}")),
+        ("hit rate (approximate included)", total("hit_rate", "{:.1%}")),
+        ("TTFT sum (s)", total("ttft_s", "{:.2f}")),
+        ("TTFT p95 (s)", total("ttft_p95_s", "{:.3f}")),
+        ("TTFT p95 / prefix's", lambda r: f"{r.totals()['ttft_p95_s'] / prefix_p95:.2f}×"),
+        (f"TTFT over the {len(changed)} heavy turns of exact (s)", heavy_ttft),
+        ("compactions per 10 turns", total("compactions_per_10_turns", "{:.2f}")),
+        ("reply_nll", total("reply_nll", "{:.4f}")),
+        ("max per-turn reply_nll change vs exact clm", worst_change),
+    ]
+    print_table(
+        reports, rows, f"{args.transcript.name}, {len(baseline)} turns, clm teacher-forced, budget {args.budget}"
+    )
 
 
 def kv_hit(args: argparse.Namespace) -> None:
@@ -197,8 +249,13 @@ def kernels(engine: Engine, prompt: list[int]) -> str:
 
 
 def total(name: str, form: str):
-    """A table cell: ``report.totals()[name]`` formatted with ``form``."""
-    return lambda report: form.format(report.totals()[name])
+    """A table cell: ``report.totals()[name]`` formatted with ``form`` ("—" where the mode has none)."""
+
+    def cell(report: ReplayReport) -> str:
+        value = report.totals().get(name)
+        return "—" if value is None else form.format(value)
+
+    return cell
 
 
 def print_table(reports: dict[str, ReplayReport], rows, caption: str) -> None:
@@ -218,6 +275,11 @@ def main() -> None:
     command = commands.add_parser("kv-dtype", help="pool storage dtype: peak KV and reply_nll")
     command.add_argument("transcript", type=Path, nargs="?", default=BUNDLED)
     command.set_defaults(run=kv_dtype)
+    command = commands.add_parser("blend", help="clm at a budget: exact vs approximate reuse")
+    command.add_argument("transcript", type=Path, nargs="?", default=BUNDLED)
+    command.add_argument("--budget", type=int, default=1024)
+    command.add_argument("--shares", type=float, nargs="+", default=[0.15, 0.3])
+    command.set_defaults(run=blend)
     command = commands.add_parser("attention-op", help="one SDPA call: repeat_kv vs enable_gqa")
     command.add_argument("--rounds", type=int, default=30)
     command.set_defaults(run=attention_op)

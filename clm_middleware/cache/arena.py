@@ -17,7 +17,9 @@ public extension point); nothing inside the model is patched.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -42,6 +44,8 @@ class ArenaLayer(DynamicLayer):
         """Nothing to do: the arena is allocated up front."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self._arena.scatter is not None:
+            return self._scatter(key_states, value_states, *self._arena.scatter)
         arena, start = self._arena, self._arena.layer_lengths[self._layer]
         end = start + key_states.shape[-2]
         if end > arena.capacity_tokens:
@@ -51,6 +55,13 @@ class ArenaLayer(DynamicLayer):
         arena.layer_lengths[self._layer] = end
         self._refresh()
         return self.keys, self.values
+
+    def _scatter(self, key_states: torch.Tensor, value_states: torch.Tensor, positions: torch.Tensor, length: int):
+        """Write the new K/V at ``positions`` (not appended); the first ``length`` positions attend."""
+        self._arena.flat_keys[self._layer].index_copy_(1, positions, key_states[0])
+        self._arena.flat_values[self._layer].index_copy_(1, positions, value_states[0])
+        keys = self._arena.flat_keys[self._layer][:, :length].unsqueeze(0)
+        return keys, self._arena.flat_values[self._layer][:, :length].unsqueeze(0)
 
     def get_seq_length(self) -> int:
         return self._arena.layer_lengths[self._layer]
@@ -95,6 +106,11 @@ class ArenaCache(Cache):
         # fill positions 0..num_tokens, and the extra key (model, tenant) they were computed under.
         self.token_ids: list[int] = []
         self.extra_key = b""
+        # the first position whose K/V are approximate (moved by engine/blend.py, or
+        # computed after such), None when all are exact; only blending engines serve past it
+        self.exact_tokens: int | None = None
+        # (positions, length) while a forward writes at given positions (ArenaLayer._scatter)
+        self.scatter: tuple[torch.Tensor, int] | None = None
         super().__init__(layers=[ArenaLayer(self, i) for i in range(layout.num_layers)])
 
     def reset_to(self, num_tokens: int) -> None:
@@ -103,12 +119,24 @@ class ArenaCache(Cache):
         for layer in self.layers:
             layer._refresh()
 
-    def reusable_tokens(self, token_ids: list[int], extra_key: bytes) -> int:
-        """How many leading positions already hold the K/V of ``token_ids``."""
+    @contextlib.contextmanager
+    def scattered(self, positions: torch.Tensor, length: int) -> Iterator[None]:
+        """Forwards inside write their K/V at ``positions`` and attend over ``length`` positions."""
+        self.scatter = (positions, length)
+        try:
+            yield
+        finally:
+            self.scatter = None
+
+    def reusable_tokens(self, token_ids: list[int], extra_key: bytes, *, approximate: bool = False) -> int:
+        """How many leading positions already hold the K/V of ``token_ids`` (exact ones
+        only unless ``approximate``)."""
         if extra_key != self.extra_key:
             return 0
         held = self.token_ids[: self.num_tokens]
         limit = min(len(held), len(token_ids))
+        if not approximate and self.exact_tokens is not None:
+            limit = min(limit, self.exact_tokens)
         return next((i for i in range(limit) if held[i] != token_ids[i]), limit)
 
     def covered_blocks(self, reusable_tokens: int, num_tokens: int) -> int:
@@ -138,25 +166,55 @@ class ArenaRecycler:
         self._spare: list[ArenaCache] = []
         self._lock = threading.Lock()
 
-    def take(self, capacity_blocks: int, token_ids: list[int], extra_key: bytes) -> tuple[ArenaCache, int]:
+    def take(
+        self, capacity_blocks: int, token_ids: list[int], extra_key: bytes, *, approximate: bool = False
+    ) -> tuple[ArenaCache, int]:
         """An arena with room for ``capacity_blocks``, and how many leading tokens of
-        ``token_ids`` it already holds (the spare sharing the longest prefix wins)."""
-        with self._lock:
-            fitting = [a for a in self._spare if a.capacity_blocks >= capacity_blocks]
-            if fitting:
-                scored = [
-                    (a.reusable_tokens(token_ids, extra_key), -a.capacity_blocks, i) for i, a in enumerate(fitting)
-                ]
-                reusable, _, best = max(scored)
-                arena = fitting[best]
-                self._spare.remove(arena)
-                return arena, reusable
-        rounded = -(-capacity_blocks // ARENA_GRANULE_BLOCKS) * ARENA_GRANULE_BLOCKS
-        return ArenaCache(self.layout, rounded, self.block_size), 0
+        ``token_ids`` it already holds (the spare sharing the longest prefix wins;
+        approximate positions count only if ``approximate``).
 
-    def give(self, arena: ArenaCache, token_ids: list[int], extra_key: bytes) -> None:
-        """Return an arena whose first ``num_tokens`` positions hold ``token_ids``' K/V."""
-        arena.token_ids, arena.extra_key = token_ids, extra_key
+        With ``approximate``, a spare too small for the request still wins if it holds
+        more of the prompt: its content moves into a larger arena. Its approximate K/V
+        exist nowhere else (the pool holds exact blocks only), so outgrowing the arena
+        must not lose them; exact content is in the pool anyway.
+        """
+        with self._lock:
+            scored = [
+                (
+                    a.reusable_tokens(token_ids, extra_key, approximate=approximate),
+                    a.capacity_blocks >= capacity_blocks,
+                    -a.capacity_blocks,
+                    i,
+                )
+                for i, a in enumerate(self._spare)
+                if approximate or a.capacity_blocks >= capacity_blocks
+            ]
+            if scored:
+                reusable, fits, _, best = max(scored)
+                arena = self._spare.pop(best)
+                if fits:
+                    return arena, reusable
+                return self._grown(arena, capacity_blocks), reusable
+        return self._fresh(capacity_blocks), 0
+
+    def _fresh(self, capacity_blocks: int) -> ArenaCache:
+        rounded = -(-capacity_blocks // ARENA_GRANULE_BLOCKS) * ARENA_GRANULE_BLOCKS
+        return ArenaCache(self.layout, rounded, self.block_size)
+
+    def _grown(self, small: ArenaCache, capacity_blocks: int) -> ArenaCache:
+        """A fresh arena of ``capacity_blocks`` holding what ``small`` held."""
+        arena, held = self._fresh(capacity_blocks), small.num_tokens
+        blocks = -(-held // self.block_size)
+        arena.keys[:, :, :blocks] = small.keys[:, :, :blocks]
+        arena.values[:, :, :blocks] = small.values[:, :, :blocks]
+        arena.token_ids, arena.extra_key, arena.exact_tokens = small.token_ids, small.extra_key, small.exact_tokens
+        arena.reset_to(held)
+        return arena
+
+    def give(self, arena: ArenaCache, token_ids: list[int], extra_key: bytes, exact_tokens: int | None = None) -> None:
+        """Return an arena whose first ``num_tokens`` positions hold ``token_ids``' K/V,
+        approximate from ``exact_tokens`` on (None: all exact)."""
+        arena.token_ids, arena.extra_key, arena.exact_tokens = token_ids, extra_key, exact_tokens
         with self._lock:
             self._spare.append(arena)
             self._spare.sort(key=lambda a: a.capacity_blocks, reverse=True)

@@ -15,7 +15,8 @@ MODEL_HELP = (
 
 
 def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--model, --device, --dtype, --block-size, --max-kv-bytes, --kv-dtype, --disk-cache-dir, --min-free-disk-mb."""
+    """--model, --device, --dtype, --block-size, --max-kv-bytes, --kv-dtype, --approximate-reuse,
+    --disk-cache-dir, --min-free-disk-mb."""
     for option in reversed(
         [
             click.option("--model", default=None, help=MODEL_HELP),
@@ -45,6 +46,15 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 default=None,
                 help="Store pooled KV blocks as this dtype: bf16/fp16 halve the pool's memory, but a "
                 "hit is then approximate [default: the model's dtype, exact].",
+            ),
+            click.option(
+                "--approximate-reuse",
+                type=click.FloatRange(0.0, 1.0),
+                default=None,
+                metavar="SHARE",
+                help="After a compaction, reuse the KV of the text it kept at its new positions and "
+                "recompute this share of it, the most changed first (CacheBlend; 0.15 is its default). "
+                "Approximate: labelled in the stats, never stored in the pool [default: off, exact].",
             ),
             click.option(
                 "--disk-cache-dir",

@@ -27,6 +27,7 @@ def build_engine(
     max_kv_bytes: int | None = None,
     max_blocks: int | None = None,
     kv_dtype: str | None = None,
+    approximate_reuse: float | None = None,
     disk_cache_dir: str | None = None,
     min_free_disk_mb: int = 512,
     engine_url: str | None = None,
@@ -37,18 +38,28 @@ def build_engine(
     """The local engine for ``model``; with ``engine_url``, a ``RemoteEngine`` on that server,
     with ``model``'s tokenizer (and, for signals, ``model`` itself as a local scorer)."""
     if engine_url is not None:
+        if approximate_reuse is not None:
+            raise ConfigError(
+                "approximate_reuse", "applies to the local engine; a serving engine keeps its own KV cache"
+            )
         return build_remote_engine(
             engine_url, model, engine_model=engine_model, api_key=engine_api_key, signals=engine_signals, dtype=dtype
         )
     pool_config = PoolConfig(block_size=block_size, max_kv_bytes=max_kv_bytes, max_blocks=max_blocks, kv_dtype=kv_dtype)
-    disk = {"disk_cache_dir": disk_cache_dir, "min_free_disk_mb": min_free_disk_mb}
+    extra: dict[str, Any] = {"disk_cache_dir": disk_cache_dir, "min_free_disk_mb": min_free_disk_mb}
+    if approximate_reuse is not None:
+        from clm_middleware.engine.blend import BlendConfig
+
+        extra["blend"] = BlendConfig(recompute_share=approximate_reuse)
     if model == TINY_MODEL:
         from clm_middleware.models import tiny_llama, tiny_tokenizer
 
-        return Engine(tiny_llama(), tiny_tokenizer(), pool_config=pool_config, **disk)
+        return Engine(tiny_llama(), tiny_tokenizer(), pool_config=pool_config, **extra)
     from clm_middleware.models.loading import load_model, load_tokenizer
 
-    return Engine(load_model(model, device=device, dtype=dtype), load_tokenizer(model), pool_config=pool_config, **disk)
+    return Engine(
+        load_model(model, device=device, dtype=dtype), load_tokenizer(model), pool_config=pool_config, **extra
+    )
 
 
 def build_remote_engine(
@@ -81,14 +92,18 @@ def sibling_engine(engine: ServingEngine) -> ServingEngine:
     A remote engine is its own sibling: the server's cache is shared whatever we do."""
     if not isinstance(engine, Engine):
         return engine
-    return Engine(engine.model, engine.tokenizer, pool_config=engine.pool.config)
+    return Engine(engine.model, engine.tokenizer, pool_config=engine.pool.config, blend=engine.blend)
 
 
 def engine_description(engine: ServingEngine) -> dict[str, Any]:
     """Report settings that say which engine ran: a remote engine's server, kind and
     ``signals_source``; for the local engine, ``signals_source: local``."""
     describe = getattr(engine, "describe", None)
-    return describe() if callable(describe) else {"signals_source": signals_source(engine)}
+    if callable(describe):
+        return describe()
+    blend = getattr(engine, "blend", None)
+    approximate = {"approximate_reuse": blend.recompute_share} if blend is not None else {}
+    return {"signals_source": signals_source(engine), **approximate}
 
 
 @dataclass(slots=True)

@@ -9,7 +9,9 @@ One call (``Engine.generate``) does, in order::
     store the new blocks (prompt and generated) ──▶ release / hold            ─ bookkeeping_s
 
 Reuse is token-exact (see engine/reuse.py): a turn that extends the previous one
-computes only the tokens it adds.
+computes only the tokens it adds. An engine built with ``blend=BlendConfig()`` also
+reuses, approximately and labelled as such, the K/V of text that a compaction moved
+(engine/blend.py); its approximate K/V never enter the pool.
 
 Invariants:
 - At least one prompt token is always recomputed, even when the whole prompt is
@@ -41,6 +43,7 @@ from clm_middleware.cache.hashing import extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
 from clm_middleware.engine import scoring
 from clm_middleware.engine.attention import use_gqa_attention
+from clm_middleware.engine.blend import BlendConfig, Blender, approximate_start, observed_from
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request, request_ids
 from clm_middleware.engine.observe import Observe, default_probe_layers
 from clm_middleware.engine.penalties import GenerationDefaults
@@ -69,8 +72,12 @@ class Engine:
         min_free_disk_mb: int = DEFAULT_MIN_FREE_DISK_MB,
         max_disk_bytes: int | None = None,
         gqa_attention: bool = True,
+        blend: BlendConfig | None = None,
     ) -> None:
         self.model = model.eval()
+        # opt-in approximate reuse after a compaction (engine/blend.py); None: token-exact only
+        self.blend = blend
+        self._blender = Blender(model, blend) if blend is not None else None
         # grouped-query attention without repeat_kv copies (engine/attention.py); exact
         self.gqa_attention = use_gqa_attention(model) if gqa_attention else False
         self.logits_processors = tuple(logits_processors)  # applied to every call, before the call's own
@@ -110,6 +117,7 @@ class Engine:
         device: str = "cpu",
         dtype: str = "float32",
         pool_config: PoolConfig | None = None,
+        blend: BlendConfig | None = None,
     ) -> Engine:
         """Load a model and tokenizer (see :func:`load_model`) and wrap them."""
         from clm_middleware.models.loading import load_model, load_tokenizer
@@ -118,6 +126,7 @@ class Engine:
             load_model(model, device=device, dtype=dtype),
             load_tokenizer(model),
             pool_config=pool_config,
+            blend=blend,
         )
 
     def close(self) -> None:
@@ -347,7 +356,13 @@ class Engine:
         reserved: list[int] = []
         capacity = math.ceil((len(prompt) + sampling.max_new_tokens) / size)
         tick = time.perf_counter()
-        arena, reusable = self._arenas.take(capacity, prompt if request.use_pool else [], request.extra_key)
+        blending = self._blender is not None and request.use_pool
+        arena, reusable = self._arenas.take(
+            capacity, prompt if request.use_pool else [], request.extra_key, approximate=blending
+        )
+        held = arena.token_ids  # what the arena held: a blend moves its K/V
+        exact_after: int | None = None  # the arena's first approximate position after the call
+        copied_until = 0
         stats.arena_s = time.perf_counter() - tick
         store = False
         try:
@@ -360,7 +375,9 @@ class Engine:
                 except PoolExhaustedError:
                     hit.release(pool)
                     raise
-                hit.gather_into(pool, arena, reusable)
+                # the pool's exact blocks replace what the arena holds approximately
+                exact_reusable = reusable if arena.exact_tokens is None else min(reusable, arena.exact_tokens)
+                copied_until = hit.gather_into(pool, arena, exact_reusable)
                 stats.bookkeeping_s += time.perf_counter() - tick
             else:
                 arena.reset_to(0)
@@ -376,8 +393,16 @@ class Engine:
                 # of it the pool holds: the observation never depends on the cache
                 start = len(prompt) - window
                 arena.reset_to(start)
-            stats.cached_tokens = start
-            stats.prefill_tokens = len(prompt) - start
+            computed = 0
+            if blending and start < (limit := observed_from(request.observe, len(prompt))):
+                reused = approximate_start(
+                    self._blender, arena, held, prompt, start=start, reusable=reusable,
+                    copied_until=copied_until, limit=limit,
+                )  # fmt: skip
+                start, exact_after, computed = reused.start, reused.exact_tokens, reused.computed
+                stats.approximate_tokens, stats.blend_check_tokens = reused.approximate_tokens, reused.checked
+            stats.cached_tokens = start - computed
+            stats.prefill_tokens = len(prompt) - stats.cached_tokens
             store = request.use_pool
             logits = self._prefill(request, result, arena, start, hit)
             generator = sampling.generator(self.device)
@@ -427,11 +452,11 @@ class Engine:
                 tokens = prompt + result.token_ids
                 measured = _measured_logprobs(request, result, len(tokens))
                 chain, result.last_block_key = store_computed(
-                    pool, hit, arena, tokens, reserved, request.extra_key, measured
+                    pool, hit, arena, tokens, reserved, request.extra_key, measured, exact_after
                 )
                 stats.stored_blocks = len(chain) - len(hit.chain)
                 pool.release([hit.tail] if hit.tail is not None else [])
-                self._arenas.give(arena, tokens[: arena.num_tokens], request.extra_key)
+                self._arenas.give(arena, tokens[: arena.num_tokens], request.extra_key, exact_after)
             else:  # an arena of a failed or stateless call holds nothing reusable
                 pool.release(reserved)
                 chain = hit.blocks

@@ -54,11 +54,13 @@ class PrefixHit:
         pool.release(list(reversed(self.blocks)))
         self.chain, self.keys, self.tail, self.tail_tokens = [], [], None, 0
 
-    def gather_into(self, pool: BlockPool, arena: ArenaCache, reusable_tokens: int) -> None:
-        """Fill the arena's first ``start`` positions, copying only blocks it lacks."""
+    def gather_into(self, pool: BlockPool, arena: ArenaCache, reusable_tokens: int) -> int:
+        """Fill the arena's first ``start`` positions, copying only blocks it lacks; the
+        end of the copied blocks (0 if none was), past which the arena is as it was."""
         blocks = self.blocks
         skip = min(len(blocks), arena.covered_blocks(reusable_tokens, self.start))
         pool.gather_into(blocks, arena, num_tokens=self.start, skip_blocks=skip)
+        return len(blocks) * self.block_size if skip < len(blocks) else 0
 
     def known_logprob(self, pool: BlockPool, prompt: Sequence[int]) -> float | None:
         """``log p(prompt[start] | prompt[:start])`` if the last served block measured it
@@ -133,17 +135,22 @@ def store_computed(
     reserved: list[int],
     extra_key: bytes,
     measured: list[float | None] | None,
+    exact_tokens: int | None = None,
 ) -> tuple[list[int], BlockKey | None]:
-    """Publish the arena's positions after ``hit.chain`` (``tokens[:arena.num_tokens]``)
-    as blocks, the last partial if the arena ends mid-block; reserved blocks left over
-    are released. Returns the chain covering every computed position (the hit's full
-    blocks, then the stored ones; one reference each) and its last key. The hit's tail
-    is not part of it: the caller releases it with the rest of the hit.
+    """Publish the arena's positions after ``hit.chain`` (``tokens[:arena.num_tokens]``,
+    or only its first ``exact_tokens``: keys promise exact K/V) as blocks, the last
+    partial if the arena ends mid-block; reserved blocks left over are released.
+    Returns the chain covering every computed position (the hit's full blocks, then the
+    stored ones; one reference each) and its last key. The hit's tail is not part of
+    it: the caller releases it with the rest of the hit.
 
     ``measured`` (per position of ``tokens``) gives each block its log-probs, and the
     last one the log p of the token after it (``Block.next_logprob``).
     """
     size, num_tokens = pool.block_size, arena.num_tokens
+    capped = exact_tokens is not None and exact_tokens < num_tokens
+    if capped:
+        num_tokens = max(len(hit.chain) * size, exact_tokens)
     first_new = len(hit.chain)
     parent = hit.keys[-1] if hit.keys else None
     new_keys = chain_keys(tokens[:num_tokens], size, extra_key, start_block=first_new, parent=parent)
@@ -154,7 +161,8 @@ def store_computed(
     targets = reserved[: len(new_keys)]
     pool.store_from(arena, first_new, targets)
     after = None
-    if measured is not None and num_tokens < len(measured) and measured[num_tokens] is not None:
+    # the log p of the token after the last block, unless approximate K/V gave it
+    if not capped and measured is not None and num_tokens < len(measured) and measured[num_tokens] is not None:
         after = (tokens[num_tokens], measured[num_tokens])
     chain = list(hit.chain)
     for offset, (block_id, key) in enumerate(zip(targets, new_keys, strict=True)):

@@ -1,7 +1,10 @@
 """Per-call and cumulative engine statistics.
 
-``cached_tokens`` were served from the block pool; ``prefill_tokens`` were computed.
-For every call ``cached_tokens + prefill_tokens == prompt_tokens``. The hit rate is
+``cached_tokens`` were served from the block pool (or the working arena);
+``prefill_tokens`` were computed. For every call ``cached_tokens + prefill_tokens ==
+prompt_tokens``. Of the cached tokens, ``approximate_tokens`` were served by an engine
+that opted into approximate reuse (engine/blend.py) with K/V that an exact
+recompute would not give: moved after a compaction, or computed after such. The hit rate is
 token-weighted: cached tokens over prompt tokens, summed over calls.
 """
 
@@ -19,6 +22,8 @@ class CallStats:
     generated_tokens: int = 0
     forced_tokens: int = 0  # a given continuation (teacher forcing), computed after the prompt
     disk_tokens: int = 0  # of cached_tokens, those brought in from the disk tier
+    approximate_tokens: int = 0  # of cached_tokens, those with approximate K/V (engine/blend.py)
+    blend_check_tokens: int = 0  # positions run through the first layers to choose what a blend recomputes
     ttft_s: float = 0.0
     decode_s: float = 0.0
     total_s: float = 0.0
@@ -53,6 +58,7 @@ class EngineStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     prefill_tokens: int = 0
+    approximate_tokens: int = 0
     generated_tokens: int = 0
     ttft_s: float = 0.0
     decode_s: float = 0.0
@@ -65,6 +71,7 @@ class EngineStats:
             self.prompt_tokens += call.prompt_tokens
             self.cached_tokens += call.cached_tokens
             self.prefill_tokens += call.prefill_tokens
+            self.approximate_tokens += call.approximate_tokens
             self.generated_tokens += call.generated_tokens
             self.ttft_s += call.ttft_s
             self.decode_s += call.decode_s
@@ -83,6 +90,7 @@ class EngineStats:
                     "prompt_tokens",
                     "cached_tokens",
                     "prefill_tokens",
+                    "approximate_tokens",
                     "generated_tokens",
                     "ttft_s",
                     "decode_s",

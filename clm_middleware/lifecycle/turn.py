@@ -38,6 +38,7 @@ class TurnStats:
     turn: int
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    approximate_tokens: int = 0  # of cached_tokens, reused approximately (Engine(blend=...))
     prefill_tokens: int = 0
     context_tokens: int = 0
     generated_tokens: int = 0

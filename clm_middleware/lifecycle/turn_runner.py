@@ -452,6 +452,7 @@ class TurnRunner:
         call = generation.stats
         stats.prompt_tokens, stats.context_tokens = call.prompt_tokens, call.prompt_tokens
         stats.cached_tokens, stats.prefill_tokens = call.cached_tokens, call.prefill_tokens
+        stats.approximate_tokens = call.approximate_tokens
         stats.forced_tokens = call.forced_tokens
         stats.generated_tokens, stats.ttft_s, stats.bookkeeping_s, stats.arena_s = (
             call.generated_tokens,

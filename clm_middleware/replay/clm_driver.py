@@ -39,6 +39,7 @@ class ClmDriver:
             conversation_id=self.conversation.id,
             prompt_tokens=stats.prompt_tokens,
             cached_tokens=stats.cached_tokens,
+            approximate_tokens=stats.approximate_tokens,
             prefill_tokens=stats.prefill_tokens,
             context_tokens=stats.context_tokens,
             generated_tokens=stats.generated_tokens,

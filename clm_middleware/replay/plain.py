@@ -136,6 +136,7 @@ def plain_turn_record(
         conversation_id=conversation_id,
         prompt_tokens=stats.prompt_tokens,
         cached_tokens=stats.cached_tokens,
+        approximate_tokens=stats.approximate_tokens,
         prefill_tokens=stats.prefill_tokens,
         context_tokens=stats.prompt_tokens,
         generated_tokens=stats.generated_tokens,

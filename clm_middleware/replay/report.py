@@ -36,6 +36,7 @@ class TurnRecord:
     working_kv_bytes: int = 0  # the turn's own attention cache at its end
     live_kv_bytes: int = 0  # pool bytes the conversation needs to continue at full speed
     forced_tokens: int = 0  # teacher-forced: the transcript's reply, computed after the prompt
+    approximate_tokens: int = 0  # of cached_tokens, reused approximately (--approximate-reuse)
     reply_nll: float | None = None  # teacher-forced: mean -log p per token of the reply given this prompt
     reply_flags: list[str] = field(default_factory=list)  # generated: protocol_artifact | repetition_loop | empty
     extra: dict[str, Any] = field(default_factory=dict)  # fields added by other modes
@@ -86,6 +87,7 @@ class ReplayReport:
             "conversations": len({t.conversation_id for t in turns}),
             "prompt_tokens": prompt,
             "cached_tokens": cached,
+            "approximate_tokens": sum(t.approximate_tokens for t in turns),
             "prefill_tokens": sum(t.prefill_tokens for t in turns),
             "generated_tokens": sum(t.generated_tokens for t in turns),
             "forced_tokens": sum(t.forced_tokens for t in turns),

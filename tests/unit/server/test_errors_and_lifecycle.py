@@ -121,7 +121,6 @@ def test_a_client_that_leaves_mid_stream_cancels_its_turn_and_frees_its_blocks(s
     assert httpx.delete(server.api + "/sessions/leaver", timeout=TIMEOUT_S).status_code == 200
 
 
-
 def test_a_client_that_leaves_a_non_streaming_request_cancels_its_turn(server, model_id):
     session = {"X-Session-Id": "impatient"}
     first = _post(server.api, _hello(model_id), session).json()
@@ -139,6 +138,7 @@ def test_a_client_that_leaves_a_non_streaming_request_cancels_its_turn(server, m
     assert detail["messages"] == 2 and detail["turns"] == 1  # cancelled, not run to its end
     retried = _post(server.api, {**body, "max_tokens": 4}, session).json()
     assert retried["clm"]["route"] == "extend" and retried["clm"]["turn"] == 2
+
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory, launch):
