@@ -4,7 +4,8 @@ The figures behind the ``recent_share`` / ``low_water`` choice in docs/lifecycle
 session replayed teacher-forced under ``Conversation(config=LifecycleConfig(budget=...,
 **overrides))``, default ``auto`` tagging, 48-token generation cap (unused: replies are
 forced). Prints the token-weighted mean ``reply_nll``, the probes retained in the final
-context and the number of compactions.
+context, the number of compactions, the prefill tokens and the hit rate (cached ÷ prompt
+tokens).
 
     python docs/bench_lifecycle_variants.py examples/retention/sgd_session_10.jsonl '{"recent_share": 0.75}'
 """
@@ -33,7 +34,7 @@ def main() -> None:
     overrides = json.loads(args.overrides)
     config = LifecycleConfig(tagging=TaggingConfig(mode="auto"), budget=args.budget, **overrides)
     conversation = Conversation(Engine.from_pretrained(), config=config, max_new_tokens=48)
-    nll_sum = tokens = compactions = 0.0
+    nll_sum = tokens = compactions = prefill = prompt = 0.0
     started = time.perf_counter()
     for before, answer in turn_plan(read_jsonl(args.transcript)[0]):
         for message in before:
@@ -44,11 +45,14 @@ def main() -> None:
         nll_sum += stats.reply_nll * stats.forced_tokens
         tokens += stats.forced_tokens
         compactions += bool(stats.compaction)
+        prefill += stats.prefill_tokens
+        prompt += stats.prompt_tokens
     probes = read_probes(args.transcript.replace(".jsonl", ".probes.json"))
     kept, _ = retention(probes, conversation.context)
     print(
         f"{args.transcript} {overrides}: reply_nll {nll_sum / tokens:.4f}, facts {kept}/{len(probes)}, "
-        f"compactions {compactions:.0f}, {time.perf_counter() - started:.0f} s"
+        f"compactions {compactions:.0f}, prefill {prefill:.0f}, hit rate {1 - prefill / prompt:.1%}, "
+        f"{time.perf_counter() - started:.0f} s"
     )
 
 

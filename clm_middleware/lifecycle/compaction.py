@@ -46,6 +46,7 @@ from clm_middleware.lifecycle.rules import eviction_value, is_condensed_request
 from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Segment, SegmentId, Status
 
 OVERHEAD_TOKENS_PER_SEGMENT = 8  # a marker, a separator, a share of message glue
+PACE_TURNS = 4  # the pace of a conversation: tokens per turn over its last complete turns
 MIN_CONDENSE_TOKENS = 8  # shorter fact segments are kept whole: a compression would save next to nothing
 
 
@@ -163,21 +164,50 @@ class Compactor:
         budget: int,
         result: CompactionResult,
     ) -> None:
-        target = int(budget * self.config.low_water)
+        target = self.low_water_mark(budget, segments, turn)
         protected_from = turn - self.config.protect_turns + 1
         body = messages[1:] if messages and messages[0].role == "system" else messages
         accepted = accepted_replies(self._history, among=messages)
-        # the newest messages keep recent_share of the budget verbatim while dropping what
-        # is worth least (passes 2-4) can make room; past that, folding (which condenses
-        # facts) still comes before dropping any more
-        for floor in (int(budget * self.config.recent_share), 0):
+        # facts and condensed requests are dropped only down to halfway between the
+        # configured mark and the budget, wherever the pace puts the target
+        fact_target = (int(budget * self.config.low_water) + budget) // 2
+        # the newest messages keep recent_share of the budget (or all of the target, if
+        # that is less) verbatim while dropping what is worth least (passes 2-4) can make
+        # room; past that, folding (which condenses facts) still comes before dropping more
+        for floor in (min(int(budget * self.config.recent_share), target), 0):
             self._fold_oldest(body, segments, accepted, protected_from, target, floor, turn, result)
             if self.prompt_length() <= target:
                 return
             older = self._older(body, segments, protected_from)
-            self._reduce(messages, segments, older, protected_from, accepted, target, budget, turn, result)
+            self._reduce(messages, segments, older, protected_from, accepted, target, fact_target, turn, result)
             if self.prompt_length() <= target:
                 return
+
+    def low_water_mark(self, budget: int, segments: Mapping[SegmentId, Segment], turn: int) -> int:
+        """Where a budget compaction brings the prompt: room for ``room_turns`` turns at
+        the pace of the last ``PACE_TURNS`` complete ones, at most ``low_water`` of the
+        budget and at least ``min_low_water`` of it (or ``low_water``, if lower); see
+        ``LifecycleConfig``."""
+        high = int(budget * self.config.low_water)
+        if not self.config.room_turns:
+            return high
+        low = int(budget * min(self.config.min_low_water, self.config.low_water))
+        return max(low, min(high, budget - self.config.room_turns * self._pace(segments, turn)))
+
+    def _pace(self, segments: Mapping[SegmentId, Segment], turn: int) -> int:
+        """Tokens per turn said in the last ``PACE_TURNS`` complete turns (before
+        ``turn``), as first said: what the next turns will likely add. Reads the newest
+        messages only."""
+        first = max(1, turn - PACE_TURNS)
+        tokens, turns = 0, set()
+        for message in reversed(self._history):
+            if message.turn < first:
+                break
+            if message.turn >= turn:
+                continue
+            turns.add(message.turn)
+            tokens += sum(len(segments[s].token_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in message.segment_ids)
+        return tokens // len(turns) if turns else 0
 
     @staticmethod
     def _older(
@@ -195,11 +225,12 @@ class Compactor:
         protected_from: int,
         accepted: frozenset[int],
         target: int,
-        budget: int,
+        fact_target: int,
         turn: int,
         result: CompactionResult,
     ) -> None:
-        """Passes 2-4 over ``candidates``, until the prompt is under ``target``."""
+        """Passes 2-4 over ``candidates``, until the prompt is under ``target``; what
+        carries facts, and condensed requests, only until it is under ``fact_target``."""
         visible = [segments[s] for m in messages for s in m.segment_ids if segments[s].visible]
         values = {
             s.id: (
@@ -220,10 +251,8 @@ class Compactor:
                 self._tighten(segment, result)
         # Pass 4: real loss. Lowest eviction value first, oldest first among equals. A
         # segment that carries facts, or a condensed request, is dropped only down to
-        # halfway between the low-water mark and the budget: some slack is kept, so the
-        # re-prefill after a compaction does not come back every turn, but not at the
-        # price of every fact the low-water mark would cost.
-        fact_target = (target + budget) // 2
+        # fact_target: some slack is kept, so the re-prefill after a compaction does not
+        # come back every turn, but not at the price of every fact the mark would cost.
         for segment in sorted(candidates, key=lambda s: (values[s.id], s.turn, s.index)):
             length = self.prompt_length()
             if length <= target:

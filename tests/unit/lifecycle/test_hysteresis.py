@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from clm_middleware import Conversation
+from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.config import LifecycleConfig
 from clm_middleware.lifecycle.tagging import TaggingConfig
 
@@ -42,3 +45,63 @@ def test_a_lower_low_water_mark_compacts_less_often(make_engine):
     often = sum(reason == "budget" for reason, _, _ in _chat(make_engine(), low_water=0.9))
     rarely = sum(reason == "budget" for reason, _, _ in _chat(make_engine(), low_water=0.5))
     assert rarely < often
+
+
+def _paced_chat(engine, words: int, room_turns: int, turns: int = 40) -> list[tuple[str, int]]:
+    """Per turn: the compaction reason and the context after the reply; each user message
+    holds ``words`` distinct words (no fact a rule keeps), so its length sets the pace."""
+    config = LifecycleConfig(tagging=TaggingConfig(mode="signals"), budget=BUDGET, room_turns=room_turns)
+    conversation = Conversation(engine, config=config, max_new_tokens=2)
+    seen = []
+    for index in range(turns):
+        text = " ".join(_word(index * words + j) for j in range(words))
+        conversation.add("user", f"Then {text}.")
+        conversation.respond("Right.")
+        seen.append((conversation.turn_log[-1].compaction, conversation.context_tokens))
+    return seen
+
+
+def _word(number: int) -> str:
+    """A lowercase letter word per number: no digit, nothing distinctive to keep."""
+    letters = ""
+    for _ in range(3):
+        number, digit = divmod(number, 26)
+        letters += "abcdefghijklmnopqrstuvwxyz"[digit]
+    return letters
+
+
+def _compactions(seen: list[tuple[str, int]]) -> list[int]:
+    return [i for i, (reason, _) in enumerate(seen) if reason == "budget"]
+
+
+def test_with_long_messages_a_compaction_leaves_room_for_several_turns(make_engine):
+    """~150 tokens a turn: the fixed 75% mark (room_turns = 0, the default) leaves room for
+    one or two turns; the pace-based mark for four, so compactions come less often and
+    further apart."""
+    fixed = _compactions(_paced_chat(make_engine(), words=30, room_turns=0))
+    paced = _compactions(_paced_chat(make_engine(), words=30, room_turns=4))
+    assert len(paced) < len(fixed), (paced, fixed)
+    assert min(b - a for a, b in itertools.pairwise(paced)) >= 3, paced
+
+
+def test_with_short_messages_the_mark_stays_at_low_water(make_engine):
+    """A few tokens a turn: room for four turns is less than the slack of the 75% mark, so
+    the conversation compacts exactly as with the fixed mark."""
+    fixed = _paced_chat(make_engine(), words=1, room_turns=0, turns=90)
+    paced = _paced_chat(make_engine(), words=1, room_turns=4, turns=90)
+    assert _compactions(fixed), "the chat must outgrow the budget"
+    assert paced == fixed
+
+
+def test_the_mark_never_goes_below_min_low_water(make_engine):
+    """However long the turns, a compaction stops at min_low_water of the budget (it keeps
+    at least that much of the context)."""
+    seen = _paced_chat(make_engine(), words=60, room_turns=50, turns=30)
+    after = [context for i, (_, context) in enumerate(seen) if i in _compactions(seen)]
+    assert after and all(context >= BUDGET * 0.5 - 160 for context in after), after
+
+
+@pytest.mark.parametrize(("field", "value"), [("room_turns", -1), ("min_low_water", 0.1), ("min_low_water", 1.5)])
+def test_pace_settings_out_of_range_are_refused_naming_the_field(field, value):
+    with pytest.raises(ConfigError, match=field):
+        LifecycleConfig(budget=BUDGET, **{field: value})
