@@ -2,9 +2,11 @@
 
 The visible answer is the model's output before a ``[LIFECYCLE]`` block and before
 any stop string, without the machinery ``reply_quality.strip_artifacts`` removes
-(segment markers, stray tags, block lines), right-stripped. The same rules hold in
-every tagging mode: a model that was never shown the protocol may still echo a
-marker from pasted text, and no marker may reach a user. While streaming, a suffix
+(segment markers, stray tags, block lines), right-stripped. That holds unless
+``machinery`` is off (``reply_quality.shows_machinery``): the context shows no protocol
+and itself holds such text, which the user, a tool or a document wrote, so a
+``[seg_3]`` or ``[LIFECYCLE]`` in the reply quotes it and is shown as written, as the
+bare model's would be. While streaming, a suffix
 that could still turn into a tag, a marker, a block line or a stop string is held
 back, so the user never sees machinery, or half of it, even for a single delta; the
 concatenated deltas equal the final answer. With ``cut_repeats`` the answer also ends
@@ -44,15 +46,20 @@ def cut_repeat(written: str, *, final: bool = False) -> str:
     return written if cut is None else written[:cut]
 
 
-def visible_answer(raw: str, *, stops: Sequence[str], cut_repeats: bool = False, verbatim: bool = False) -> str:
-    """The final answer: machinery cut, including a marker or block line left unfinished at
-    the end; with ``cut_repeats``, also everything from the first repeated sentence on;
-    ``verbatim``: only the stop strings cut."""
+def visible_answer(
+    raw: str, *, stops: Sequence[str], cut_repeats: bool = False, verbatim: bool = False, machinery: bool = True
+) -> str:
+    """The final answer: machinery cut (where the context shows it: ``machinery``),
+    including a marker or block line left unfinished at the end; with ``cut_repeats``,
+    also everything from the first repeated sentence on; ``verbatim``: only the stop
+    strings cut."""
     if verbatim:
         return cut_at_stop(raw, stops).rstrip()
-    written = model_answer(raw, stops)
+    written = model_answer(raw, stops) if machinery else cut_at_stop(raw, stops)
     if cut_repeats:
         written = cut_repeat(written, final=True)
+    if not machinery:
+        return written.rstrip()
     return strip_artifacts(written[: len(written) - trailing_machinery(written, final=True)]).rstrip()
 
 
@@ -74,10 +81,13 @@ def trailing_machinery(written: str, *, final: bool = False) -> int:
 
 
 class ReplyFilter:
-    def __init__(self, *, stops: Sequence[str], cut_repeats: bool = False, verbatim: bool = False) -> None:
+    def __init__(
+        self, *, stops: Sequence[str], cut_repeats: bool = False, verbatim: bool = False, machinery: bool = True
+    ) -> None:
         self.stops = tuple(s for s in stops if s)
         self.cut_repeats = cut_repeats and not verbatim
         self.verbatim = verbatim
+        self.machinery = machinery  # the context shows the protocol: markers and blocks are machinery
         self._emitted = 0
         self._repeats = RepeatWatch()  # of the written answer, kept across deltas (linear per reply)
 
@@ -92,13 +102,18 @@ class ReplyFilter:
         if self.verbatim:
             answer = cut_at_stop(raw_so_far, self.stops)
             return self._emit(answer, len(answer) - self._held_stop(answer))
-        written = model_answer(raw_so_far, self.stops)
-        held_raw = trailing_machinery(written)
+        if self.machinery:
+            written = model_answer(raw_so_far, self.stops)
+            held_raw = trailing_machinery(written)
+        else:
+            written, held_raw = cut_at_stop(raw_so_far, self.stops), 0
         if self.cut_repeats:
             self._repeats.update(written)
             cut = self._repeats.cut
             held_raw = len(written) - cut if cut is not None else max(held_raw, self._repeats.in_progress(written))
-        answer = strip_artifacts(written[: len(written) - held_raw])
+        answer = written[: len(written) - held_raw]
+        if self.machinery:
+            answer = strip_artifacts(answer)
         safe = len(answer) - self._held_stop(answer) if not held_raw else len(answer.rstrip())
         return self._emit(answer, safe)
 

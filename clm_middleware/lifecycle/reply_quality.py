@@ -2,9 +2,11 @@
 
 Machinery (``strip_artifacts``): segment markers (``[seg_12]``), lifecycle tags
 (``[LIFECYCLE]``, ``[/LIFECYCLE]``) and block lines (``seg_3: keep``). A model shown
-the protocol may copy them; a model that was not may still echo them from text a
-user pasted. They are removed from every reply, in every tagging mode, so no marker
-reaches a user or, through the reply, the next turn's context.
+the protocol may copy them: they are removed from its replies, so no marker reaches a
+user or, through the reply, the next turn's context. Where the context shows no
+protocol they are removed too, unless the context itself holds such text
+(``shows_machinery``): then the user, a tool or a document wrote it, and a reply that
+quotes it is shown as written, as the bare model's would be.
 
 Flags (``reply_flags``), one list per generated reply, in the report:
 - ``protocol_artifact``: the model's answer held machinery (removed before delivery);
@@ -117,11 +119,20 @@ def repeats_earlier(text: str, earlier: Iterable[str], n: int = LOOP_NGRAM) -> b
     return bool(grams) and sum(gram in seen for gram in grams) / len(grams) >= LOOP_SHARE
 
 
-def reply_flags(answer: str, delivered: str, earlier: Iterable[str] = ()) -> list[str]:
+def shows_machinery(protocol: bool, context_texts: Iterable[str]) -> bool:
+    """Whether markers, tags and block lines in a reply are machinery, to cut and flag:
+    the context shows the protocol, or none of its texts holds such a thing (a model
+    that saw none quotes none; one that writes it anyway must not show it)."""
+    return protocol or not any(has_artifact(text) for text in context_texts)
+
+
+def reply_flags(answer: str, delivered: str, earlier: Iterable[str] = (), *, machinery: bool = True) -> list[str]:
     """Flags of one generated reply: ``answer`` as the model wrote it (block cut off),
-    ``delivered`` what the user got, ``earlier`` the replies before it that the model saw."""
+    ``delivered`` what the user got, ``earlier`` the replies before it that the model saw;
+    ``machinery``: the context showed the protocol (elsewhere a marker in a reply quotes
+    what the user wrote, and is no artifact)."""
     flags = []
-    if has_artifact(answer):
+    if machinery and has_artifact(answer):
         flags.append("protocol_artifact")
     if is_repetition_loop(delivered):
         flags.append("repetition_loop")

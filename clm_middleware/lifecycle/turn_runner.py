@@ -23,7 +23,7 @@ from clm_middleware.lifecycle.protocol import CLOSE_TAG, block_may_follow, could
 from clm_middleware.lifecycle.renderer import RenderedContext
 from clm_middleware.lifecycle.reply import IncrementalText, cut_at_stop, ids_for_prefix
 from clm_middleware.lifecycle.reply_filter import ReplyFilter, model_answer, visible_answer
-from clm_middleware.lifecycle.reply_quality import first_repeated_sentence, reply_flags
+from clm_middleware.lifecycle.reply_quality import first_repeated_sentence, reply_flags, shows_machinery
 from clm_middleware.lifecycle.segmenter import is_ack
 from clm_middleware.lifecycle.segments import (
     LOOP_KIND,
@@ -86,7 +86,10 @@ class TurnRunner:
             prefix_ids = c.chat_format.encode(prefix) if forced is None else []
             generation = self._generate(rendered, prefix_ids, forced, settings, constraint)
             escaped_at = 0  # structured: where the text stood when a loop in a string was last closed
-            reply_filter = ReplyFilter(stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=structured)
+            machinery = shows_machinery(c.protocol_context, (s.visible_text for s in c.live_segments() if s.visible))
+            reply_filter = ReplyFilter(
+                stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=structured, machinery=machinery
+            )
             detok = IncrementalText(c.engine.tokenizer, skip_ids=c.engine.default_stop_ids)
             answer_cap = settings.max_new_tokens
             for token in generation:
@@ -107,10 +110,10 @@ class TurnRunner:
                         generation.close()
                         generation.finish_reason = "repetition"
                         break
-                    # the block allowance is for a block: an answer that has not opened one
-                    # ends at max_new_tokens like any other
+                    # the block allowance is for a block the protocol asks for: an answer
+                    # that has not opened one ends at max_new_tokens like any other
                     extra = len(generation.token_ids) - answer_cap
-                    if extra >= 0 and not block_may_follow(detok.text, extra):
+                    if extra >= 0 and not (c.protocol_context and block_may_follow(detok.text, extra)):
                         generation.close()
                         generation.finish_reason = "length"
                         break
@@ -122,14 +125,14 @@ class TurnRunner:
                 generation.block_ids = []
             raise
         raw_output = prefix + detok.text if forced is None else forced
-        answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings)
+        answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings, machinery)
         if forced is None:
             tail = reply_filter.finish(answer_text)
             if tail:
                 yield tail
             earlier = [s.visible_text for s in c.live_segments() if s.role == "assistant" and s.visible]
             stats.reply_flags = [
-                *reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier),
+                *reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier, machinery=machinery),
                 *stats.reply_flags,  # string_loop_closed, raised while generating
             ]
             if generation.finish_reason == "repetition":
@@ -248,14 +251,18 @@ class TurnRunner:
         generation: Generation,
         prefix_ids: list[int],
         settings: GenerationSettings,
+        machinery: bool,
     ) -> tuple[str, list[int]]:
-        """The visible answer and the token ids the context keeps for it (prefix included)."""
+        """The visible answer and the token ids the context keeps for it (prefix included);
+        ``machinery``: markers and blocks are cut (``reply_quality.shows_machinery``)."""
         c = self.conversation
         if forced is not None:
             return forced, list(generation.token_ids) if forced else []
         ids = prefix_ids + [t for t in generation.token_ids if t not in c.engine.default_stop_ids]
         verbatim = settings.response_format is not None
-        answer = visible_answer(raw, stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=verbatim)
+        answer = visible_answer(
+            raw, stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=verbatim, machinery=machinery
+        )
         if answer == raw.rstrip():
             return answer, ids  # the context keeps every generated id: they are cached
         if raw.startswith(answer):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from clm_middleware.engine import Engine, Generation
 from clm_middleware.engine.penalties import penalty_processors
-from clm_middleware.lifecycle.reply_quality import reply_flags
+from clm_middleware.lifecycle.reply_quality import has_artifact, reply_flags, shows_machinery
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.report import TurnRecord
 from clm_middleware.replay.transcript import Message
@@ -114,7 +114,9 @@ def reply_of(
         reply = message_text(forced)
         return reply, list(generation.token_ids) if generation.request.forced else []
     reply_ids = strip_stop_token(generation.token_ids, engine.default_stop_ids)
-    return chat_format.tokenizer.decode(reply_ids, skip_special_tokens=True), reply_ids
+    # a token cap can end the reply inside a character: its first bytes decode to U+FFFD,
+    # which no reader wants; the history keeps every id
+    return chat_format.tokenizer.decode(reply_ids, skip_special_tokens=True).rstrip("\ufffd"), reply_ids
 
 
 def plain_turn_record(
@@ -131,6 +133,8 @@ def plain_turn_record(
     the replies before this one, for ``reply_flags``)."""
     stats, pool = generation.stats, engine.pool.stats()
     forced = generation.request.forced is not None
+    # a marker in the reply is an artifact unless the prompt itself holds one (quoted)
+    machinery = has_artifact(reply) and shows_machinery(False, [engine.tokenizer.decode(generation.request.prompt)])
     return TurnRecord(
         turn=0,
         conversation_id=conversation_id,
@@ -147,7 +151,7 @@ def plain_turn_record(
         reply=reply,
         forced_tokens=stats.forced_tokens,
         reply_nll=generation.forced_nll,
-        reply_flags=[] if forced else reply_flags(reply, reply, earlier_replies),
+        reply_flags=[] if forced else reply_flags(reply, reply, earlier_replies, machinery=machinery),
         pool_blocks_in_use=pool.blocks_in_use,
         kv_bytes=pool.kv_bytes if pooled else 0,
         working_kv_bytes=(stats.prompt_tokens + stats.generated_tokens) * engine.layout.bytes_per_token,

@@ -150,6 +150,20 @@ def test_a_hostile_marker_echo_reaches_neither_the_user_nor_the_context(converse
     assert "[seg_" not in conversation.context
 
 
+def test_a_marker_the_user_wrote_is_quoted_back_as_written(converse, scripted):
+    """No protocol in the context, and the user's own message holds marker-like text: a
+    reply that quotes it is the bare model's answer, shown whole (it was cut to
+    "In your notes, and"), streamed the same, and not flagged."""
+    quoted = "In your notes, [seg_3] and [LIFECYCLE] are labels from a tool."
+    engine, _ = scripted(quoted)
+    conversation = converse(engine=engine, max_new_tokens=200)
+    streamed = "".join(conversation.stream("In my notes I wrote [seg_3] and [LIFECYCLE]. What do they mean?"))
+    reply = conversation.last_reply
+    assert reply.text == streamed == quoted
+    assert "protocol_artifact" not in reply.stats.reply_flags
+    assert quoted in conversation.context
+
+
 @pytest.mark.parametrize(
     "raw",
     [
