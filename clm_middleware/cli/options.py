@@ -293,5 +293,6 @@ def format_option(command: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Choice(FORMATS),
         default="auto",
         show_default=True,
-        help="Transcript format: JSONL role/content lines, OpenAI messages, ShareGPT, LangChain dicts.",
+        help="Transcript format: JSONL role/content lines, OpenAI messages, ShareGPT, LangChain dicts; "
+        "a JSONL file of whole conversations (one per line) is read in the format of its lines.",
     )(command)

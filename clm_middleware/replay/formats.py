@@ -1,7 +1,10 @@
 """Transcript formats: detect them and read them into ``Transcript`` objects.
 
 - ``jsonl``: one ``{"role", "content"}`` object per line; an optional
-  ``conversation_id`` groups lines into conversations.
+  ``conversation_id`` groups lines into conversations. A JSONL file whose lines are
+  whole conversations (ShareGPT ``{"conversations": [...]}``, OpenAI fine-tuning
+  ``{"messages": [...]}``, LangChain ``{"messages": [{"type", "data"}]}``), the usual way
+  datasets ship, is read one conversation per line, in whichever of those formats.
 - ``openai``: a list of OpenAI chat messages, ``{"messages": [...]}``, or a list of
   such objects (``traj`` is accepted for ``messages``); tool calls and tool messages
   included.
@@ -61,24 +64,73 @@ def read_transcripts(
     path = Path(path)
     if fmt not in FORMATS:
         raise TranscriptError(str(path), None, f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl"):
-        return read_jsonl(path, skipped)
     text = _read_text(path)
+    if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl"):
+        if _conversation_per_line(text):
+            return _documents_per_line(text, path, "auto" if fmt == "jsonl" else fmt, skipped)
+        return read_jsonl(path, skipped)
     if not text.strip():
         raise TranscriptError(str(path), None, "the file is empty")
     try:
         data = load_json(text, str(path), None)
     except TranscriptError:
+        if "\n" in text.strip() and _conversation_per_line(text):
+            return _documents_per_line(text, path, fmt, skipped)
         if fmt == "auto" and "\n" in text.strip():
             return read_jsonl(path, skipped)  # JSON lines with another extension
-        if fmt != "jsonl" and _looks_like_json_lines(text):
+        if _looks_like_json_lines(text):
             raise TranscriptError(
-                str(path), None, f"holds one JSON object per line, not one {fmt} document; use --format jsonl"
+                str(path), None, f"holds one JSON message per line, not one {fmt} document; use --format jsonl"
             ) from None
         raise
     reader = _READERS[_detect(data, str(path)) if fmt == "auto" else fmt]
     transcripts = reader(data, str(path), skipped)
     if not transcripts or not any(t.messages for t in transcripts):
+        raise TranscriptError(str(path), None, "the file holds no messages")
+    return transcripts
+
+
+def _first_record(text: str) -> Any:
+    line = next((line for line in text.splitlines() if line.strip()), "")
+    try:
+        return json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+
+
+def _conversation_per_line(text: str) -> bool:
+    """Whether the first line is a whole conversation, not one message."""
+    first = _first_record(text)
+    return (
+        isinstance(first, dict)
+        and "role" not in first
+        and any(k in first for k in ("conversations", "messages", "traj"))
+    )
+
+
+def _documents_per_line(text: str, path: Path, fmt: str, skipped: list[TranscriptError] | None) -> list[Transcript]:
+    """One conversation per JSON line, each read in ``fmt`` (``auto``: detected per line);
+    errors name ``FILE:LINE``."""
+    transcripts: list[Transcript] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            document = load_json(raw, str(path), number)
+            kind = _detect(document, str(path)) if fmt == "auto" else fmt
+            read = _READERS[kind](document, str(path), None)
+        except TranscriptError as error:
+            problem = str(error).removeprefix(f"{path}: ").removeprefix(f"{path}:{number}: ")
+            located = TranscriptError(str(path), number, problem)
+            if skipped is None:
+                raise located from None
+            skipped.append(located)
+            continue
+        named = isinstance(document, dict) and any(k in document for k in ("id", "conversation_id", "task_id"))
+        for transcript in read:  # a line without an id of its own is named by its line
+            conversation = transcript.conversation_id if named else f"{path.stem}-{number}"
+            transcripts.append(Transcript(conversation, transcript.messages, str(path), transcript.probes))
+    if not transcripts:
         raise TranscriptError(str(path), None, "the file holds no messages")
     return transcripts
 

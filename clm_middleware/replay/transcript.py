@@ -85,6 +85,10 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
     role = record.get("role")
     if role == "developer":  # OpenAI's name for the system role of newer models, as clm serve reads it
         role = "system"
+    if role is None:
+        raise TranscriptError(
+            path, line, f'a message needs a "role", one of {sorted(ROLES)}; got keys {sorted(record)}'
+        )
     if role not in ROLES:
         raise TranscriptError(path, line, f"unknown role {role!r}; expected one of {sorted(ROLES)}")
     content = _content_text(record.get("content"), path, line)

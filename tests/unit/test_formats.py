@@ -75,6 +75,36 @@ def test_jsonl_with_another_extension_is_still_read(tmp_path):
     assert len(transcript.messages) == 2
 
 
+def test_a_jsonl_file_of_whole_conversations_is_read_one_conversation_per_line(tmp_path):
+    """How datasets ship: ShareGPT, OpenAI fine-tuning and LangChain conversations, one per
+    line; a line without an id is named by its line."""
+    sharegpt = {"conversations": [{"from": "human", "value": "h"}, {"from": "gpt", "value": "g"}]}
+    openai = {"id": "t7", "messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+    langchain = {"messages": [{"type": "human", "data": {"content": "x"}}, {"type": "ai", "data": {"content": "y"}}]}
+    text = "\n".join(json.dumps(line) for line in (sharegpt, openai, langchain, sharegpt)) + "\n"
+    for fmt in ("auto", "jsonl"):
+        read = read_transcripts(write(tmp_path, "data.jsonl", text), fmt)
+        assert [t.conversation_id for t in read] == ["data-1", "data-t7", "data-3", "data-4"]
+        assert [[m.role for m in t.messages] for t in read] == [["user", "assistant"]] * 4
+    [only] = read_transcripts(write(tmp_path, "one.jsonl", json.dumps(sharegpt) + "\n"), "sharegpt")
+    assert only.messages[1].content == "g"
+
+
+def test_a_bad_conversation_line_is_named_by_its_line_or_skipped(tmp_path):
+    good = json.dumps({"conversations": [{"from": "human", "value": "h"}]})
+    bad = json.dumps({"conversations": [{"from": "robot", "value": "x"}]})
+    path = write(tmp_path, "lines.jsonl", f"{good}\n{bad}\n")
+    with pytest.raises(TranscriptError, match=r"lines\.jsonl:2: .*unknown speaker 'robot'"):
+        read_transcripts(path)
+    skipped: list[TranscriptError] = []
+    assert len(read_transcripts(path, skipped=skipped)) == 1 and skipped[0].line == 2
+
+
+def test_a_message_without_a_role_says_so(tmp_path):
+    with pytest.raises(TranscriptError, match=r'x\.jsonl:1: a message needs a "role"'):
+        read_transcripts(write(tmp_path, "x.jsonl", '{"content": "hi"}\n'))
+
+
 @pytest.mark.parametrize(
     ("name", "data", "message"),
     [

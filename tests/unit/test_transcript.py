@@ -110,7 +110,7 @@ def test_json_lines_read_as_another_format_name_the_mismatch(tmp_path):
     path = write_lines(
         tmp_path / "t.json", ['{"role": "user", "content": "hi"}', '{"role": "assistant", "content": "yo"}']
     )
-    with pytest.raises(TranscriptError, match=r"one JSON object per line.*--format jsonl"):
+    with pytest.raises(TranscriptError, match=r"one JSON message per line.*--format jsonl"):
         read_transcripts(path, "sharegpt")
 
 
