@@ -121,7 +121,8 @@ def replay(
     if mode in ("stateless", "prefix"):
         ignored = [name for name, value in (("--budget", budget), ("--db", db), ("--summarizer", summarizer)) if value]
         if ignored:  # these modes keep the whole history by definition
-            stderr.print(f"[yellow]warning: {', '.join(ignored)} only apply to --mode clm or truncate[/yellow]")
+            verb = "applies" if len(ignored) == 1 else "apply"
+            stderr.print(f"[yellow]warning: {', '.join(ignored)} only {verb} to --mode clm or truncate[/yellow]")
     probes = load_probes(transcript, probes_path)
     options = ReplayOptions(
         mode=mode,

@@ -175,7 +175,8 @@ def _mode_factory(
             budget=lifecycle.budget,
             k=lifecycle.k,
             compression=lifecycle.compression,
-            max_new_tokens=options.max_new_tokens,
+            # teacher-forced, a turn with no transcript reply computes one token, as in every mode
+            max_new_tokens=options.tokens_to_generate,
             **options.sampling,
             repetition_penalty=options.repetition_penalty,
             frequency_penalty=options.frequency_penalty,

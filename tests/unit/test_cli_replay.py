@@ -186,6 +186,21 @@ def test_teacher_forced_reply_nll_is_the_same_in_every_mode_without_a_budget(tmp
     assert values["clm"] == pytest.approx(values["prefix"], abs=1e-4)
 
 
+def test_teacher_forced_a_last_user_message_computes_one_token_in_every_mode(tmp_path):
+    """The transcript ends with a user message, so the last turn has no reply to force:
+    every mode computes its first token only (clm used to generate a whole reply), so
+    generated tokens and turn times compare across modes."""
+    path = write_transcript(tmp_path / "ends.jsonl", TRANSCRIPT[:-1])
+    generated = {}
+    for mode in ("stateless", "prefix", "truncate", "clm"):
+        report_path = tmp_path / f"{mode}.json"
+        arguments = ["replay", str(path), "--model", "tiny", "--mode", mode, "--teacher-force", "--budget", "256"]
+        result = CliRunner().invoke(cli, [*arguments, "--max-new-tokens", "24", "--report", str(report_path)])
+        assert result.exit_code == 0, result.output
+        generated[mode] = json.loads(report_path.read_text())["turns"][-1]["generated_tokens"]
+    assert set(generated.values()) == {1}, generated
+
+
 def test_at_80_columns_without_a_terminal_the_table_fits_whole_and_progress_is_printed(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     path = write_transcript(tmp_path / "chat.jsonl")
