@@ -223,7 +223,7 @@ def test_limit_replays_the_first_conversations_and_budget_in_prefix_mode_is_flag
     args = ["replay", str(path), "--model", "tiny", "--teacher-force", "--limit", "2", "--budget", "256"]
     result = CliRunner().invoke(cli, [*args, "--report", str(report)])
     assert result.exit_code == 0, result.output
-    assert "--budget only apply to --mode clm or truncate" in result.output
+    assert "--budget only applies to --mode clm or truncate" in result.output
     assert {t["conversation_id"] for t in json.loads(report.read_text())["turns"]} == {"a", "b"}
 
 
