@@ -87,7 +87,7 @@ class ReplyFilter:
         self.stops = tuple(s for s in stops if s)
         self.cut_repeats = cut_repeats and not verbatim
         self.verbatim = verbatim
-        self.machinery = machinery  # the context shows the protocol: markers and blocks are machinery
+        self.machinery = machinery  # markers and blocks in the reply are machinery (reply_quality.shows_machinery)
         self._emitted = 0
         self._repeats = RepeatWatch()  # of the written answer, kept across deltas (linear per reply)
 
