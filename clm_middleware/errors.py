@@ -61,6 +61,7 @@ class TranscriptError(ClmError, ValueError):
         super().__init__(f"{where}: {problem}")
         self.path = path
         self.line = line
+        self.problem = problem
 
 
 class ChatTemplateError(ClmError, ValueError):

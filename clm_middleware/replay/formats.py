@@ -35,7 +35,7 @@ from clm_middleware.replay.transcript import (
     _read_text,
     load_json,
     message_from_record,
-    read_jsonl,
+    parse_jsonl,
 )
 
 FORMATS = ("auto", "jsonl", "openai", "sharegpt", "langchain")
@@ -68,7 +68,7 @@ def read_transcripts(
     if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl"):
         if _conversation_per_line(text):
             return _documents_per_line(text, path, "auto" if fmt == "jsonl" else fmt, skipped)
-        return read_jsonl(path, skipped)
+        return parse_jsonl(text, path, skipped)
     if not text.strip():
         raise TranscriptError(str(path), None, "the file is empty")
     try:
@@ -77,7 +77,7 @@ def read_transcripts(
         if "\n" in text.strip() and _conversation_per_line(text):
             return _documents_per_line(text, path, fmt, skipped)
         if fmt == "auto" and "\n" in text.strip():
-            return read_jsonl(path, skipped)  # JSON lines with another extension
+            return parse_jsonl(text, path, skipped)  # JSON lines with another extension
         if _looks_like_json_lines(text):
             raise TranscriptError(
                 str(path), None, f"holds one JSON message per line, not one {fmt} document; use --format jsonl"
@@ -120,8 +120,7 @@ def _documents_per_line(text: str, path: Path, fmt: str, skipped: list[Transcrip
             kind = _detect(document, str(path)) if fmt == "auto" else fmt
             read = _READERS[kind](document, str(path), None)
         except TranscriptError as error:
-            problem = str(error).removeprefix(f"{path}: ").removeprefix(f"{path}:{number}: ")
-            located = TranscriptError(str(path), number, problem)
+            located = TranscriptError(str(path), number, error.problem)
             if skipped is None:
                 raise located from None
             skipped.append(located)

@@ -49,7 +49,11 @@ def read_jsonl(path: str | Path, skipped: list[TranscriptError] | None = None) -
     instead of ending the read.
     """
     path = Path(path)
-    text = _read_text(path)
+    return parse_jsonl(_read_text(path), path, skipped)
+
+
+def parse_jsonl(text: str, path: Path, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
+    """``read_jsonl`` of ``text`` already read from ``path``."""
     groups: dict[str, list[Message]] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
