@@ -48,8 +48,8 @@ def test_held_out_parts_never_hold_a_tuning_dialogue_nor_each_others(dataset):
 
 def test_every_bundled_held_out_session_shares_no_dialogue_with_tuning_and_is_rebuilt_from_its_sources():
     tuning = {i for ids in TUNING_DIALOGUES.values() for i in ids}
-    sources = sorted(HELDOUT.glob("*.sources.json"))
-    assert len(sources) == 9  # 2 SGD, 2 MultiWOZ, 1 τ-bench, 2 chit-chat, 2 support
+    sources = sorted(HELDOUT.glob("*.sources.json")) + sorted(HELDOUT.glob("long/*.sources.json"))
+    assert len(sources) == 10  # 2 SGD, 2 MultiWOZ, 1 τ-bench, 2 chit-chat, 2 support; long/: 1 chit-chat
     seen: set[str] = set()
     for path in sources:
         origin = json.loads(path.read_text())
