@@ -220,7 +220,11 @@ def generation_options(command: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--teacher-force",
                 is_flag=True,
-                help="Keep the transcript's own replies; the model computes only its first token (for TTFT).",
+                help=(
+                    "Keep the transcript's own replies; the model computes only its first token (for TTFT). "
+                    "Without it, replies are generated, except assistant tool calls: a replay runs no tools, "
+                    "so those are kept as recorded."
+                ),
             ),
         ]
     ):

@@ -173,6 +173,37 @@ def test_a_history_as_people_have_it_replays_in_every_mode(tmp_path, mode, teach
         assert report["totals"]["generated_replies"] == 3
 
 
+TOOL_CALLING = [
+    {"role": "user", "content": "Weather in Oslo?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": -3}'},
+    {"role": "assistant", "content": "It is -3 C in Oslo."},
+]
+
+
+@pytest.mark.parametrize("mode", ["stateless", "prefix", "truncate", "clm"])
+def test_a_generated_replay_keeps_recorded_tool_calls_and_generates_the_text_replies(tmp_path, mode):
+    """A replay runs no tools: the call the tool result answers stays as recorded."""
+    path = write_transcript(tmp_path / "tools.jsonl", TOOL_CALLING)
+    report_path = tmp_path / "report.json"
+    arguments = ["replay", str(path), "--model", "tiny", "--mode", mode, "--max-new-tokens", "4", "--budget", "400"]
+    result = CliRunner().invoke(cli, [*arguments, "--tagging", "signals", "--report", str(report_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    call, answer = report["turns"]
+    assert call["reply"] == '<tool_call>{"arguments": {"city": "Oslo"}, "name": "weather"}</tool_call>'
+    assert call["forced_tokens"] > 0 and call["generated_tokens"] == 0
+    assert answer["forced_tokens"] == 0 and answer["reply"] != "It is -3 C in Oslo."
+    assert report["totals"]["generated_replies"] == 1
+    assert call["reply"] in report["final_context"]
+
+
 def test_teacher_forced_reply_nll_is_the_same_in_every_mode_without_a_budget(tmp_path):
     path = write_transcript(tmp_path / "chat.jsonl")
     values = {}
