@@ -1,4 +1,11 @@
-"""Every HTTP request counted by endpoint and status, and bodies over the limit refused.
+"""Every HTTP request counted by endpoint and status, bodies over the limit refused, and
+an unexpected error answered here.
+
+An exception no handler maps (a bug) is answered with the 500 of ``unexpected_error``
+inside this middleware, so it is counted like any other status and the connection stays
+usable: left to Starlette's outermost ``ServerErrorMiddleware``, the 500 went out
+uncounted and the exception was re-raised, and uvicorn then reset the keep-alive
+connection under the client's next request.
 
 A plain ASGI middleware rather than ``@app.middleware("http")``: Starlette's
 ``BaseHTTPMiddleware`` hides the client's ``http.disconnect`` from the endpoint, so a
@@ -12,7 +19,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import APIError
+from .errors import APIError, unexpected_error
 from .metrics import ServerMetrics
 
 
@@ -31,8 +38,12 @@ class RequestAccounting:
             await self.app(scope, receive, send)
             return
 
+        started = False
+
         async def counting_send(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self._count(scope, message["status"])
             await send(message)
 
@@ -41,7 +52,12 @@ class RequestAccounting:
             refusal = APIError(413, f"the request body is over {self.max_body_bytes} bytes", code="body_too_large")
             await refusal.response()(scope, receive, counting_send)
             return
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception as error:
+            if started:  # half a response is out: nothing to answer with but closing it
+                raise
+            await unexpected_error(error).response()(scope, receive, counting_send)
 
     def _count(self, scope: Scope, status: int) -> None:
         route: Any = scope.get("route")  # set by the router on the shared scope once it matched

@@ -28,6 +28,7 @@ MAX_STOPS = 4  # as OpenAI
 
 def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, session_id: str | None) -> ChatRequest:
     """The call to make; an ``APIError`` (400) naming the field for what cannot be served."""
+    refuse_lone_surrogates(body.model_dump(by_alias=True, exclude_none=True))
     if body.n != 1:
         raise APIError(400, "n: only n=1 is supported", param="n")
     if body.logprobs:
@@ -74,9 +75,26 @@ def to_turn(message: ChatMessage, index: int) -> Turn:
         raise _bad_message(index, "tool_call_id", "a tool message needs one")
     if not text.strip() and role in ("user", "system"):
         raise _bad_message(index, "content", "must not be empty")
-    if lone_surrogate(text) is not None:
-        raise _bad_message(index, "content", "holds a lone surrogate (e.g. \\ud800): not Unicode text")
     return Turn(role, text, turn_digest(role, text, message.name or "", message.tool_call_id or ""))
+
+
+def refuse_lone_surrogates(value: Any, path: str = "") -> None:
+    """An ``APIError`` (400) naming the first field of a parsed request body whose text
+    holds a lone surrogate (a broken ``\\ud800`` escape, which JSON admits). No tokenizer,
+    hash or JSON response can take one, wherever it sits (content, a name, a session id,
+    a tool description), so the request is refused before anything runs."""
+    problem = "holds a lone surrogate (e.g. \\ud800): not Unicode text"
+    if isinstance(value, str):
+        if lone_surrogate(value) is not None:
+            raise APIError(400, f"{path}: {problem}", param=path)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if lone_surrogate(str(key)) is not None:
+                raise APIError(400, f"{path}: a key {problem}", param=path)
+            refuse_lone_surrogates(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            refuse_lone_surrogates(item, f"{path}[{index}]")
 
 
 def _calls(message: ChatMessage) -> list[ToolCall]:

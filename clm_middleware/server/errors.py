@@ -90,12 +90,18 @@ def install_error_handlers(app: FastAPI) -> None:
         return clm_error_to_api(error).response()
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         problems = error.errors()
         first = problems[0] if problems else {"loc": (), "msg": "invalid request body"}
         param = validation_param(tuple(first.get("loc", ())))
         if first.get("type") == "json_invalid":
             return APIError(400, f"the request body is not valid JSON: {first.get('msg')}").response()
+        content_type = request.headers.get("content-type", "")
+        if param is None and "json" not in content_type.lower():
+            # FastAPI reads a body as JSON only when its Content-Type says so (curl -d sends a form type)
+            sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+            problem = f"the request body must be JSON with Content-Type: application/json; got {sent}"
+            return APIError(400, problem).response()
         message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
         return APIError(400, message, param=param).response()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -62,6 +64,7 @@ def test_any_json_body_is_a_chat_call_or_a_400_naming_a_field(body):
         assert error.status == 400 and error.param
         return
     assert call.turns and all(turn.role in ("system", "user", "assistant", "tool") for turn in call.turns)
+    json.dumps(request.model_dump(), ensure_ascii=False).encode()  # a call holds Unicode text only
 
 
 def test_the_server_answers_deep_nesting_and_lone_surrogates_with_400s(server):
@@ -78,6 +81,40 @@ def test_the_server_answers_deep_nesting_and_lone_surrogates_with_400s(server):
         timeout=30,
     )
     assert surrogate.status_code == 400 and surrogate.json()["error"]["param"] == "messages[0].content"
+
+
+@pytest.mark.parametrize(
+    ("field", "param"),
+    [
+        ('"metadata": {"session_id": "s\\ud800"}', "metadata.session_id"),
+        ('"user": "bob\\udfff"', "user"),
+        (
+            '"tools": [{"type": "function", "function": {"name": "f", "description": "\\ud800"}}]',
+            "tools[0].function.description",
+        ),
+    ],
+)
+def test_a_lone_surrogate_in_any_field_is_a_400_naming_it_and_stores_nothing(server, field, param):
+    """Content was checked before; a session id, a user or a tool description reached the
+    store, a hash or the response encoder (a 500, and a session no listing could encode)."""
+    import httpx
+
+    model = httpx.get(server.api + "/models", timeout=30).json()["data"][0]["id"]
+    body = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 2, {field}}}'
+    with httpx.Client(base_url=server.api, timeout=60) as client:
+        answer = client.post("/chat/completions", content=body, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == param and "lone surrogate" in answer.json()["error"]["message"]
+        listing = client.get("/sessions")  # the same keep-alive connection
+        assert listing.status_code == 200 and listing.json()["data"] == []
+
+
+def test_a_json_body_without_a_json_content_type_says_what_to_send(server):
+    import httpx
+
+    answer = httpx.post(server.api + "/chat/completions", content='{"model": "m", "messages": []}', timeout=30)
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and "Content-Type: application/json" in error["message"]
 
 
 @pytest.fixture(scope="module")
