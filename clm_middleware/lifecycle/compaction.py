@@ -8,7 +8,10 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    result replaces the segment (COMPRESSED), or, if compression fails, the segment is
    kept and the failure recorded. Fact guard: a drop label on a segment that holds
    distinctive tokens (numbers, codes, names) is applied as a compression, which
-   keeps them verbatim; only budget pressure (step 2) can drop such a segment;
+   keeps them verbatim; only budget pressure (step 2) can drop such a segment.
+   Question guard: a drop label on a question the user asked waits for budget
+   pressure too (a common question is predictable, never content-free: the
+   reply after it answers it, and without it the context shows two replies in a row);
 2. if the prompt was over the budget, the oldest messages (older than the last
    ``protect_turns`` turns) are folded, in order, into the digest (see renderer.py): a
    segment with facts (distinctive tokens), or a request of the user or a tool in
@@ -112,6 +115,8 @@ class Compactor:
         length = self.prompt_length()
         over = budget is not None and length > budget
         pending = [s for s in ordered if s.pending and not s.pinned]
+        if not over:  # question guard (module docstring): only budget pressure drops one
+            pending = [s for s in pending if not (s.label is Label.DROP and asks(s))]
         # what applying them would free: their ids plus marker / separator / glue (estimate)
         pending_saving = sum(len(s.visible_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in pending)
         result = CompactionResult(fold=fold)
@@ -405,3 +410,8 @@ class Compactor:
     def _record(segment: Segment, label: Label, turn: int, result: CompactionResult, reason: str = "budget") -> None:
         segment.label, segment.decided_by = label, DecidedBy.RULES
         result.decisions.append(Decision(turn, segment.id, label, DecidedBy.RULES, reason))
+
+
+def asks(segment: Segment) -> bool:
+    """A question the user asked (the segmenter's kind; see the question guard)."""
+    return segment.role == "user" and segment.kind == "question"

@@ -109,6 +109,23 @@ def test_pending_labels_batch_until_they_free_enough_tokens(converse):
     ]  # each drop alone frees too little to re-prefill for
 
 
+def test_without_a_budget_a_drop_label_on_a_users_question_waits_and_the_rest_applies(converse, scripted):
+    """The question guard: a common question is predictable, not content-free (SmolLM2's
+    signals dropped "How do I get from the airport to the city center?", 1.82 nats/token,
+    and the context then showed two replies in a row)."""
+    block = "Pack a raincoat.\n[LIFECYCLE]\nseg_0: drop\nseg_1: drop\n[/LIFECYCLE]"
+    engine, _ = scripted(block, "Sure.")
+    config = LifecycleConfig(tagging=TaggingConfig(mode="free"), min_reclaim_tokens=1)
+    conversation = converse(engine=engine, config=config, max_new_tokens=64)
+    conversation.send("What should I pack for a rainy trip? I will be walking a lot.")
+    conversation.send("And for a sunny one?")
+    question, statement = conversation.segments[:2]
+    assert question.kind == "question" and question.status is Status.ACTIVE
+    assert statement.status is Status.DROPPED and conversation.turn_log[-1].compaction == "pending"
+    assert "What should I pack for a rainy trip?" in conversation.context
+    assert "walking a lot" not in conversation.context
+
+
 def test_under_a_budget_labels_wait_until_the_prompt_would_exceed_it(converse):
     conversation = converse(tagging="rules", budget=4096)
     for text in ("ok thanks", "cool", "great thanks", "ok", "thanks a lot", "nice", "ok cool", "fine"):
