@@ -20,7 +20,8 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # NaN and ±Infinity (which Python's JSON reader admits) are not numbers any field takes
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class FunctionCall(_Lenient):

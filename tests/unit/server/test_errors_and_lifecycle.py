@@ -69,6 +69,13 @@ def test_a_bad_request_is_a_400_naming_the_field(server, model_id, change, param
     assert param.split("[")[0] in error["message"]
 
 
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_number_that_is_not_finite_is_a_400_saying_so(server, model_id, value):
+    body = json.dumps(_hello(model_id, temperature=0.5)).replace("0.5", value)
+    error = _error(_post(server.api, body), 400)
+    assert error["param"] == "temperature" and "finite number" in error["message"]
+
+
 def test_null_for_an_optional_field_means_its_default(server, model_id):
     nulls = {"n": None, "stream": None, "frequency_penalty": None, "presence_penalty": None}
     response = _post(server.api, {**_hello(model_id), **nulls, "max_tokens": 4})
