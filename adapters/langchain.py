@@ -135,6 +135,10 @@ class ChatCLM(BaseChatModel):
     recompute this share of it, the most changed first (CacheBlend; 0.15 is its
     default). Approximate: counted in ``cache_read`` like an exact hit, never stored in
     the pool; None (default) keeps reuse exact."""
+    paged_kv: bool = False
+    """Attend over the pool's KV blocks in place instead of a working copy of the
+    context: the context is held once, for a gather of one layer per layer per forward
+    (exact; not with ``approximate_reuse``)."""
     store_path: str | None = None
     """SQLite file for conversations; None keeps them in memory only."""
     session_id: str | None = None
@@ -382,6 +386,7 @@ class ChatCLM(BaseChatModel):
                 self.max_kv_bytes,
                 self.kv_dtype,
                 self.approximate_reuse,
+                self.paged_kv,
             )
         router = self._router(model, engine)
         request = ChatRequest(
@@ -548,6 +553,7 @@ def _shared_engine(
     max_kv_bytes: int | None,
     kv_dtype: str | None = None,
     approximate_reuse: float | None = None,
+    paged_kv: bool = False,
 ) -> Engine:
     """One engine (weights + pool) per model setting, shared by every ChatCLM in the process:
     constructing ChatCLM stays cheap, and conversations of different instances share blocks."""
@@ -561,6 +567,7 @@ def _shared_engine(
         max_kv_bytes=max_kv_bytes,
         kv_dtype=kv_dtype,
         approximate_reuse=approximate_reuse,
+        paged_kv=paged_kv,
     )
 
 

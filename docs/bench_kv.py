@@ -6,6 +6,7 @@
     python docs/bench_kv.py kv-dtype [TRANSCRIPT]  # pool storage dtype: peak KV and reply_nll
     python docs/bench_kv.py kv-hit                 # pool storage dtype: logits of a pool-served hit
     python docs/bench_kv.py blend [TRANSCRIPT]     # clm at a budget: exact vs approximate reuse
+    python docs/bench_kv.py paged [TRANSCRIPT]     # working arena vs paged_kv: peak KV, TTFT, decode
 
 Every variant is its own engine (own pool) over the same SmolLM2 weights; ratios
 from one run are comparable on a noisy machine, single times are not.
@@ -92,6 +93,49 @@ def kv_dtype(args: argparse.Namespace) -> None:
         ("TTFT sum (s)", total("ttft_s", "{:.2f}")),
     ]
     print_table(reports, rows, f"{args.transcript.name}, {len(baseline)} turns, teacher-forced, pool kv_dtype")
+
+
+def paged(args: argparse.Namespace) -> None:
+    """The same teacher-forced ``prefix`` replay with a working arena and with ``paged_kv``
+    (fp32, and fp16 storage), then decode tok/s at ~1k context served from the pool."""
+    from clm_middleware.cache import PoolConfig
+
+    arena = build_engine()
+    engines = {
+        "arena (default)": arena,
+        "paged_kv": Engine(arena.model, arena.tokenizer, paged_kv=True),
+        "paged_kv, fp16 pool": Engine(
+            arena.model, arena.tokenizer, pool_config=PoolConfig(kv_dtype="fp16"), paged_kv=True
+        ),
+    }
+    reports = teacher_forced(engines, args.transcript)
+    names = {report.mode: name for name, report in reports.items()}
+    baseline = reports["arena (default)"].turns
+    prompt = arena.tokenizer.encode(BUNDLED.read_text())[: args.context]
+    decode_rates: dict[str, list[float]] = {name: [] for name in engines}
+    for round_ in range(args.rounds):
+        order = list(engines)[round_ % len(engines) :] + list(engines)[: round_ % len(engines)]
+        for name in order:  # the prompt is in the pool after each engine's first round
+            stats = engines[name].generate(prompt, max_new_tokens=64, stop_token_ids=[]).result().stats
+            decode_rates[name].append((stats.generated_tokens - 1) / stats.decode_s)
+    mib = 2**20
+    rows = [
+        ("peak pool KV (MiB)", lambda r: f"{r.totals()['peak_pool_bytes'] / mib:.1f}"),
+        ("peak KV, pool + working (MiB)", lambda r: f"{r.totals()['peak_kv_bytes'] / mib:.1f}"),
+        ("peak KV ÷ peak pool KV", lambda r: f"{r.totals()['peak_kv_bytes'] / r.totals()['peak_pool_bytes']:.2f}"),
+        ("prefill tokens", total("prefill_tokens", "{:,}")),
+        ("reply_nll", total("reply_nll", "{:.5f}")),
+        (
+            "max per-turn reply_nll change vs arena",
+            lambda r: f"{max(abs(a.reply_nll - b.reply_nll) for a, b in zip(r.turns, baseline, strict=True)):.5f}",
+        ),
+        ("TTFT sum (s)", total("ttft_s", "{:.2f}")),
+        (
+            f"decode tok/s, {len(prompt)}-token prompt from the pool (median of {args.rounds})",
+            lambda r: f"{sorted(decode_rates[names[r.mode]])[args.rounds // 2]:.2f}",
+        ),
+    ]
+    print_table(reports, rows, f"{args.transcript.name}, {len(baseline)} turns, teacher-forced prefix")
 
 
 def blend(args: argparse.Namespace) -> None:
@@ -280,6 +324,11 @@ def main() -> None:
     command.add_argument("--budget", type=int, default=1024)
     command.add_argument("--shares", type=float, nargs="+", default=[0.15, 0.3])
     command.set_defaults(run=blend)
+    command = commands.add_parser("paged", help="working arena vs paged_kv: peak KV, TTFT, decode")
+    command.add_argument("transcript", type=Path, nargs="?", default=BUNDLED)
+    command.add_argument("--context", type=int, default=1024)
+    command.add_argument("--rounds", type=int, default=3)
+    command.set_defaults(run=paged)
     command = commands.add_parser("attention-op", help="one SDPA call: repeat_kv vs enable_gqa")
     command.add_argument("--rounds", type=int, default=30)
     command.set_defaults(run=attention_op)

@@ -48,6 +48,18 @@ def engine(make_engine) -> Engine:
     return make_engine()
 
 
+@pytest.fixture(params=[False, True], ids=["arena", "paged"])
+def make_either_engine(request, tiny_model, tiny_tok):
+    """Like ``make_engine``, once with a working arena and once with ``paged_kv``: for
+    test modules whose contracts both must keep (they alias ``make_engine`` to it)."""
+
+    def make(block_size: int = 16, max_blocks: int | None = 256) -> Engine:
+        config = PoolConfig(block_size=block_size, max_blocks=max_blocks)
+        return Engine(tiny_model, tiny_tok, pool_config=config, paged_kv=request.param)
+
+    return make
+
+
 @pytest.fixture
 def converse(engine):
     """A conversation on the tiny model; protocol modes get a short protocol prompt (byte tokens are many)."""

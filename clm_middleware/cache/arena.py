@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from clm_middleware.cache.layout import KVLayout
+
+if TYPE_CHECKING:
+    from clm_middleware.cache.block_pool import BlockPool
 
 ARENA_GRANULE_BLOCKS = 32  # 512 tokens at block size 16: a conversation grows into it for many turns
 
@@ -150,6 +154,14 @@ class ArenaCache(Cache):
     @property
     def num_tokens(self) -> int:
         return self.layer_lengths[0]
+
+    def layer_keys(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s keys of positions ``0..num_tokens``, ``[kv_heads, n, head_dim]`` (a view)."""
+        return self.flat_keys[layer][:, : self.layer_lengths[layer]]
+
+    def store_blocks(self, pool: BlockPool, first_block: int, block_ids: Sequence[int]) -> None:
+        """Copy this arena's blocks ``first_block, first_block + 1, ...`` into the pool's ``block_ids``."""
+        pool.store_from(self, first_block, block_ids)
 
 
 class ArenaRecycler:

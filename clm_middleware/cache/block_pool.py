@@ -358,6 +358,18 @@ class BlockPool:
         self._keys.index_copy_(2, index, arena.keys[:, :, span].to(self.kv_dtype))
         self._values.index_copy_(2, index, arena.values[:, :, span].to(self.kv_dtype))
 
+    def layer_storage(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s K and V storage, ``[kv_heads, num_blocks, block_size, head_dim]``
+        views at ``kv_dtype``, for a cache that attends over blocks in place
+        (cache/paged.py). Its caller reads only blocks it holds a reference on and writes
+        only held blocks that have no key yet (invariant 5: cached blocks are never written)."""
+        return self._keys[layer], self._values[layer]
+
+    def copy_block(self, source: int, target: int) -> None:
+        """Copy block ``source``'s K/V into ``target`` (held, no key): copy-on-extend of a cached tail."""
+        self._keys[:, :, target] = self._keys[:, :, source]
+        self._values[:, :, target] = self._values[:, :, source]
+
     def read_block(self, block_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of one block, ``[layers, kv_heads, block_size, head_dim]`` each (a copy, as stored: ``kv_dtype``)."""
         return self._keys[:, :, block_id].clone(), self._values[:, :, block_id].clone()

@@ -16,7 +16,7 @@ MODEL_HELP = (
 
 def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--model, --device, --dtype, --block-size, --max-kv-bytes, --kv-dtype, --approximate-reuse,
-    --disk-cache-dir, --min-free-disk-mb."""
+    --paged-kv, --disk-cache-dir, --min-free-disk-mb."""
     for option in reversed(
         [
             click.option("--model", default=None, help=MODEL_HELP),
@@ -55,6 +55,14 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 help="After a compaction, reuse the KV of the text it kept at its new positions and "
                 "recompute this share of it, the most changed first (CacheBlend; 0.15 is its default). "
                 "Approximate: labelled in the stats, never stored in the pool [default: off, exact].",
+            ),
+            click.option(
+                "--paged-kv",
+                is_flag=True,
+                default=False,
+                help="Attend over the pool's KV blocks in place instead of a working copy of the "
+                "context: the context is held once, for a gather of one layer per layer per "
+                "forward (exact; not with --approximate-reuse) [default: off].",
             ),
             click.option(
                 "--disk-cache-dir",

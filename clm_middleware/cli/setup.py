@@ -28,6 +28,7 @@ def build_engine(
     max_blocks: int | None = None,
     kv_dtype: str | None = None,
     approximate_reuse: float | None = None,
+    paged_kv: bool = False,
     disk_cache_dir: str | None = None,
     min_free_disk_mb: int = 512,
     engine_url: str | None = None,
@@ -38,15 +39,18 @@ def build_engine(
     """The local engine for ``model``; with ``engine_url``, a ``RemoteEngine`` on that server,
     with ``model``'s tokenizer (and, for signals, ``model`` itself as a local scorer)."""
     if engine_url is not None:
-        if approximate_reuse is not None:
-            raise ConfigError(
-                "approximate_reuse", "applies to the local engine; a serving engine keeps its own KV cache"
-            )
+        for name, value in (("approximate_reuse", approximate_reuse), ("paged_kv", paged_kv or None)):
+            if value is not None:
+                raise ConfigError(name, "applies to the local engine; a serving engine keeps its own KV cache")
         return build_remote_engine(
             engine_url, model, engine_model=engine_model, api_key=engine_api_key, signals=engine_signals, dtype=dtype
         )
     pool_config = PoolConfig(block_size=block_size, max_kv_bytes=max_kv_bytes, max_blocks=max_blocks, kv_dtype=kv_dtype)
-    extra: dict[str, Any] = {"disk_cache_dir": disk_cache_dir, "min_free_disk_mb": min_free_disk_mb}
+    extra: dict[str, Any] = {
+        "disk_cache_dir": disk_cache_dir,
+        "min_free_disk_mb": min_free_disk_mb,
+        "paged_kv": paged_kv,
+    }
     if approximate_reuse is not None:
         from clm_middleware.engine.blend import BlendConfig
 
@@ -92,7 +96,9 @@ def sibling_engine(engine: ServingEngine) -> ServingEngine:
     A remote engine is its own sibling: the server's cache is shared whatever we do."""
     if not isinstance(engine, Engine):
         return engine
-    return Engine(engine.model, engine.tokenizer, pool_config=engine.pool.config, blend=engine.blend)
+    return Engine(
+        engine.model, engine.tokenizer, pool_config=engine.pool.config, blend=engine.blend, paged_kv=engine.paged_kv
+    )
 
 
 def engine_description(engine: ServingEngine) -> dict[str, Any]:
@@ -103,7 +109,8 @@ def engine_description(engine: ServingEngine) -> dict[str, Any]:
         return describe()
     blend = getattr(engine, "blend", None)
     approximate = {"approximate_reuse": blend.recompute_share} if blend is not None else {}
-    return {"signals_source": signals_source(engine), **approximate}
+    paged = {"paged_kv": True} if getattr(engine, "paged_kv", False) else {}
+    return {"signals_source": signals_source(engine), **approximate, **paged}
 
 
 @dataclass(slots=True)

@@ -5,6 +5,7 @@ One call (``Engine.generate``) does, in order::
     prompt ids ──hash──▶ block keys ──match──▶ cached chain + tail (acquired) ┐ bookkeeping_s
                                       allocate blocks for the rest            │
     gather chain K/V ──▶ the request's arena (see cache/arena.py)            ┘
+      (paged_kv: no gather; the model attends over the pool blocks, cache/paged.py)
     prefill the uncached tokens (in chunks) ──▶ decode (streamed)               compute
     store the new blocks (prompt and generated) ──▶ release / hold            ─ bookkeeping_s
 
@@ -36,11 +37,12 @@ from typing import Any
 
 import torch
 
-from clm_middleware.cache.arena import ArenaCache, ArenaRecycler
+from clm_middleware.cache.arena import ArenaRecycler
 from clm_middleware.cache.block_pool import BlockPool
 from clm_middleware.cache.disk import DEFAULT_MIN_FREE_DISK_MB, DiskStats, DiskTier
 from clm_middleware.cache.hashing import extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
+from clm_middleware.cache.paged import PagedCache, WorkingCache
 from clm_middleware.engine import scoring
 from clm_middleware.engine.attention import use_gqa_attention
 from clm_middleware.engine.blend import BlendConfig, Blender, approximate_start, observed_from
@@ -73,8 +75,16 @@ class Engine:
         max_disk_bytes: int | None = None,
         gqa_attention: bool = True,
         blend: BlendConfig | None = None,
+        paged_kv: bool = False,
     ) -> None:
+        if paged_kv and blend is not None:
+            raise ConfigError(
+                "paged_kv", "approximate reuse moves K/V inside a working arena; it cannot run with paged_kv"
+            )
         self.model = model.eval()
+        # attend over the pool's blocks in place (cache/paged.py): the context is held once,
+        # for a gather of one layer per layer per forward; False: a working arena copy
+        self.paged_kv = paged_kv
         # opt-in approximate reuse after a compaction (engine/blend.py); None: token-exact only
         self.blend = blend
         self._blender = Blender(model, blend) if blend is not None else None
@@ -118,6 +128,7 @@ class Engine:
         dtype: str = "float32",
         pool_config: PoolConfig | None = None,
         blend: BlendConfig | None = None,
+        paged_kv: bool = False,
     ) -> Engine:
         """Load a model and tokenizer (see :func:`load_model`) and wrap them."""
         from clm_middleware.models.loading import load_model, load_tokenizer
@@ -127,6 +138,7 @@ class Engine:
             load_tokenizer(model),
             pool_config=pool_config,
             blend=blend,
+            paged_kv=paged_kv,
         )
 
     def close(self) -> None:
@@ -167,6 +179,12 @@ class Engine:
     def generation_defaults(self) -> GenerationDefaults:
         """The model's own repetition and sampling-filter settings (``model.generation_config``), read live."""
         return GenerationDefaults.from_model(self.model)
+
+    def working_kv_bytes(self, num_tokens: int) -> int:
+        """K/V bytes a request over ``num_tokens`` positions holds beside the pool: a whole
+        copy in a working arena; one layer's scratch with ``paged_kv``."""
+        copy = num_tokens * self.layout.bytes_per_token
+        return copy // self.layout.num_layers if self.paged_kv else copy
 
     def extra_key(self, cache_salt: str | None = None) -> bytes:
         # blocks stored rounded (PoolConfig.kv_dtype) are other K/V than exact ones: own keys, own disk files
@@ -326,7 +344,7 @@ class Engine:
             raise ConfigError(field, f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
 
     def _prefill(
-        self, request: Request, result: Generation, arena: ArenaCache, start: int, hit: PrefixHit
+        self, request: Request, result: Generation, arena: WorkingCache, start: int, hit: PrefixHit
     ) -> torch.Tensor:
         """Compute the prompt from ``start`` on (engine/prefill.py); the last position's logits."""
         done = prefill(
@@ -357,10 +375,14 @@ class Engine:
         capacity = math.ceil((len(prompt) + sampling.max_new_tokens) / size)
         tick = time.perf_counter()
         blending = self._blender is not None and request.use_pool
-        arena, reusable = self._arenas.take(
-            capacity, prompt if request.use_pool else [], request.extra_key, approximate=blending
-        )
-        held = arena.token_ids  # what the arena held: a blend moves its K/V
+        paged = self.paged_kv and request.use_pool
+        arena: WorkingCache | None = None
+        reusable, held = 0, []
+        if not paged:
+            arena, reusable = self._arenas.take(
+                capacity, prompt if request.use_pool else [], request.extra_key, approximate=blending
+            )
+            held = arena.token_ids  # what the arena held: a blend moves its K/V
         exact_after: int | None = None  # the arena's first approximate position after the call
         copied_until = 0
         stats.arena_s = time.perf_counter() - tick
@@ -375,9 +397,12 @@ class Engine:
                 except PoolExhaustedError:
                     hit.release(pool)
                     raise
-                # the pool's exact blocks replace what the arena holds approximately
-                exact_reusable = reusable if arena.exact_tokens is None else min(reusable, arena.exact_tokens)
-                copied_until = hit.gather_into(pool, arena, exact_reusable)
+                if paged:
+                    arena = _paged_cache(pool, hit, reserved)
+                else:
+                    # the pool's exact blocks replace what the arena holds approximately
+                    exact_reusable = reusable if arena.exact_tokens is None else min(reusable, arena.exact_tokens)
+                    copied_until = hit.gather_into(pool, arena, exact_reusable)
                 stats.bookkeeping_s += time.perf_counter() - tick
             else:
                 arena.reset_to(0)
@@ -456,11 +481,13 @@ class Engine:
                 )
                 stats.stored_blocks = len(chain) - len(hit.chain)
                 pool.release([hit.tail] if hit.tail is not None else [])
-                self._arenas.give(arena, tokens[: arena.num_tokens], request.extra_key, exact_after)
+                if not paged:
+                    self._arenas.give(arena, tokens[: arena.num_tokens], request.extra_key, exact_after)
             else:  # an arena of a failed or stateless call holds nothing reusable
                 pool.release(reserved)
                 chain = hit.blocks
-                self._arenas.give(arena, [], b"")
+                if not paged:
+                    self._arenas.give(arena, [], b"")
             if request.hold:
                 result.block_ids = chain
             else:
@@ -475,6 +502,17 @@ class Engine:
             return False
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return any(marker in text for marker in stop)
+
+
+def _paged_cache(pool: BlockPool, hit: PrefixHit, reserved: list[int]) -> PagedCache:
+    """The request's cache over its hit chain and reserved blocks, in position order. A
+    tail hit is copied into the first reserved block (cached blocks are never written:
+    copy-on-extend), which the request then extends in place."""
+    if hit.tail is not None:
+        pool.copy_block(hit.tail, reserved[0])
+    return PagedCache(
+        pool, [*hit.chain, *reserved], num_tokens=hit.start, writable_from=len(hit.chain) * pool.block_size
+    )
 
 
 def _measured_logprobs(request: Request, result: Generation, num_tokens: int) -> list[float | None] | None:

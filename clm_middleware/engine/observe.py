@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,13 +92,16 @@ class AttentionProbe:
 
         return capture
 
-    def attention_mass(self, flat_keys: torch.Tensor, num_tokens: int, window: int) -> torch.Tensor | None:
+    def attention_mass(
+        self, layer_keys: Callable[[int], torch.Tensor], num_tokens: int, window: int
+    ) -> torch.Tensor | None:
         """Mean attention of the last ``window`` positions' queries over positions ``0..num_tokens``.
 
         The window shrinks to the positions this call computed (a pool hit may leave
         fewer new positions than ``window``).
 
-        ``flat_keys`` is the arena's ``[layers, kv_heads, tokens, head_dim]`` key storage.
+        ``layer_keys(layer)`` gives a layer's cached keys, ``[kv_heads, tokens, head_dim]``
+        (``ArenaCache.layer_keys``, ``PagedCache.layer_keys``).
         Returns a ``[num_tokens]`` float tensor that sums to 1, or None if unsupported.
         """
         if not self.supported or not self._captured:
@@ -105,7 +109,7 @@ class AttentionProbe:
         # Only positions computed by this call were captured: the window cannot reach further back.
         computed = sum(h.shape[1] for h, _ in self._captured.get(self.layers[0], []))
         window = max(1, min(window, num_tokens, computed))
-        total = torch.zeros(num_tokens, dtype=torch.float32, device=flat_keys.device)
+        total: torch.Tensor | None = None
         for layer in self.layers:
             chunks = self._captured.get(layer)
             if not chunks:
@@ -114,7 +118,7 @@ class AttentionProbe:
             cos = torch.cat([p[0] for _, p in chunks], dim=1)[:, -window:]
             sin = torch.cat([p[1] for _, p in chunks], dim=1)[:, -window:]
             queries = _queries(self.modules[layer], hidden, cos, sin)  # [1, heads, window, dim]
-            keys = flat_keys[layer][:, :num_tokens].unsqueeze(0).to(queries.dtype)  # [1, kv_heads, n, dim]
+            keys = layer_keys(layer)[:, :num_tokens].unsqueeze(0).to(queries.dtype)  # [1, kv_heads, n, dim]
             groups = queries.shape[1] // keys.shape[1]
             keys = keys.repeat_interleave(groups, dim=1)
             scores = torch.matmul(queries, keys.transpose(-1, -2)).float() * _scaling(self.modules[layer], queries)
@@ -123,8 +127,9 @@ class AttentionProbe:
             causal = positions[None, :] > query_positions[:, None]
             scores = scores.masked_fill(causal, float("-inf"))
             probs = torch.softmax(scores, dim=-1)
-            total += probs.mean(dim=(0, 1, 2))
-        return total / len(self.layers)
+            mass = probs.mean(dim=(0, 1, 2))
+            total = mass if total is None else total + mass
+        return None if total is None else total / len(self.layers)
 
 
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module] | None:

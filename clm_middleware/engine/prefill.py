@@ -1,4 +1,4 @@
-"""Computing prompt positions into an arena, in chunks, with what a call asked to observe.
+"""Computing prompt positions into a working cache (arena or paged), in chunks, with what a call asked to observe.
 
 Invariants:
 - Chunks hold at most ``PREFILL_CHUNK_TOKENS`` positions, which bounds activation memory
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from clm_middleware.cache.arena import ArenaCache
 from clm_middleware.cache.block_pool import BlockPool
+from clm_middleware.cache.paged import WorkingCache
 from clm_middleware.engine.generation import Request
 from clm_middleware.engine.observe import AttentionProbe
 from clm_middleware.engine.reuse import PrefixHit
@@ -39,7 +39,7 @@ class Prefilled:
     observe_s: float = 0.0
 
 
-def forward_chunks(forward: Forward, token_ids: Sequence[int], arena: ArenaCache) -> torch.Tensor:
+def forward_chunks(forward: Forward, token_ids: Sequence[int], arena: WorkingCache) -> torch.Tensor:
     """Feed ``token_ids`` in chunks; logits of the last position."""
     logits = None
     for start in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
@@ -48,7 +48,7 @@ def forward_chunks(forward: Forward, token_ids: Sequence[int], arena: ArenaCache
     return logits
 
 
-def rows_at(forward: Forward, token_ids: list[int], positions: list[int], arena: ArenaCache) -> list[torch.Tensor]:
+def rows_at(forward: Forward, token_ids: list[int], positions: list[int], arena: WorkingCache) -> list[torch.Tensor]:
     """Feed ``token_ids`` in chunks; the logits rows at ``positions`` (relative to ``token_ids``)."""
     rows: list[torch.Tensor] = []
     for offset in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
@@ -60,7 +60,7 @@ def rows_at(forward: Forward, token_ids: list[int], positions: list[int], arena:
     return rows
 
 
-def force(forward: Forward, forced: Sequence[int], last_logits: torch.Tensor, arena: ArenaCache) -> list[float]:
+def force(forward: Forward, forced: Sequence[int], last_logits: torch.Tensor, arena: WorkingCache) -> list[float]:
     """Feed all but the last forced token (the arena then holds prompt + forced − 1, as
     after decoding); log p of every forced token, the first from ``last_logits``."""
     rows = [last_logits[None].float()]
@@ -76,7 +76,7 @@ def prefill(
     forward: Forward,
     model: torch.nn.Module,
     request: Request,
-    arena: ArenaCache,
+    arena: WorkingCache,
     start: int,
     hit: PrefixHit,
     pool: BlockPool,
@@ -128,7 +128,7 @@ def prefill(
     result = Prefilled(last, prompt_logprobs=logprobs if observe.logprobs else None)
     if observe.attention_window:
         tick = time.perf_counter()
-        result.attention = probe.attention_mass(arena.flat_keys, len(prompt), observe.attention_window)
+        result.attention = probe.attention_mass(arena.layer_keys, len(prompt), observe.attention_window)
         extra += time.perf_counter() - tick
     result.observe_s = extra
     return result

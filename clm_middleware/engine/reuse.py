@@ -25,6 +25,7 @@ from clm_middleware.cache.arena import ArenaCache
 from clm_middleware.cache.block_pool import BlockPool
 from clm_middleware.cache.disk import DiskTier
 from clm_middleware.cache.hashing import BlockKey, block_key, chain_keys, root_key
+from clm_middleware.cache.paged import WorkingCache
 from clm_middleware.errors import PoolExhaustedError
 
 
@@ -130,14 +131,14 @@ def _from_disk(
 def store_computed(
     pool: BlockPool,
     hit: PrefixHit,
-    arena: ArenaCache,
+    arena: WorkingCache,
     tokens: list[int],
     reserved: list[int],
     extra_key: bytes,
     measured: list[float | None] | None,
     exact_tokens: int | None = None,
 ) -> tuple[list[int], BlockKey | None]:
-    """Publish the arena's positions after ``hit.chain`` (``tokens[:arena.num_tokens]``,
+    """Publish the working cache's positions after ``hit.chain`` (``tokens[:arena.num_tokens]``,
     or only its first ``exact_tokens``: keys promise exact K/V) as blocks, the last
     partial if the arena ends mid-block; reserved blocks left over are released.
     Returns the chain covering every computed position (the hit's full blocks, then the
@@ -159,7 +160,7 @@ def store_computed(
         tail_parent = new_keys[-1] if new_keys else (parent if parent is not None else root_key(extra_key))
         new_keys.append(block_key(tail_parent, tokens[stored * size : num_tokens], extra_key))
     targets = reserved[: len(new_keys)]
-    pool.store_from(arena, first_new, targets)
+    arena.store_blocks(pool, first_new, targets)
     after = None
     # the log p of the token after the last block, unless approximate K/V gave it
     if not capped and measured is not None and num_tokens < len(measured) and measured[num_tokens] is not None:

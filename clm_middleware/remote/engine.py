@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import xxhash
@@ -60,13 +59,6 @@ def parse_engine_url(spec: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteLayout:
-    """The server's KV is not ours to count: no bytes per token (reports show 0)."""
-
-    bytes_per_token: int = 0
-
-
 class RemoteEngine:
     """Satisfies ``engine.protocol.ServingEngine`` over HTTP; thread-safe for concurrent calls."""
 
@@ -91,7 +83,6 @@ class RemoteEngine:
         self.scorer: Any = None
         self._signals = signals
         self.pool = NullPool()
-        self.layout = RemoteLayout()
         self.memo: dict[str, Any] = {}
         self.stats = EngineStats()
         self.logits_processors: tuple[LogitsProcessor, ...] = ()
@@ -160,6 +151,10 @@ class RemoteEngine:
             "tokenizer_checked": self.tokenizer_checked,
             "signals_source": self.signals_source,
         }
+
+    def working_kv_bytes(self, num_tokens: int) -> int:
+        """The server's KV is not ours to count (reports show 0)."""
+        return 0
 
     def close(self) -> None:
         """Nothing to spill: the server keeps its cache (the HTTP connections stay open for reuse)."""

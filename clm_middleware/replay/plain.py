@@ -154,7 +154,7 @@ def plain_turn_record(
         reply_flags=[] if forced else reply_flags(reply, reply, earlier_replies, machinery=machinery),
         pool_blocks_in_use=pool.blocks_in_use,
         kv_bytes=pool.kv_bytes if pooled else 0,
-        working_kv_bytes=(stats.prompt_tokens + stats.generated_tokens) * engine.layout.bytes_per_token,
+        working_kv_bytes=engine.working_kv_bytes(stats.prompt_tokens + stats.generated_tokens),
         # the stored chain of this prompt and reply: what the next turn's hit depends on
         live_kv_bytes=(stats.prompt_tokens + stats.generated_tokens - 1) // engine.block_size * pool.block_bytes
         if pooled

@@ -1,4 +1,8 @@
-"""Engine on the tiny model: reuse is exact, stats add up, edges fail clearly."""
+"""Engine on the tiny model: reuse is exact, stats add up, edges fail clearly.
+
+Every test runs twice: with a working arena (the default) and with ``paged_kv`` (the
+model attends over the pool's blocks in place); both keep the same contracts.
+"""
 
 import threading
 
@@ -8,6 +12,16 @@ import torch
 from clm_middleware.errors import ConfigError, ContextWindowError, PoolExhaustedError
 
 EXACT = 1e-4  # the contract: fp32, max abs diff between reused and recomputed logits
+
+
+@pytest.fixture
+def make_engine(make_either_engine):
+    return make_either_engine
+
+
+@pytest.fixture
+def engine(make_either_engine):
+    return make_either_engine()
 
 
 def prompt_of(length: int, offset: int = 0) -> list[int]:

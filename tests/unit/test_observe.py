@@ -1,9 +1,17 @@
-"""Self-information and attention mass from the engine, checked against direct computation."""
+"""Self-information and attention mass from the engine, checked against direct computation.
+
+The engine tests run with a working arena and with ``paged_kv`` alike.
+"""
 
 import pytest
 import torch
 
 from clm_middleware.engine import Observe
+
+
+@pytest.fixture
+def engine(make_either_engine):
+    return make_either_engine()
 
 
 def prompt_of(length: int, offset: int = 0) -> list[int]:
@@ -206,4 +214,4 @@ def test_attention_probe_ignores_a_foreign_thread_calling_its_hook_without_kwarg
         foreign.start()
         foreign.join()
     assert outcome == [None]
-    assert probe.attention_mass(torch.zeros(2, 1, 3, 8), num_tokens=3, window=2) is None
+    assert probe.attention_mass(lambda layer: torch.zeros(1, 3, 8), num_tokens=3, window=2) is None
