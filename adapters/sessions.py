@@ -11,7 +11,8 @@ its message digests (see ``messages.py``):
 A caller may name the conversation (``session_id``); the name then follows the latest
 branch. A conversation serves one call at a time: a concurrent call with the same
 history forks instead of waiting. Idle conversations beyond ``max_sessions`` are
-closed, least recently used first (their state stays in the store, if one is set).
+closed, least recently used first (their state stays in the store, if one is set; a
+later call under the same name starts a new conversation, stored under a suffixed id).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.lifecycle.reply import shared_prefix_length
+from clm_middleware.store import ConversationExistsError
 
 from .messages import Turn
 
@@ -77,9 +79,7 @@ class SessionRouter:
                 route = Route(self._fork(best, common, digests[:common]), list(turns[common:]), "fork")
             else:
                 conversation_id = self.namespace + (session_id or uuid.uuid4().hex)
-                if conversation_id in self._sessions:
-                    conversation_id = f"{conversation_id}~{uuid.uuid4().hex[:8]}"
-                route = Route(self._add(Session(self._make(conversation_id))), list(turns), "new")
+                route = Route(self._add(Session(self._new_conversation(conversation_id))), list(turns), "new")
             if session_id is not None:
                 self._names[session_id] = route.session.conversation.id
             route.session.busy = True
@@ -120,6 +120,17 @@ class SessionRouter:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def _new_conversation(self, conversation_id: str) -> Conversation:
+        """A new conversation named ``conversation_id``, or a suffixed twin of the name when
+        an open session or the store (a closed session's, an earlier process's) holds it:
+        a stored conversation is never overwritten, and the caller re-sends its history."""
+        if conversation_id not in self._sessions:
+            try:
+                return self._make(conversation_id)
+            except ConversationExistsError:
+                pass
+        return self._make(f"{conversation_id}~{uuid.uuid4().hex[:8]}")
 
     def _fork(self, source: Session, common: int, digests: list[str]) -> Session:
         twin = source.conversation.fork(common, conversation_id=f"{source.conversation.id}~{uuid.uuid4().hex[:8]}")

@@ -541,9 +541,8 @@ class Conversation:
         """Rebuild a stored conversation: same messages, segments, labels, context."""
         store = store if isinstance(store, Store) else Store(store)
         stored = store.load(conversation_id)
-        conversation = cls(
-            engine, store=store, conversation_id=conversation_id, **{**stored.record.settings, **settings}
-        )
+        conversation = cls(engine, conversation_id=conversation_id, **{**stored.record.settings, **settings})
+        conversation.store = store  # its row exists: saves continue it (no register)
         conversation.messages = stored.messages
         conversation._segments = {s.id: s for s in stored.segments}
         conversation.turn = stored.record.turn
@@ -570,8 +569,8 @@ class Conversation:
 
     def attach_store(self, store: Store) -> None:
         """Save to ``store`` from now on, everything so far included."""
+        store.register(self.record())  # refuses an id the store holds: nothing is attached then
         self.store = store
-        store.register(self.record())
         self.journal.everything(self.messages)
         self.persist(None)
 

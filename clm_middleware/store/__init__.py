@@ -3,11 +3,12 @@
 
 from clm_middleware.store.migrations import MIGRATIONS, migrate
 from clm_middleware.store.records import ConversationChanges, ConversationRecord, StoredConversation
-from clm_middleware.store.store import Store, StoreError
+from clm_middleware.store.store import ConversationExistsError, Store, StoreError
 
 __all__ = [
     "MIGRATIONS",
     "ConversationChanges",
+    "ConversationExistsError",
     "ConversationRecord",
     "Store",
     "StoreError",

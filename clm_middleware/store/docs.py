@@ -20,6 +20,12 @@ WAL mode; one transaction per turn; the file is created owner-only (0600). Schem
 changes are ordered migrations recorded in `{table}`
 (`clm_middleware/store/migrations.py`): {names}.
 
+A stored conversation is continued with `Conversation.load(store, id)`, never
+overwritten: a new `Conversation` given an id the store holds raises
+`ConversationExistsError`. `ChatCLM` and `clm serve`, whose callers re-send the whole
+history, then start the conversation under a suffixed id (`s1~1a2b3c4d`); `clm replay`
+suffixes `#2`, `#3`.
+
 Generated from the schema by `python -m clm_middleware.store.docs docs/store.md`;
 do not edit by hand.
 """

@@ -38,6 +38,10 @@ class StoreError(ClmError, RuntimeError):
     """The store cannot be opened or read."""
 
 
+class ConversationExistsError(StoreError):
+    """A new conversation was given the id of one the store already holds."""
+
+
 class Store:
     def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         """Open (creating, migrating) the store at ``path``; ``read_only`` opens an existing
@@ -95,10 +99,16 @@ class Store:
             self.db.conn.commit()
 
     def register(self, record: ConversationRecord) -> None:
-        """Create the conversation's row unless it exists (a loaded conversation's does)."""
+        """Create a new conversation's row. An id the store holds already is refused: the
+        new conversation's saves would overwrite the stored one's messages by index and
+        leave a mix of the two (``Conversation.load`` continues a stored one instead)."""
         with self._writing():
-            if not self.db["conversations"].count_where("id = ?", [record.id]):
-                self.db["conversations"].insert(_conversation_row(record, created=True))
+            if self.db["conversations"].count_where("id = ?", [record.id]):
+                raise ConversationExistsError(
+                    f"{self.path}: conversation {record.id!r} is stored already; continue it with "
+                    f"Conversation.load(store, {record.id!r}), or give the new one another conversation_id"
+                )
+            self.db["conversations"].insert(_conversation_row(record, created=True))
 
     def save(self, record: ConversationRecord, changes: ConversationChanges, stats: TurnStats | None) -> None:
         """The conversation's row, what changed since the last save and the turn's stats, in

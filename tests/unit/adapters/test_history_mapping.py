@@ -81,3 +81,22 @@ def test_a_failed_call_leaves_the_conversation_as_it_was_so_a_retry_extends_it(s
     router = next(iter(llm._routers.values()))
     (session,) = router.sessions()
     assert [m.content for m in session.conversation.history] == ["First question here.", "A1.", "A short one.", "A2."]
+
+
+def test_a_named_session_already_in_the_store_starts_a_suffixed_conversation_and_keeps_the_stored_one(
+    scripted_llm, tmp_path
+):
+    from clm_middleware.conversation import Conversation
+
+    path = str(tmp_path / "sessions.db")
+    history = [HumanMessage("My order is 48213-KX.")]
+    earlier, _ = scripted_llm("Noted.", store_path=path)  # an earlier process
+    first = earlier.invoke(history, session_id="s1")
+    assert conversation_of(first) == "s1"
+    stored = [m.content for m in Conversation.load(path, "s1", earlier.engine).history]
+
+    later, _ = scripted_llm("Noted again.", store_path=path)  # a fresh process: its router knows nothing
+    again = later.invoke(history, session_id="s1")
+    assert again.content == "Noted again."
+    assert conversation_of(again).startswith("s1~")
+    assert [m.content for m in Conversation.load(path, "s1", later.engine).history] == stored

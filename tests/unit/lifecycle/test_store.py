@@ -6,6 +6,7 @@ import stat
 import subprocess
 import sys
 
+import pytest
 from sqlite_utils import Database
 
 from clm_middleware.conversation import Conversation
@@ -132,3 +133,22 @@ def test_three_processes_writing_one_store_all_finish(tmp_path):
     store = Store(db)
     counts = [row["n"] for row in store.db.query("select count(*) as n from messages group by conversation_id")]
     assert sorted(counts) == [60, 60, 60]
+
+
+def test_a_new_conversation_with_a_stored_id_is_refused_and_the_stored_one_is_untouched(converse, engine, tmp_path):
+    from clm_middleware.store import ConversationExistsError
+
+    path = tmp_path / "chats.db"
+    first = converse(store=path, system_prompt="Be brief.", conversation_id="maria")
+    first.send("My order is 48213-KX.")
+    first.close()
+    stored = [(m.role, m.content) for m in Conversation.load(path, "maria", engine).history]
+
+    with pytest.raises(ConversationExistsError, match=r"maria.*Conversation\.load"):
+        converse(store=path, conversation_id="maria")
+    other = converse(conversation_id="maria")
+    with pytest.raises(ConversationExistsError):
+        other.attach_store(Store(path))
+    assert other.store is None  # nothing attached: its turns cannot reach the stored conversation
+    other.send("hello")
+    assert [(m.role, m.content) for m in Conversation.load(path, "maria", engine).history] == stored
