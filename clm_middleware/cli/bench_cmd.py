@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clm_middleware.cli.options import (
+    OutputPath,
     format_option,
     generation_options,
     lifecycle_options,
@@ -44,16 +45,16 @@ BENCH_MODES = ("stateless", "prefix", "truncate", "clm")
 @click.option(
     "--markdown",
     "markdown_path",
-    type=click.Path(path_type=Path),
+    type=OutputPath(),
     help="Write the comparison as a markdown table here.",
 )
 @click.option(
     "--plot",
     "plot_path",
-    type=click.Path(path_type=Path),
+    type=OutputPath(),
     help="Write a PNG of context and prefill tokens per turn, per mode.",
 )
-@click.option("--report-dir", type=click.Path(path_type=Path), help="Write one JSON report per mode into this folder.")
+@click.option("--report-dir", type=OutputPath(folder=True), help="Write one JSON report per mode into this folder.")
 def bench(
     transcript: Path,
     transcript_format: str,

@@ -11,7 +11,13 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
-from clm_middleware.cli.options import model_options, penalty_options, remote_engine_options, sampling_options
+from clm_middleware.cli.options import (
+    OutputPath,
+    model_options,
+    penalty_options,
+    remote_engine_options,
+    sampling_options,
+)
 from clm_middleware.errors import ClmError
 
 COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /help  /quit"
@@ -30,7 +36,7 @@ PREVIEW_CHARS = 60
 @click.command()
 @click.option(
     "--db",
-    type=click.Path(path_type=Path),
+    type=OutputPath(),
     default=None,
     help="SQLite store: every turn is saved; resume with --session.",
 )
@@ -165,12 +171,17 @@ def chat(
                 continue
             console.print("[bold]model>[/bold] ", end="")
             answered = len(conversation.history)
+            stream = conversation.stream(text)
             try:
-                for piece in conversation.stream(text):
+                for piece in stream:
                     console.print(piece, end="", markup=False, highlight=False)
             except ClmError as error:  # e.g. a message over the budget: say so, keep the chat
                 conversation.discard(answered)
                 console.print(f"\n[red]{error}[/red]")
+                continue
+            except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
+                stream.close()  # a stream closed early takes its message back
+                console.print("\n[yellow]interrupted: that message and its reply were not kept[/yellow]")
                 continue
             console.print()
             _report_turn(conversation, console)
@@ -233,10 +244,13 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
         by_status = ", ".join(f"{status} {count}" for status, count in stats["segments_by_status"].items())
         console.print(f"{'segments':>18}: {by_status}")
     elif name == "/save":
-        if argument.endswith(".json"):
-            _export(conversation, Path(argument), console)
-        else:
-            _save(conversation, argument, console)
+        try:
+            if argument.endswith(".json"):
+                _export(conversation, Path(argument), console)
+            else:
+                _save(conversation, argument, console)
+        except (ClmError, OSError) as error:  # an unwritable path, a file that is no store: keep the chat
+            console.print(f"[red]/save failed: {error}[/red]")
     elif name == "/help":
         for usage, meaning in HELP:
             console.print(f"  {usage:<14} {meaning}", markup=False, highlight=False)
@@ -269,8 +283,12 @@ def _export(conversation: Any, path: Path, console: Console) -> None:
 def _save(conversation: Any, argument: str, console: Console) -> None:
     from clm_middleware.store import Store
 
+    wanted = Path(argument or "clm_chat.db").expanduser()
     if conversation.store is None:
-        conversation.attach_store(Store(Path(argument or "clm_chat.db")))
+        conversation.attach_store(Store(wanted))
+    elif argument and wanted.resolve() != conversation.store.path.resolve():
+        console.print(f"[yellow]already saving to {conversation.store.path}; {wanted} is not used[/yellow]")
+        return
     console.print(f"saved to {conversation.store.path} as {conversation.id}; later turns are saved as they happen")
 
 

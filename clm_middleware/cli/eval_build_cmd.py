@@ -12,20 +12,21 @@ from pathlib import Path
 
 import click
 
+from clm_middleware.cli.options import OutputPath
 from clm_middleware.evaluation.sessions import Session, default_probes_path, write_session
 
-_out_option = click.option("--out", type=click.Path(path_type=Path), required=True, help="Transcript JSONL to write.")
+_out_option = click.option("--out", type=OutputPath(), required=True, help="Transcript JSONL to write.")
 _probes_option = click.option(
     "--probes",
     "probes_path",
-    type=click.Path(path_type=Path),
+    type=OutputPath(),
     default=None,
     help="Probes JSON to write [default: OUT with .probes.json].",
 )
 _sources_option = click.option(
     "--sources",
     "sources_path",
-    type=click.Path(path_type=Path),
+    type=OutputPath(),
     default=None,
     help="Also write where the session comes from (dialogue ids, seed) as JSON here.",
 )

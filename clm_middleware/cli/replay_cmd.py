@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 
 from clm_middleware.cli.options import (
+    OutputPath,
     format_option,
     generation_options,
     lifecycle_options,
@@ -35,10 +36,8 @@ MODES = ("stateless", "prefix", "truncate", "clm")
 )
 @generation_options
 @lifecycle_options
-@click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the JSON report here.")
-@click.option(
-    "--plot", "plot_path", type=click.Path(path_type=Path), help="Write a PNG of context and prefill tokens per turn."
-)
+@click.option("--report", "report_path", type=OutputPath(), help="Write the JSON report here.")
+@click.option("--plot", "plot_path", type=OutputPath(), help="Write a PNG of context and prefill tokens per turn.")
 @click.option(
     "--probes",
     "probes_path",

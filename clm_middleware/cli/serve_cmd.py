@@ -8,7 +8,13 @@ from typing import Any
 
 import click
 
-from clm_middleware.cli.options import model_options, penalty_options, remote_engine_options, sampling_filter_options
+from clm_middleware.cli.options import (
+    OutputPath,
+    model_options,
+    penalty_options,
+    remote_engine_options,
+    sampling_filter_options,
+)
 
 API_KEY_ENV = "CLM_API_KEY"
 
@@ -29,7 +35,7 @@ API_KEY_ENV = "CLM_API_KEY"
 @click.option(
     "--tagging", default="auto", show_default=True, help="Who labels segments: auto, free, constrained, signals, rules."
 )
-@click.option("--db", type=click.Path(path_type=Path), default=None, help="SQLite store for the conversations.")
+@click.option("--db", type=OutputPath(), default=None, help="SQLite store for the conversations.")
 @click.option(
     "--api-key",
     "api_keys",

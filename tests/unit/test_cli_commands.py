@@ -379,3 +379,43 @@ def test_bench_names_an_unknown_mode(tmp_path):
     path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
     result = run("bench", str(path), "--model", "tiny", "--modes", "prefix,bogus")
     assert result.exit_code == 2 and "unknown mode bogus" in result.output
+
+
+def test_chat_survives_a_save_that_cannot_be_written(tmp_path):
+    not_a_store = tmp_path / "notes.txt"
+    not_a_store.write_text("plain text, not SQLite\n")
+    script = f"hello\n/save {not_a_store}/chat.db\n/save {not_a_store}\nstill here?\n/stats\n/quit\n"
+    result = run("chat", "--model", "tiny", "--max-new-tokens", "4", input=script)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())  # the console wraps long lines at 80 columns
+    assert said.count("/save failed") == 2 and "not a usable SQLite store" in said
+    assert "turns this run: 2" in said  # the chat went on after both failed saves
+
+
+def test_ctrl_c_during_a_reply_stops_that_reply_and_keeps_the_chat(monkeypatch, tiny_model, tiny_tok):
+    from clm_middleware.cli import setup
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.engine import Engine
+    from clm_middleware.models import ScriptedReplies
+
+    reply = [*tiny_tok.encode("Hello there, friend.", add_special_tokens=False), tiny_tok.eos_token_id]
+    engine = Engine(tiny_model, tiny_tok, logits_processors=[ScriptedReplies([reply, reply])])
+    monkeypatch.setattr(setup, "build_engine", lambda **_: engine)
+    original = Conversation.stream
+
+    def interrupted_on_first(self, text, **kwargs):
+        inner = original(self, text, **kwargs)
+        try:
+            for piece in inner:
+                if text == "first":
+                    raise KeyboardInterrupt  # what the terminal's SIGINT raises in the main thread
+                yield piece
+        finally:
+            inner.close()
+
+    monkeypatch.setattr(Conversation, "stream", interrupted_on_first)
+    result = run("chat", "--model", "tiny", "--max-new-tokens", "8", input="first\nsecond\n/stats\n/quit\n")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "interrupted: that message and its reply were not kept" in said
+    assert "turns this run: 1" in said  # the second message, answered after the interrupted first

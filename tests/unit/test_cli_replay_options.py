@@ -148,3 +148,25 @@ def test_chat_json_prints_one_object_per_turn_and_an_error_object_for_a_refused_
     assert "budget" in refused["error"]
     assert last["turn"] == 2 and last["cached_tokens"] > 0
     assert "turns this run" in result.stderr and "conversation" in result.stderr  # /stats and the banner
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from clm_middleware.cli import setup
+
+    def never(**_):
+        raise AssertionError("the engine was built before the output paths were checked")
+
+    monkeypatch.setattr(setup, "build_engine", never)
+    transcript = write_transcript(tmp_path / "t.jsonl")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cases = [
+        (["replay", str(transcript), "--report", str(tmp_path)], "--report", "is a directory"),
+        (["replay", str(transcript), "--plot", f"{blocker}/x.png"], "--plot", "is a file"),
+        (["bench", str(transcript), "--report-dir", str(blocker)], "--report-dir", "is a file"),
+        (["bench", str(transcript), "--markdown", f"{blocker}/deeper/b.md"], "--markdown", "is a file"),
+    ]
+    for args, option, reason in cases:
+        result = CliRunner().invoke(cli, [*args, "--model", "tiny"])
+        assert result.exit_code == 2, (args, result.output)
+        assert option in result.output and reason in " ".join(result.output.split())
