@@ -30,6 +30,7 @@ from .messages import Turn, assistant_text, turn_digest
 from .sessions import Route, SessionRouter
 from .tools import (
     CHOOSE_TOOL,
+    CLOSE,
     OPEN,
     call_head,
     parse_tool_calls,
@@ -51,6 +52,8 @@ class ChatRequest:
     ``tool_choice`` as OpenAI or LangChain give it (see ``tools.required_tool``);
     ``response_format``: the reply is grammar-constrained JSON (``structured/``), one
     object or valid against a schema; it wins over ``settings.response_format``.
+    ``parallel_tool_calls``: False (the default, as llama.cpp's server) ends the reply
+    with its first tool call, so nothing the client never sees follows it in the context.
     """
 
     turns: Sequence[Turn]
@@ -59,6 +62,7 @@ class ChatRequest:
     tool_choice: Any = None
     response_format: ResponseFormat | None = None
     session_id: str | None = None
+    parallel_tool_calls: bool = False
 
 
 @dataclass(slots=True)
@@ -114,18 +118,21 @@ class ChatCall:
                 conversation.add(turn.role, turn.text)
             prefix = tool_call_head(conversation, request.tool_choice, tools) if tools else None
             settings = request.settings
+            if tools and not request.parallel_tool_calls:
+                settings = dataclasses.replace(settings, end_after=(*settings.end_after, CLOSE))
             if request.response_format is not None:
                 prefix = "{"  # every format is an object: the model starts inside it
                 settings = dataclasses.replace(settings, response_format=request.response_format)
-            hidden = ToolCallHider()
+            # with no tools bound, a call the model copies from the history is text: nothing can run it
+            hidden = ToolCallHider() if tools else None
             replies = conversation.respond_stream(reply_prefix=prefix, settings=settings, cancelled=self.cancelled)
             for delta in replies:
-                visible = hidden.feed(delta)
+                visible = hidden.feed(delta) if hidden is not None else delta
                 if visible:
                     yield visible
             reply = conversation.last_reply
             assert reply is not None
-            content, payloads = split_tool_calls(reply.text)
+            content, payloads = split_tool_calls(reply.text) if tools else (reply.text, [])
             valid, invalid = parse_tool_calls(payloads, tools)
             answer = ChatAnswer(reply, conversation, route.kind, content, valid, invalid)
         except BaseException:

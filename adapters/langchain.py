@@ -158,8 +158,8 @@ class ChatCLM(BaseChatModel):
     min_p: float | None = None
     """In [0, 1]: drop tokens less likely than ``min_p`` × the top token's probability (with
     temperature > 0); 0 is off; None uses the model's generation config."""
-    stop: list[str] | None = None
-    """Stop strings: the reply ends before the first one."""
+    stop: str | list[str] | None = None
+    """Stop strings: the reply ends before the first one (one string is one stop string)."""
     seed: int | None = None
     """Sampling seed, for reproducible sampled replies."""
     repetition_penalty: float | None = None
@@ -255,9 +255,9 @@ class ChatCLM(BaseChatModel):
             ls_temperature=kwargs.get("temperature", self.temperature),
             ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
         )
-        stops = stop or self.stop
+        stops = _stop_list(stop) or _stop_list(self.stop)
         if stops:
-            params["ls_stop"] = list(stops)
+            params["ls_stop"] = stops
         return params
 
     # ------------------------------------------------------------- tools
@@ -394,6 +394,7 @@ class ChatCLM(BaseChatModel):
             settings=self._settings(stop, kwargs),
             tools=kwargs.get("tools") or [],
             tool_choice=kwargs.get("tool_choice"),
+            parallel_tool_calls=bool(kwargs.get("parallel_tool_calls", False)),
             response_format=_response_format(kwargs.get("response_format")),
             session_id=self._session_id(kwargs),
         )
@@ -459,7 +460,7 @@ class ChatCLM(BaseChatModel):
             top_k=self.top_k,
             min_p=self.min_p,
             seed=self.seed,
-            stop=self.stop,
+            stop=_stop_list(self.stop),
             repetition_penalty=self.repetition_penalty,
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
@@ -472,9 +473,10 @@ class ChatCLM(BaseChatModel):
     def _session_id(self, kwargs: dict[str, Any]) -> str | None:
         return str(kwargs["session_id"]) if kwargs.get("session_id") else self.session_id
 
-    def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationSettings:
-        stops = [*(self.stop or []), *(stop or []), *(kwargs.get("stop") or [])]
-        kwargs = resolve_aliases(kwargs)
+    def _settings(self, stop: list[str] | str | None, kwargs: dict[str, Any]) -> GenerationSettings:
+        stops = [*_stop_list(self.stop), *_stop_list(stop), *_stop_list(kwargs.get("stop"))]
+        # an argument given as None means "the default", as OpenAI-style code passes it
+        kwargs = resolve_aliases({name: value for name, value in kwargs.items() if value is not None})
         return GenerationSettings(
             max_new_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
             temperature=float(kwargs.get("temperature", self.temperature)),
@@ -542,6 +544,14 @@ def _session_kwargs(config: RunnableConfig | None, kwargs: dict[str, Any]) -> di
     if configurable.get("session_id") and not kwargs.get("session_id"):
         return {**kwargs, "session_id": configurable["session_id"]}
     return kwargs
+
+
+def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    """Stop strings as given: one string is one stop string (OpenAI's API takes either),
+    never its characters."""
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
 
 
 @functools.lru_cache(maxsize=8)

@@ -52,6 +52,7 @@ CALL_ARGUMENTS = frozenset(
         "stop",
         "tools",
         "tool_choice",
+        "parallel_tool_calls",
         "response_format",
         "max_tokens",
         "temperature",

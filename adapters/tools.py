@@ -85,9 +85,12 @@ def parse_tool_calls(
     """LangChain ``tool_calls`` and ``invalid_tool_calls`` from raw payloads.
 
     Arguments a tool's schema does not declare are dropped: they could never reach
-    the tool (small models copy schema keywords such as ``"type"`` into them).
+    the tool (small models copy schema keywords such as ``"type"`` into them). A call
+    that lacks an argument its schema requires is invalid: the tool could not run it
+    (and a structured-output parser would fail on it).
     """
     declared = {t["function"]["name"]: (t["function"].get("parameters") or {}).get("properties") for t in tools}
+    required = {t["function"]["name"]: (t["function"].get("parameters") or {}).get("required") or () for t in tools}
     valid, invalid = [], []
     for payload in payloads:
         call_id = f"call_{uuid.uuid4().hex[:24]}"
@@ -112,6 +115,11 @@ def parse_tool_calls(
             properties = declared.get(name)
             if properties:
                 arguments = {key: value for key, value in arguments.items() if key in properties}
+            missing = [key for key in required.get(name, ()) if key not in arguments]
+            if missing:
+                names = ", ".join(repr(key) for key in missing)
+                invalid.append(_invalid(name, payload, call_id, f"missing required argument {names}"))
+                continue
             valid.append({"name": name, "args": arguments, "id": call_id, "type": "tool_call"})
     return valid, invalid
 

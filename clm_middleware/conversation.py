@@ -105,8 +105,8 @@ class Conversation:
         generation: GenerationSettings | None = None,
         use_pool: bool = True,
     ) -> None:
-        self.engine = engine or Engine.from_pretrained()
         self.use_pool = use_pool  # False: every turn is computed from scratch (a stateless baseline)
+        # settings are validated before a model loads: a bad one fails in milliseconds
         self.config = config or LifecycleConfig(
             tagging=TaggingConfig(
                 mode=tagging,
@@ -125,13 +125,14 @@ class Conversation:
             top_k=top_k,
             min_p=min_p,
             seed=seed,
-            stop=tuple(stop or ()),
+            stop=stop or (),  # GenerationSettings reads one string as one stop string
             repetition_penalty=repetition_penalty,
             frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty,
             no_repeat_ngram_size=no_repeat_ngram_size,
             response_format=ResponseFormat.parse(response_format),
         )
+        self.engine = engine or Engine.from_pretrained()
         self.id = conversation_id or uuid.uuid4().hex
         self.cache_salt = cache_salt
         self.chat_format = ChatFormat.from_tokenizer(self.engine.tokenizer)

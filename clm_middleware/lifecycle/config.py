@@ -12,6 +12,15 @@ from clm_middleware.lifecycle.tagging import TaggingConfig
 from clm_middleware.structured import ResponseFormat
 
 
+def check_integers(settings: object, *names: str) -> None:
+    """``ConfigError`` naming the first of ``names`` that is set but not an integer: a
+    ``budget="256"`` read from a config file must fail as a type, not as a comparison."""
+    for name in names:
+        value = getattr(settings, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(name, f"must be an integer, got {type(value).__name__} {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationSettings:
     max_new_tokens: int = 256
@@ -23,6 +32,9 @@ class GenerationSettings:
     top_k: int | None = None
     min_p: float | None = None
     stop: tuple[str, ...] = ()
+    # the reply ends right after the first of these it writes, which it keeps (unlike a
+    # stop string): a tool call's closing tag, when one call per reply is asked for
+    end_after: tuple[str, ...] = ()
     block_tokens: int = 96  # extra room for a free-form [LIFECYCLE] block
     # repetition controls (engine/penalties.py); None: the model's generation_config
     repetition_penalty: float | None = None
@@ -37,6 +49,10 @@ class GenerationSettings:
     response_format: ResponseFormat | None = None
 
     def __post_init__(self) -> None:
+        check_integers(self, "max_new_tokens", "block_tokens", "top_k", "seed", "no_repeat_ngram_size")
+        for name in ("stop", "end_after"):  # one string is one stop string, never its characters
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
         if self.response_format is not None and not isinstance(self.response_format, ResponseFormat):
             object.__setattr__(self, "response_format", ResponseFormat.parse(self.response_format))
         if self.max_new_tokens < 1:
@@ -96,6 +112,7 @@ class LifecycleConfig:
     recent_share: float = 0.75
 
     def __post_init__(self) -> None:
+        check_integers(self, "budget", "k", "compress_min_tokens", "room_turns", "min_reclaim_tokens", "protect_turns")
         if self.budget is not None and self.budget < 64:
             raise ConfigError("budget", f"must be ≥ 64 tokens, got {self.budget}")
         if self.k < 0:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 from clm_middleware.engine import Generation, penalty_processors
-from clm_middleware.errors import ConfigError, TurnCancelled
+from clm_middleware.errors import ConfigError, ContextWindowError, TurnCancelled
 from clm_middleware.lifecycle.calibration import record_runtime_failure
 from clm_middleware.lifecycle.compaction import CompactionResult
 from clm_middleware.lifecycle.config import GenerationSettings
@@ -194,8 +194,16 @@ class TurnRunner:
             processors = (constraint, *processors)
         else:
             max_new = settings.max_new_tokens + (settings.block_tokens if asks_block else 0)
-            stops = settings.stop + ((CLOSE_TAG,) if c.protocol_context else ())
+            # end_after texts stop the engine but are no stop strings to cut: the reply keeps them
+            stops = settings.stop + settings.end_after + ((CLOSE_TAG,) if c.protocol_context else ())
         budget_room = c.engine.max_positions - len(prompt) if c.engine.max_positions else max_new
+        if budget_room < 1 and forced is None:
+            raise ContextWindowError(
+                f"the prompt ({len(prompt)} tokens) fills the model's {c.engine.max_positions} positions: "
+                "no room is left for a reply",
+                hint="set a context budget (budget=...) so that older turns are folded, or shorten the messages",
+            )
+        # near the window the reply is cut at its last position (finish_reason "length"), as llama.cpp does
         return c.engine.generate(
             prompt,
             max_new_tokens=max(1, min(max_new, budget_room)),

@@ -56,6 +56,7 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
         settings=settings,
         tools=tools,
         tool_choice=body.tool_choice,
+        parallel_tool_calls=bool(body.parallel_tool_calls),
         response_format=_response_format(body),
         session_id=session_id,
     )

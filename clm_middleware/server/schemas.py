@@ -1,6 +1,6 @@
 """The request body of ``POST /v1/chat/completions``, as the OpenAI API defines it.
 
-Fields we do not use (``logprobs``, ``parallel_tool_calls``, ``service_tier``, ...) are
+Fields we do not use (``logprobs``, ``service_tier``, ...) are
 accepted and ignored, as vLLM and llama.cpp's server do, except where ignoring one would
 return something other than what was asked: ``n`` above 1 and ``logprobs`` are refused
 by name (see ``convert.py``).
@@ -80,6 +80,7 @@ class ChatCompletionRequest(_Lenient):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)

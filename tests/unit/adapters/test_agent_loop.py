@@ -57,7 +57,7 @@ def test_malformed_or_unknown_calls_become_invalid_tool_calls_not_errors(scripte
     broken = '<tool_call>{"name": "get_weather", "arguments": {city: }</tool_call>'
     unknown = '<tool_call>{"name": "launch", "arguments": {}}</tool_call>'
     llm, _ = scripted_llm(broken + unknown)
-    message = llm.bind_tools([get_weather]).invoke("Weather?")
+    message = llm.bind_tools([get_weather], parallel_tool_calls=True).invoke("Weather?")
     assert message.tool_calls == []
     errors = [c["error"] for c in message.invalid_tool_calls]
     assert len(errors) == 2 and "not valid JSON" in errors[0] and "unknown tool 'launch'" in errors[1]
@@ -113,3 +113,49 @@ def test_an_ai_message_from_the_caller_is_kept_as_said(scripted_llm):
     llm, _ = scripted_llm("Fine.")
     reply = llm.invoke([HumanMessage("Hi"), AIMessage("Hello, how can I help?"), HumanMessage("All good?")])
     assert reply.content == "Fine."
+
+
+def conversation_behind(llm, message):
+    """The managed conversation that answered ``message`` (looked up through its router)."""
+    for router in llm._routers.values():
+        session = router.named(message.response_metadata["conversation_id"])
+        if session is not None:
+            return session.conversation
+    raise AssertionError("no session answered that message")
+
+
+def test_a_reply_ends_with_its_first_tool_call_so_the_context_holds_only_what_the_client_sees(scripted_llm):
+    llm, _ = scripted_llm(CALL + "\n\nThe weather in Porto is a tropical island.")
+    message = llm.bind_tools([get_weather]).invoke("What is the weather in Porto?")
+    assert message.content == "" and [c["name"] for c in message.tool_calls] == ["get_weather"]
+    assert message.usage_metadata["output_tokens"] <= len(CALL)  # ended at the closing tag (byte tokens)
+    assert conversation_behind(llm, message).history[-1].content == CALL
+
+
+def test_parallel_tool_calls_lets_one_reply_make_several_calls(scripted_llm):
+    second = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    llm, _ = scripted_llm(CALL + "\n" + second)
+    message = llm.bind_tools([get_weather, add], parallel_tool_calls=True).invoke("Weather, and 2 + 3?")
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [
+        ("get_weather", {"city": "Porto"}),
+        ("add", {"a": 2, "b": 3}),
+    ]
+
+
+def test_without_bound_tools_a_call_written_in_the_reply_is_text(scripted_llm):
+    llm, _ = scripted_llm(CALL)
+    history = [
+        HumanMessage("Weather in Porto?"),
+        AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Porto"}, "id": "c1"}]),
+    ]
+    history += [ToolMessage("sunny", tool_call_id="c1"), HumanMessage("And again?")]
+    message = llm.invoke(history)
+    assert message.tool_calls == [] and message.invalid_tool_calls == []
+    assert message.content == CALL and message.response_metadata["finish_reason"] == "stop"
+
+
+def test_a_call_missing_a_required_argument_is_invalid(scripted_llm):
+    llm, _ = scripted_llm('<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>')
+    message = llm.bind_tools([add]).invoke("2 + 3?")
+    assert message.tool_calls == []
+    assert [c["error"] for c in message.invalid_tool_calls] == ["missing required argument 'b'"]

@@ -46,3 +46,25 @@ def test_an_unknown_per_call_argument_fails_before_the_turn(call, message):
         call(chat)
     reply = chat.invoke("hi", temperature=0.0, repeat_penalty=1.1)  # known names, aliases too
     assert reply.response_metadata["turn"] == 1  # the refused call left no turn behind
+
+
+def test_a_stop_string_is_one_stop_and_none_arguments_mean_the_defaults(scripted_llm):
+    llm, _ = scripted_llm("In the sea there are fish.", "In the sea there are fish.")
+    assert llm.invoke("Tell me.", stop="sea").content == "In the"
+    reply = llm.invoke("Again.", max_tokens=None, temperature=None, top_p=None, stop=None)
+    assert reply.content == "In the sea there are fish."
+
+
+def test_a_setting_of_the_wrong_type_is_named_before_a_model_loads(engine, monkeypatch):
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.engine import Engine
+    from clm_middleware.errors import ConfigError
+    from clm_middleware.lifecycle.config import GenerationSettings
+
+    monkeypatch.setattr(Engine, "from_pretrained", lambda *a, **k: pytest.fail("a model loaded first"))
+    with pytest.raises(ConfigError, match="budget: must be an integer, got str '256'"):
+        Conversation(budget="256")
+    with pytest.raises(ConfigError, match="max_new_tokens: must be an integer, got float"):
+        GenerationSettings(max_new_tokens=1.5)
+    assert GenerationSettings(stop="sea").stop == ("sea",)
+    assert Conversation(engine, stop="sea", tagging="rules").generation.stop == ("sea",)

@@ -392,3 +392,16 @@ def test_a_turns_render_work_depends_on_the_context_not_on_the_history(converse,
         widths.append(max(seen))
     assert len(conversation.history) == 240 and conversation.fold > 150
     assert max(widths[-20:]) <= max(widths[30:50]) + 8  # bounded by the context, not growing with history
+
+
+def test_a_prompt_that_fills_the_window_says_so_instead_of_blaming_max_new_tokens(converse, engine):
+    from clm_middleware.errors import ContextWindowError
+
+    conversation = converse(tagging="rules", max_new_tokens=8)
+    conversation.add("user", "x")
+    overhead = len(conversation.render_prompt(None).token_ids) - 1
+    conversation.discard(0)
+    conversation.add("user", "x" * (engine.max_positions - overhead))
+    assert len(conversation.render_prompt(None).token_ids) >= engine.max_positions
+    with pytest.raises(ContextWindowError, match=r"fills the model's .* positions: no room is left for a reply"):
+        conversation.respond()
