@@ -11,7 +11,8 @@
 - ``sharegpt``: ``{"conversations": [{"from": "human"|"gpt"|"system", "value": ...}]}``,
   or a list of them.
 - ``langchain``: ``messages_to_dict`` output, ``[{"type": "human"|"ai"|"system"|"tool",
-  "data": {...}}]``, or ``{"messages": [...]}``.
+  "data": {...}}]``, messages dumped flat (``[m.model_dump() for m in messages]``:
+  ``{"type", "content", ...}``), or ``{"messages": [...]}`` of either.
 
 Errors name the file and where: ``FILE:LINE`` for JSONL and for JSON syntax, a JSON
 path (``conversations[2].from``) for structure. Given a ``skipped`` list (``clm replay
@@ -64,7 +65,7 @@ def read_transcripts(
     path = Path(path)
     if fmt not in FORMATS:
         raise TranscriptError(str(path), None, f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    text = _read_text(path)
+    text = _read_text(path, skipped)
     if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl"):
         if _conversation_per_line(text):
             return _documents_per_line(text, path, "auto" if fmt == "jsonl" else fmt, skipped)
@@ -76,8 +77,9 @@ def read_transcripts(
     except TranscriptError:
         if "\n" in text.strip() and _conversation_per_line(text):
             return _documents_per_line(text, path, fmt, skipped)
-        if fmt == "auto" and "\n" in text.strip():
+        if fmt == "auto" and isinstance(_first_record(text), dict) and "\n" in text.strip():
             return parse_jsonl(text, path, skipped)  # JSON lines with another extension
+        # otherwise a document spread over lines: its own error names the line that breaks it
         if _looks_like_json_lines(text):
             raise TranscriptError(
                 str(path), None, f"holds one JSON message per line, not one {fmt} document; use --format jsonl"
@@ -149,16 +151,10 @@ def _detect(data: Any, path: str) -> str:
     if isinstance(first, dict):
         if "conversations" in first or ("from" in first and "value" in first):
             return "sharegpt"
-        if "type" in first and "data" in first:
+        if _is_langchain_message(first):
             return "langchain"
         messages = first.get("messages")
-        if (
-            isinstance(messages, list)
-            and messages
-            and isinstance(messages[0], dict)
-            and "type" in messages[0]
-            and "data" in messages[0]
-        ):
+        if isinstance(messages, list) and messages and _is_langchain_message(messages[0]):
             return "langchain"
         if "role" in first or "messages" in first or "traj" in first:
             return "openai"
@@ -260,6 +256,13 @@ def _sharegpt_call(value: str) -> dict[str, Any]:
     return call if isinstance(call, dict) else {"name": "unknown", "arguments": call}
 
 
+def _is_langchain_message(item: Any) -> bool:
+    """``{"type", "data"}`` (``messages_to_dict``) or a flat dump ``{"type": "human", "content", ...}``."""
+    if not isinstance(item, dict) or "role" in item or "type" not in item:
+        return False
+    return "data" in item or (item["type"] in _LANGCHAIN_ROLES and "content" in item)
+
+
 def _langchain(data: Any, path: str, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
     """One conversation: nothing to skip past, so ``skipped`` is unused."""
     if isinstance(data, dict):
@@ -269,8 +272,12 @@ def _langchain(data: Any, path: str, skipped: list[TranscriptError] | None = Non
     messages = []
     for number, item in enumerate(data):
         at = f"$[{number}]"
+        if isinstance(item, dict) and "data" not in item and "content" in item:
+            item = {"type": item.get("type"), "data": item}  # dumped flat: the fields are the data
         if not isinstance(item, dict) or not isinstance(item.get("data"), dict):
-            raise TranscriptError(path, None, f'{at}: expected {{"type": ..., "data": {{...}}}}')
+            raise TranscriptError(
+                path, None, f'{at}: expected {{"type": ..., "data": {{...}}}} or {{"type": ..., "content": ...}}'
+            )
         role = _LANGCHAIN_ROLES.get(str(item.get("type")))
         if role is None:
             raise TranscriptError(

@@ -4,8 +4,8 @@ A turn is each point where the transcript has the assistant speak (and once more
 if it ends on a user or tool message). Messages before it (system, user, tool)
 enter the context first; then the model answers. With ``teacher_force`` the
 transcript's own reply is kept instead of the generated one (no generation
-variance; a generated replay keeps the transcript's tool calls the same way, see
-``kept_as_recorded``): the call computes the prompt, then the reply's tokens as a forced
+variance; a generated replay keeps the transcript's tool calls and its second replies
+in a row the same way, see ``kept_as_recorded``): the call computes the prompt, then the reply's tokens as a forced
 continuation (``Engine.generate(forced_token_ids=...)``), which gives TTFT (the
 prompt's last logits) and ``reply_nll`` (the reply's mean negative log-likelihood
 given exactly the context the model saw) from the same forward; the reply's blocks
@@ -15,7 +15,7 @@ are stored, so the next turn reuses them. Generated replies get ``reply_flags``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -178,7 +178,7 @@ def replay_interleaved(
                         try:
                             for message in context:
                                 driver.add(message)
-                            record = driver.respond(kept_as_recorded(answer, teacher_force))
+                            record = driver.respond(kept_as_recorded(answer, teacher_force, context))
                         except ClmError as error:
                             if on_error == "stop":
                                 raise ReplayTurnError(transcript.conversation_id, turn, error) from error
@@ -204,16 +204,20 @@ def replay_interleaved(
     return reports
 
 
-def kept_as_recorded(answer: Message | None, teacher_force: bool) -> Message | None:
+def kept_as_recorded(answer: Message | None, teacher_force: bool, context: Sequence[Message] = ()) -> Message | None:
     """The transcript reply a turn keeps instead of generating one (None: generate).
 
-    Teacher-forced, every reply. Generated, an assistant message that calls tools: a
+    Teacher-forced, every reply. Generated, an assistant message that calls tools (a
     replay runs no tools and binds none, so a generated reply could not make the call,
-    and the recorded results that follow would answer a call the context never made.
+    and the recorded results that follow would answer a call the context never made),
+    and one that follows the previous answer with no user or tool message between
+    (``context``, the turn's messages before it): the model, given nothing new to
+    answer, would only say its last reply again.
     """
     if answer is None:
         return None
-    return answer if teacher_force or answer.tool_calls else None
+    follow_up = not any(m.role in ("user", "tool") for m in context)
+    return answer if teacher_force or answer.tool_calls or follow_up else None
 
 
 def turn_plan(transcript: Transcript) -> list[tuple[list[Message], Message | None]]:

@@ -49,7 +49,7 @@ def read_jsonl(path: str | Path, skipped: list[TranscriptError] | None = None) -
     instead of ending the read.
     """
     path = Path(path)
-    return parse_jsonl(_read_text(path), path, skipped)
+    return parse_jsonl(_read_text(path, skipped), path, skipped)
 
 
 def parse_jsonl(text: str, path: Path, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
@@ -87,18 +87,26 @@ def _jsonl_line(raw: str, path: Path, number: int) -> tuple[str, Message]:
 def message_from_record(record: dict[str, Any], path: str, line: int | None) -> Message:
     """Validate one ``{"role", "content", ...}`` record."""
     role = record.get("role")
+    if isinstance(role, str):
+        role = role.strip().lower()  # "User", "Assistant": as people's exports spell them
     if role == "developer":  # OpenAI's name for the system role of newer models, as clm serve reads it
         role = "system"
+    elif role == "function":  # OpenAI's legacy name for a tool result
+        role = "tool"
     if role is None:
         raise TranscriptError(
             path, line, f'a message needs a "role", one of {sorted(ROLES)}; got keys {sorted(record)}'
         )
     if role not in ROLES:
-        raise TranscriptError(path, line, f"unknown role {role!r}; expected one of {sorted(ROLES)}")
+        raise TranscriptError(
+            path, line, f"unknown role {role!r}; expected one of {sorted(ROLES | {'developer', 'function'})}"
+        )
     content = _content_text(record.get("content"), path, line)
     tool_calls = record.get("tool_calls") or ()
     if record.get("tool_call"):
         tool_calls = (record["tool_call"],)
+    elif isinstance(record.get("function_call"), dict):  # OpenAI's legacy single call
+        tool_calls = ({"type": "function", "function": record["function_call"]},)
     if not isinstance(tool_calls, list | tuple) or not all(isinstance(c, dict) for c in tool_calls):
         raise TranscriptError(path, line, '"tool_calls" must be a list of objects')
     for index, call in enumerate(tool_calls):
@@ -156,7 +164,10 @@ def _content_text(content: Any, path: str, line: int | None) -> str:
     return content
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, skipped: list[TranscriptError] | None = None) -> str:
+    """The file's text. A line that is not UTF-8 is an error naming it; given a
+    ``skipped`` list (``--on-error skip``), it is recorded there and read as blank (line
+    numbers stay those of the file)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -166,5 +177,14 @@ def _read_text(path: Path) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise TranscriptError(str(path), line, "not valid UTF-8") from None
+        if skipped is None:
+            line = data[: error.start].count(b"\n") + 1
+            raise TranscriptError(str(path), line, "not valid UTF-8") from None
+    lines = []
+    for number, raw in enumerate(data.removeprefix(b"\xef\xbb\xbf").split(b"\n"), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            skipped.append(TranscriptError(str(path), number, "not valid UTF-8"))
+            lines.append("")
+    return "\n".join(lines)

@@ -139,3 +139,59 @@ def test_hostile_input_is_a_transcript_error_or_a_transcript_never_a_crash(tmp_p
     except TranscriptError:
         return
     assert all(t.messages for t in transcripts)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "reason"),
+    [
+        ('[\n {"role": "user", "content": "Hi"},\n {"role": "assistant", "content": "Yo"},\n]\n', 4, "Expecting"),
+        ('{"messages": [\n {"role": "user", "content": "Hi"}\n {"role": "assistant", "content": "x"}]}\n', 3, "','"),
+    ],
+    ids=["trailing-comma", "missing-comma"],
+)
+def test_a_broken_document_over_several_lines_is_named_by_the_line_that_breaks_it(tmp_path, text, line, reason):
+    path = tmp_path / "chat.json"
+    path.write_text(text)
+    with pytest.raises(TranscriptError, match=rf"chat.json:{line}: not valid JSON \(.*{reason}"):
+        read_transcripts(path)  # auto: the document's own error, not line 1's
+
+
+def test_a_line_that_is_not_utf8_is_named_or_skipped(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    good = [json.dumps({"role": "user", "content": c}).encode() for c in ("hello", "still here")]
+    path.write_bytes(b"\n".join([good[0], b'{"role": "user", "content": "\xff\xfe"}', good[1]]) + b"\n")
+    with pytest.raises(TranscriptError, match=r"chat\.jsonl:2: not valid UTF-8"):
+        read_transcripts(path)
+    skipped: list[TranscriptError] = []
+    [transcript] = read_transcripts(path, skipped=skipped)
+    assert [m.content for m in transcript.messages] == ["hello", "still here"]
+    assert [str(e) for e in skipped] == [f"{path}:2: not valid UTF-8"]
+
+
+def test_langchain_messages_dumped_flat_are_read_like_messages_to_dict(tmp_path):
+    from langchain_core.messages import AIMessage, HumanMessage, messages_to_dict
+
+    messages = [HumanMessage("Weather in Porto?"), AIMessage("Sunny.")]
+    flat, nested = tmp_path / "flat.json", tmp_path / "nested.json"
+    flat.write_text(json.dumps([m.model_dump() for m in messages]))
+    nested.write_text(json.dumps(messages_to_dict(messages)))
+    read = [[(m.role, m.content) for m in read_transcripts(p)[0].messages] for p in (flat, nested)]
+    assert read[0] == read[1] == [("user", "Weather in Porto?"), ("assistant", "Sunny.")]
+
+
+def test_roles_as_exports_spell_them_and_openais_legacy_function_messages(tmp_path):
+    path = tmp_path / "chat.json"
+    call = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    path.write_text(
+        json.dumps(
+            [
+                {"role": "User", "content": "Weather in Oslo?"},
+                {"role": "Assistant", "content": None, "function_call": call},
+                {"role": "function", "name": "get_weather", "content": '{"temp_c": -3}'},
+                {"role": "ASSISTANT", "content": "It is -3 C."},
+            ]
+        )
+    )
+    [transcript] = read_transcripts(path)
+    assert [m.role for m in transcript.messages] == ["user", "assistant", "tool", "assistant"]
+    assert transcript.messages[1].tool_calls[0]["function"]["name"] == "get_weather"
