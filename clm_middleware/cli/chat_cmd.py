@@ -19,6 +19,7 @@ from clm_middleware.cli.options import (
     sampling_options,
 )
 from clm_middleware.errors import ClmError
+from clm_middleware.lifecycle.modes import TAGGING_MODES
 
 COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /help  /quit"
 HELP = (
@@ -48,7 +49,9 @@ PREVIEW_CHARS = 60
 @click.option(
     "--k", type=click.IntRange(min=0), default=2, show_default=True, help="Rounds removed segments' blocks are held."
 )
-@click.option("--tagging", default="auto", show_default=True, help="auto, free, constrained, signals or rules.")
+@click.option(
+    "--tagging", type=click.Choice(TAGGING_MODES), default="auto", show_default=True, help="Who labels segments."
+)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Reply length cap.")
 @sampling_options
 @penalty_options
@@ -145,6 +148,8 @@ def chat(
         while True:
             text = _read_line("" if json_lines else "you> ")
             if text is None:
+                if not json_lines:
+                    sys.stdout.write("\n")  # end the prompt's line: the shell's prompt starts on its own
                 break
             if isinstance(text, bytes):  # e.g. piped in from a file in another encoding
                 if json_lines:
@@ -212,7 +217,7 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
     if name in ("/quit", "/exit", "/q"):
         return False
     if name == "/segments":
-        console.print(_segments_table(conversation))
+        console.print(_segments_table(conversation, console.width))
     elif name in ("/pin", "/forget"):
         if not argument:
             console.print(f"usage: {name} N (a segment number, or seg_N)")
@@ -305,14 +310,11 @@ def _report_turn(conversation: Any, console: Console) -> None:
     )
 
 
-def _segments_table(conversation: Any) -> Table:
-    table = Table(show_lines=False)
-    for column in ("id", "role", "kind", "status", "label", "by", "text"):
-        table.add_column(
-            column, overflow="ellipsis", no_wrap=True, max_width=PREVIEW_CHARS if column == "text" else None
-        )
-    for segment in conversation.segments:
-        table.add_row(
+def _segments_table(conversation: Any, width: int) -> Table:
+    """Every segment, fitted to ``width`` columns: the short columns show whole (the id is
+    what /pin and /forget take) and only the text is cut, with an ellipsis."""
+    rows = [
+        [
             segment.id,
             segment.role,
             segment.kind,
@@ -320,5 +322,17 @@ def _segments_table(conversation: Any) -> Table:
             segment.label.value,
             segment.decided_by.value if segment.decided_by else "-",
             " ".join(segment.visible_text.split()) or " ".join(segment.text.split()),
-        )
+        ]
+        for segment in conversation.segments
+    ]
+    names = ("id", "role", "kind", "status", "label", "by")
+    widths = [max([len(name), *(len(row[i]) for row in rows)]) for i, name in enumerate(names)]
+    room = max(8, min(PREVIEW_CHARS, width - sum(w + 3 for w in widths) - 4))  # 3 per column: borders, padding
+    table = Table(show_lines=False)
+    for name, column_width in zip(names, widths, strict=True):
+        table.add_column(name, no_wrap=True, width=column_width)
+    table.add_column("text", no_wrap=True, width=room)
+    for row in rows:
+        text = row[-1]
+        table.add_row(*row[:-1], text if len(text) <= room else text[: room - 1] + "…")
     return table

@@ -40,6 +40,7 @@ def eval_options(*, default_tagging: str) -> Callable[[Callable[..., Any]], Call
                 "taggings",
                 default=default_tagging,
                 show_default=True,
+                callback=_known_taggings,
                 help="clm tagging modes to run, comma-separated.",
             ),
             click.option(
@@ -80,6 +81,16 @@ def variants(taggings: str, budget: int, compression: str) -> list[tuple[str, st
         (f"clm:{m}", "clm", LifecycleOptions(budget=budget, tagging=m, compression=compression)) for m in modes
     ]
     return [*planned, (TRUNCATE, "truncate", LifecycleOptions(budget=budget)), (KEEP_ALL, "prefix", LifecycleOptions())]
+
+
+def _known_taggings(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Refuse an unknown mode when the options are parsed, before any model loads."""
+    from clm_middleware.lifecycle.modes import TAGGING_MODES
+
+    unknown = sorted({m.strip() for m in value.split(",") if m.strip()} - set(TAGGING_MODES))
+    if unknown:
+        raise click.BadParameter(f"unknown tagging modes {unknown}; use {', '.join(TAGGING_MODES)}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

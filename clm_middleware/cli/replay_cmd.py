@@ -103,6 +103,8 @@ def replay(
     from clm_middleware.errors import TranscriptError
     from clm_middleware.replay.formats import read_transcripts
 
+    if mode == "truncate" and budget is None:  # before the model loads (seconds)
+        raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")
     # the file first: a bad transcript is named before torch and the model load (seconds)
     skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
     transcripts = read_transcripts(transcript, transcript_format, skipped)[:limit]

@@ -15,6 +15,7 @@ from clm_middleware.cli.options import (
     remote_engine_options,
     sampling_filter_options,
 )
+from clm_middleware.lifecycle.modes import TAGGING_MODES
 
 API_KEY_ENV = "CLM_API_KEY"
 
@@ -33,7 +34,7 @@ API_KEY_ENV = "CLM_API_KEY"
 @click.option("--budget", type=click.IntRange(min=64), default=None, help="Max context tokens per prompt.")
 @click.option("--k", type=click.IntRange(min=0), default=2, show_default=True, help="Rounds removed blocks are held.")
 @click.option(
-    "--tagging", default="auto", show_default=True, help="Who labels segments: auto, free, constrained, signals, rules."
+    "--tagging", type=click.Choice(TAGGING_MODES), default="auto", show_default=True, help="Who labels segments."
 )
 @click.option("--db", type=OutputPath(), default=None, help="SQLite store for the conversations.")
 @click.option(

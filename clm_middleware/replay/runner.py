@@ -180,11 +180,11 @@ def replay_interleaved(
                                 driver.add(message)
                             record = driver.respond(kept_as_recorded(answer, teacher_force, context))
                         except ClmError as error:
+                            failure = Failure(str(error), turn, transcript.conversation_id)
+                            report.failures.append(failure)  # stopping or not, the report says why
                             if on_error == "stop":
                                 raise ReplayTurnError(transcript.conversation_id, turn, error) from error
                             driver.discard_turn()
-                            failure = Failure(str(error), turn, transcript.conversation_id)
-                            report.failures.append(failure)
                             if on_failure is not None:
                                 on_failure(mode, failure)
                             continue

@@ -419,3 +419,13 @@ def test_ctrl_c_during_a_reply_stops_that_reply_and_keeps_the_chat(monkeypatch, 
     said = " ".join(result.output.split())
     assert "interrupted: that message and its reply were not kept" in said
     assert "turns this run: 1" in said  # the second message, answered after the interrupted first
+
+
+def test_segments_shows_every_id_whole_at_80_columns(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    message = "My order is 88412 and I need it delivered by Friday at the latest, please."
+    result = run("chat", "--model", "tiny", "--max-new-tokens", "4", input=f"{message}\n/segments\n/quit\n")
+    rows = [line for line in result.output.splitlines() if line.startswith("│")]
+    assert rows and all(len(line) <= 80 for line in rows)
+    assert [line.split("│")[1].strip() for line in rows] == ["seg_0", "seg_1"]
+    assert rows[0].rstrip(" │").endswith("…")  # only the text is cut

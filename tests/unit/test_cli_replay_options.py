@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from clm_middleware.cli.main import cli
@@ -170,3 +171,29 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_model_loads
         result = CliRunner().invoke(cli, [*args, "--model", "tiny"])
         assert result.exit_code == 2, (args, result.output)
         assert option in result.output and reason in " ".join(result.output.split())
+
+
+def test_bad_choices_are_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from clm_middleware.cli import setup
+
+    monkeypatch.setattr(setup, "build_engine", lambda **_: pytest.fail("the engine was built first"))
+    transcript = str(write_transcript(tmp_path / "t.jsonl"))
+    cases = [
+        (["chat", "--tagging", "bogus"], "--tagging"),
+        (["serve", "--tagging", "bogus"], "--tagging"),
+        (["eval", "retention", transcript, "--budget", "256", "--tagging", "signals,bogus"], "bogus"),
+        (["replay", transcript, "--mode", "truncate"], "the truncate mode needs --budget"),
+    ]
+    for args, named in cases:
+        result = CliRunner().invoke(cli, [*args, "--model", "tiny"])
+        assert result.exit_code == 2 and named in result.output, (args, result.output)
+
+
+def test_a_replay_stopped_by_a_failing_turn_says_why_in_its_report(tmp_path):
+    path = write_transcript(tmp_path / "t.jsonl", [*TRANSCRIPT[:3], {"role": "user", "content": "word " * 400}])
+    code, _, err = replay(str(path), "--mode", "clm", "--budget", "128", "--report", str(tmp_path / "r.json"))
+    assert code == 1 and "budget" in err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["complete"] is False and len(report["turns"]) == 1
+    [failure] = report["failures"]
+    assert failure["turn"] == 2 and "budget" in failure["error"]
