@@ -21,7 +21,7 @@ from typing import Any
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
-from clm_middleware.errors import ClmError
+from clm_middleware.errors import ClmError, ConfigError
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.lifecycle.turn import Reply
 from clm_middleware.structured import ResponseFormat
@@ -116,13 +116,16 @@ class ChatCall:
             conversation.set_tools_prompt(system_sections(self.engine, tools, request.response_format))
             for turn in route.new_turns:
                 conversation.add(turn.role, turn.text)
-            prefix = tool_call_head(conversation, request.tool_choice, tools) if tools else None
+            required = required_call(conversation, request.tool_choice, tools) if tools else None
+            prefix = call_head(required, tools) if required else None
             settings = request.settings
             if tools and not request.parallel_tool_calls:
                 settings = dataclasses.replace(settings, end_after=(*settings.end_after, CLOSE))
             if request.response_format is not None:
                 prefix = "{"  # every format is an object: the model starts inside it
                 settings = dataclasses.replace(settings, response_format=request.response_format)
+            elif required and (call_format := tool_call_format(self.engine, required, tools)) is not None:
+                settings = dataclasses.replace(settings, response_format=call_format)
             # with no tools bound, a call the model copies from the history is text: nothing can run it
             hidden = ToolCallHider() if tools else None
             replies = conversation.respond_stream(reply_prefix=prefix, settings=settings, cancelled=self.cancelled)
@@ -166,17 +169,34 @@ def system_sections(engine: Engine, tools: ToolSpecs, response_format: ResponseF
     return "\n\n".join(sections) or None
 
 
-def tool_call_head(conversation: Conversation, tool_choice: Any, tools: ToolSpecs) -> str | None:
-    """The reply head a required call starts with; when the choice leaves the tool to
-    the model, the model's own log-probabilities pick it among the bound names."""
+def required_call(conversation: Conversation, tool_choice: Any, tools: ToolSpecs) -> str | None:
+    """The tool a required call calls (None: no call is required); when the choice leaves
+    the tool to the model, the model's own log-probabilities pick it among the bound names."""
     required = required_tool(tool_choice, tools)
-    if required is None:
+    if required is None or isinstance(required, str):
+        return required
+    names = [t["function"]["name"] for t in tools]
+    scores = conversation.score_continuations(CHOOSE_TOOL, [json.dumps(n)[1:] for n in names])
+    return names[max(range(len(names)), key=scores.__getitem__)]
+
+
+def tool_call_format(engine: Any, name: str, tools: ToolSpecs) -> ResponseFormat | None:
+    """The grammar of a required call to ``name``: ``<tool_call>{"name": ..., "arguments":
+    ...}</tool_call>`` with the arguments valid against the tool's schema, so the call
+    has every required argument of the right type whatever the model. ``None`` where no
+    grammar can run (a remote engine) or the schema cannot be one: the call head alone
+    then guides the model, as before."""
+    if not isinstance(engine, Engine):
         return None
-    if required is True:
-        names = [t["function"]["name"] for t in tools]
-        scores = conversation.score_continuations(CHOOSE_TOOL, [json.dumps(n)[1:] for n in names])
-        required = names[max(range(len(names)), key=scores.__getitem__)]
-    return call_head(required, tools)
+    from clm_middleware.structured.grammar import compiler_for  # xgrammar loads on first use
+
+    spec = next(t["function"] for t in tools if t["function"]["name"] == name)
+    try:
+        fmt = ResponseFormat.tool_call(name, spec.get("parameters"), (OPEN, CLOSE))
+        compiler_for(engine).compile(fmt, field="tools.function.parameters")
+    except ConfigError:
+        return None
+    return fmt
 
 
 class ToolCallHider:

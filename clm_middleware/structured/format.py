@@ -35,6 +35,21 @@ class ResponseFormat:
 
     schema_json: str | None = None
     name: str | None = None  # OpenAI's json_schema.name: reported back, never constrains
+    # text the document is wrapped in, (before, after): a tool call's tags (``tool_call``)
+    tags: tuple[str, str] | None = None
+
+    @classmethod
+    def tool_call(cls, name: str, parameters: Mapping[str, Any] | None, tags: tuple[str, str]) -> ResponseFormat:
+        """A call of tool ``name`` between ``tags``: ``{"name": name, "arguments": ...}``
+        with the arguments valid against the tool's ``parameters`` schema."""
+        arguments = dict(parameters or {"type": "object", "properties": {}})
+        arguments.setdefault("type", "object")
+        payload = {
+            "type": "object",
+            "properties": {"name": {"enum": [name]}, "arguments": arguments},
+            "required": ["name", "arguments"],
+        }
+        return cls(schema_json=cls.from_schema(payload, field="tools.function.parameters").schema_json, tags=tags)
 
     @classmethod
     def json_object(cls) -> ResponseFormat:

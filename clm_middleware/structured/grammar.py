@@ -18,6 +18,7 @@ not generated (a narrower set of documents, each still valid against the schema)
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Sequence
@@ -75,18 +76,23 @@ class GrammarCompiler:
 
     def compile(self, fmt: ResponseFormat, *, field: str = "response_format") -> xgrammar.CompiledGrammar:
         """The grammar of ``fmt``; a ``ConfigError`` naming ``field`` for a schema xgrammar rejects."""
-        key = ResponseFormat(fmt.schema_json)  # the name does not change the grammar
+        key = ResponseFormat(fmt.schema_json, tags=fmt.tags)  # the name does not change the grammar
         with self._lock:
             cached = self._compiled.get(key)
         if cached is not None:
             return cached
         schema = fmt.schema
         try:
-            compiled = self._compiler.compile_json_schema(
-                ANY_OBJECT_SCHEMA if schema is None else schema,
-                any_whitespace=False,
-                strict_mode=schema is not None,
-            )
+            if fmt.tags is None:
+                compiled = self._compiler.compile_json_schema(
+                    ANY_OBJECT_SCHEMA if schema is None else schema,
+                    any_whitespace=False,
+                    strict_mode=schema is not None,
+                )
+            else:  # the document between two fixed texts (a tool call's tags)
+                document = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
+                before, after = (xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(tag)}") for tag in fmt.tags)
+                compiled = self._compiler.compile_grammar(xgrammar.Grammar.concat(before, document, after))
         except (RuntimeError, ValueError) as error:
             problem = _CPP_PREFIX.sub("", str(error).strip().splitlines()[0] if str(error).strip() else "")
             raise ConfigError(f"{field}.json_schema.schema", f"cannot be used as a grammar: {problem}") from None

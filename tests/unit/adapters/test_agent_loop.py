@@ -159,3 +159,11 @@ def test_a_call_missing_a_required_argument_is_invalid(scripted_llm):
     message = llm.bind_tools([add]).invoke("2 + 3?")
     assert message.tool_calls == []
     assert [c["error"] for c in message.invalid_tool_calls] == ["missing required argument 'b'"]
+
+
+def test_a_required_call_is_written_under_the_tools_schema_so_no_required_argument_is_missing(scripted_llm):
+    llm, _ = scripted_llm('"a": 2}}</tool_call>')  # the script would leave out b
+    message = llm.bind_tools([add], tool_choice="add").invoke("2 + 3?")
+    assert message.invalid_tool_calls == []
+    [call] = message.tool_calls
+    assert call["args"]["a"] == 2 and isinstance(call["args"]["b"], int)  # the grammar required b
