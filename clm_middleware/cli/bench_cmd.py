@@ -115,6 +115,10 @@ def bench(
     if "truncate" in chosen and budget is None:
         raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")
     transcripts = read_transcripts(transcript, transcript_format)
+    from clm_middleware.replay.formats import declared_tools_note
+
+    if (note := declared_tools_note(transcripts)) is not None:
+        Console(stderr=True).print(f"[yellow]warning: {note}[/yellow]", highlight=False)
     probes = load_probes(transcript, probes_path)
     first = build_engine(**engine_options)
     factories, reports, lifecycles = {}, {}, {}

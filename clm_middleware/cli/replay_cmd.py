@@ -119,6 +119,10 @@ def replay(
     from clm_middleware.replay.runner import replay as run_replay
 
     stderr = Console(stderr=True)
+    from clm_middleware.replay.formats import declared_tools_note
+
+    if (note := declared_tools_note(transcripts)) is not None:
+        stderr.print(f"[yellow]warning: {note}[/yellow]", highlight=False)
     if mode in ("stateless", "prefix"):
         ignored = [name for name, value in (("--budget", budget), ("--db", db), ("--summarizer", summarizer)) if value]
         if ignored:  # these modes keep the whole history by definition

@@ -25,7 +25,7 @@ a transcript as ``<name>.probes.json``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +184,38 @@ def _openai_conversation(item: Any, number: int, path: str) -> Transcript:
     if not isinstance(messages, list):
         raise TranscriptError(path, None, f'{where}: expected a "messages" list')
     name = str(item.get("id", item.get("conversation_id", item.get("task_id", number))))
-    return Transcript(f"{Path(path).stem}-{name}", _openai_messages(messages, path, f"{where}.messages"), path)
+    messages_read = _openai_messages(messages, path, f"{where}.messages")
+    return Transcript(f"{Path(path).stem}-{name}", messages_read, path, tools=declared_tools(item))
+
+
+def declared_tools(item: dict[str, Any]) -> tuple[str, ...]:
+    """The names of the tools a conversation object declares (``tools``, legacy
+    ``functions``; ShareGPT datasets give ``tools`` as a JSON string)."""
+    declared = item.get("tools", item.get("functions"))
+    if isinstance(declared, str):
+        try:
+            declared = json.loads(declared)
+        except json.JSONDecodeError:
+            return ("(unreadable tools)",)
+    if not isinstance(declared, list):
+        return ()
+    names = []
+    for tool in declared:
+        spec = tool.get("function", tool) if isinstance(tool, dict) else {}
+        names.append(str(spec.get("name", "?")) if isinstance(spec, dict) else "?")
+    return tuple(names)
+
+
+def declared_tools_note(transcripts: Sequence[Transcript]) -> str | None:
+    """A warning for conversations that declare tools: a replay shows the model none."""
+    declaring = [t for t in transcripts if t.tools]
+    if not declaring:
+        return None
+    names = sorted({name for t in declaring for name in t.tools})
+    return (
+        f"{len(declaring)} conversation(s) declare tools ({', '.join(names)}); a replay binds none, so the model "
+        "never sees them (recorded tool calls and results are replayed as recorded)"
+    )
 
 
 def _each(
@@ -245,7 +276,7 @@ def _sharegpt_conversation(item: Any, number: int, path: str) -> Transcript:
             record = {"role": "assistant", "content": "", "tool_calls": [_sharegpt_call(turn["value"])]}
         messages.append(_checked(lambda r=record: message_from_record(r, path, None), path, at))
     name = str(item.get("id", number))
-    return Transcript(f"{Path(path).stem}-{name}", tuple(messages), path)
+    return Transcript(f"{Path(path).stem}-{name}", tuple(messages), path, tools=declared_tools(item))
 
 
 def _sharegpt_call(value: str) -> dict[str, Any]:

@@ -34,6 +34,9 @@ class Transcript:
     messages: tuple[Message, ...]
     source: str = ""
     probes: tuple[dict[str, str], ...] = field(default=())
+    # names of the tools the conversation declared (OpenAI "tools" / "functions",
+    # ShareGPT "tools"): a replay binds none, and says so (``declared_tools_note``)
+    tools: tuple[str, ...] = field(default=())
 
     @property
     def num_user_turns(self) -> int:

@@ -195,3 +195,19 @@ def test_roles_as_exports_spell_them_and_openais_legacy_function_messages(tmp_pa
     [transcript] = read_transcripts(path)
     assert [m.role for m in transcript.messages] == ["user", "assistant", "tool", "assistant"]
     assert transcript.messages[1].tool_calls[0]["function"]["name"] == "get_weather"
+
+
+def test_tools_a_conversation_declares_are_named_for_the_replays_warning(tmp_path):
+    from clm_middleware.replay.formats import declared_tools_note
+
+    openai, sharegpt = tmp_path / "o.json", tmp_path / "s.json"
+    spec = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    openai.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}], "tools": [spec]}))
+    sharegpt.write_text(
+        json.dumps([{"conversations": [{"from": "human", "value": "Hi"}], "tools": json.dumps([{"name": "add"}])}])
+    )
+    assert [t.tools for t in read_transcripts(openai)] == [("get_weather",)]
+    assert [t.tools for t in read_transcripts(sharegpt)] == [("add",)]
+    note = declared_tools_note(read_transcripts(openai) + read_transcripts(sharegpt))
+    assert note is not None and "2 conversation(s) declare tools (add, get_weather)" in note
+    assert declared_tools_note(read_transcripts(openai)[:0]) is None
