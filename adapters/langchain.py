@@ -239,6 +239,17 @@ class ChatCLM(BaseChatModel):
             return self.engine.model_name
         return self.model or DEFAULT_MODEL
 
+    def conversation(self, conversation_id: str) -> Conversation | None:
+        """The managed conversation behind a reply (its ``response_metadata["conversation_id"]``)
+        or a ``session_id``, while this ChatCLM keeps it open; ``None`` otherwise. Read its
+        ``context`` (what the model saw), ``segments`` and ``stats()``; change it only
+        through the chat calls."""
+        for router in list(self._routers.values()):
+            session = router.named(conversation_id)
+            if session is not None:
+                return session.conversation
+        return None
+
     @classmethod
     def is_lc_serializable(cls) -> bool:
         """False: langchain-core's ``load`` revives only classes on its own allowlist

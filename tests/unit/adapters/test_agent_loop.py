@@ -116,12 +116,10 @@ def test_an_ai_message_from_the_caller_is_kept_as_said(scripted_llm):
 
 
 def conversation_behind(llm, message):
-    """The managed conversation that answered ``message`` (looked up through its router)."""
-    for router in llm._routers.values():
-        session = router.named(message.response_metadata["conversation_id"])
-        if session is not None:
-            return session.conversation
-    raise AssertionError("no session answered that message")
+    """The managed conversation that answered ``message``, through the public look-up."""
+    conversation = llm.conversation(message.response_metadata["conversation_id"])
+    assert conversation is not None and llm.conversation("no-such-id") is None
+    return conversation
 
 
 def test_a_reply_ends_with_its_first_tool_call_so_the_context_holds_only_what_the_client_sees(scripted_llm):
