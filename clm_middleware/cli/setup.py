@@ -160,14 +160,21 @@ def _mode_factory(
 ) -> Callable[[Transcript], TurnDriver]:
     chat_format = ChatFormat.from_tokenizer(engine.tokenizer)
     if options.mode in ("stateless", "prefix"):
-        return lambda transcript: PlainChatDriver(engine, chat_format, options, transcript.conversation_id)
+        return lambda transcript: PlainChatDriver(
+            engine, chat_format, options, transcript.conversation_id, tools_section(engine, transcript)
+        )
     if options.mode == "truncate":
         from clm_middleware.replay.truncate import TruncationDriver
 
         if lifecycle.budget is None:
             raise ConfigError("budget", "the truncate mode needs --budget")
         return lambda transcript: TruncationDriver(
-            engine, chat_format, options, transcript.conversation_id, lifecycle.budget
+            engine,
+            chat_format,
+            options,
+            transcript.conversation_id,
+            lifecycle.budget,
+            tools_section(engine, transcript),
         )
     from clm_middleware.conversation import Conversation
     from clm_middleware.replay.clm_driver import ClmDriver
@@ -194,9 +201,21 @@ def _mode_factory(
             conversation_id=_unique_id(store, transcript.conversation_id),
             cache_salt=lifecycle.tenant,
         )
+        conversation.set_tools_prompt(tools_section(engine, transcript))
         return ClmDriver(conversation)
 
     return make
+
+
+def tools_section(engine: ServingEngine, transcript: Transcript) -> str | None:
+    """The system message's tools section for the tools the transcript declares, as
+    ``ChatCLM`` and ``clm serve`` show bound tools (the template's own section where it
+    has one); ``None`` when it declares none."""
+    if not transcript.tools:
+        return None
+    from clm_middleware.adapters.chat_call import system_sections  # LangChain loads only here
+
+    return system_sections(engine, list(transcript.tools), None)
 
 
 def _unique_id(store: Any, wanted: str) -> str:

@@ -185,36 +185,42 @@ def _openai_conversation(item: Any, number: int, path: str) -> Transcript:
         raise TranscriptError(path, None, f'{where}: expected a "messages" list')
     name = str(item.get("id", item.get("conversation_id", item.get("task_id", number))))
     messages_read = _openai_messages(messages, path, f"{where}.messages")
-    return Transcript(f"{Path(path).stem}-{name}", messages_read, path, tools=declared_tools(item))
+    return Transcript(f"{Path(path).stem}-{name}", messages_read, path, tools=declared_tools(item, path, where))
 
 
-def declared_tools(item: dict[str, Any]) -> tuple[str, ...]:
-    """The names of the tools a conversation object declares (``tools``, legacy
-    ``functions``; ShareGPT datasets give ``tools`` as a JSON string)."""
+def declared_tools(item: dict[str, Any], path: str = "", where: str = "$") -> tuple[dict[str, Any], ...]:
+    """The tools a conversation object declares (``tools``, legacy ``functions``; ShareGPT
+    datasets give ``tools`` as a JSON string), as OpenAI function specs; a spec with no
+    string ``name`` is an error naming it."""
     declared = item.get("tools", item.get("functions"))
+    key = "tools" if "tools" in item else "functions"
     if isinstance(declared, str):
         try:
             declared = json.loads(declared)
-        except json.JSONDecodeError:
-            return ("(unreadable tools)",)
-    if not isinstance(declared, list):
+        except json.JSONDecodeError as error:
+            raise TranscriptError(path, None, f"{where}.{key}: not valid JSON ({error.msg})") from None
+    if declared is None:
         return ()
-    names = []
-    for tool in declared:
-        spec = tool.get("function", tool) if isinstance(tool, dict) else {}
-        names.append(str(spec.get("name", "?")) if isinstance(spec, dict) else "?")
-    return tuple(names)
+    if not isinstance(declared, list):
+        raise TranscriptError(path, None, f"{where}.{key}: must be a list of tool specs")
+    specs = []
+    for number, tool in enumerate(declared):
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise TranscriptError(path, None, f'{where}.{key}[{number}]: a tool needs a string "name"')
+        specs.append({"type": "function", "function": function})
+    return tuple(specs)
 
 
 def declared_tools_note(transcripts: Sequence[Transcript]) -> str | None:
-    """A warning for conversations that declare tools: a replay shows the model none."""
+    """A note for conversations that declare tools: shown to the model, never run."""
     declaring = [t for t in transcripts if t.tools]
     if not declaring:
         return None
-    names = sorted({name for t in declaring for name in t.tools})
+    names = sorted({name for t in declaring for name in t.tool_names})
     return (
-        f"{len(declaring)} conversation(s) declare tools ({', '.join(names)}); a replay binds none, so the model "
-        "never sees them (recorded tool calls and results are replayed as recorded)"
+        f"{len(declaring)} conversation(s) declare tools ({', '.join(names)}): every mode shows them to the model "
+        "in the system message; a replay runs none (recorded tool calls and results are replayed as recorded)"
     )
 
 
@@ -276,7 +282,7 @@ def _sharegpt_conversation(item: Any, number: int, path: str) -> Transcript:
             record = {"role": "assistant", "content": "", "tool_calls": [_sharegpt_call(turn["value"])]}
         messages.append(_checked(lambda r=record: message_from_record(r, path, None), path, at))
     name = str(item.get("id", number))
-    return Transcript(f"{Path(path).stem}-{name}", tuple(messages), path, tools=declared_tools(item))
+    return Transcript(f"{Path(path).stem}-{name}", tuple(messages), path, tools=declared_tools(item, path, where))
 
 
 def _sharegpt_call(value: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from clm_middleware.engine import Engine, Generation
 from clm_middleware.engine.penalties import penalty_processors
+from clm_middleware.lifecycle.renderer import SYSTEM_JOIN
 from clm_middleware.lifecycle.reply_quality import has_artifact, reply_flags, shows_machinery
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.report import TurnRecord
@@ -29,9 +30,17 @@ class PlainChatDriver:
     wrapper does; ``prefix`` sends the same token ids through the block pool.
     """
 
-    def __init__(self, engine: Engine, chat_format: ChatFormat, options: ReplayOptions, conversation_id: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        chat_format: ChatFormat,
+        options: ReplayOptions,
+        conversation_id: str,
+        tools_section: str | None = None,
+    ) -> None:
         self.engine, self.format, self.options = engine, chat_format, options
         self.conversation_id = conversation_id
+        self.head = SystemHead(chat_format, tools_section)
         self.history: list[int] | None = None
         self.replies: list[str] = []  # the assistant's replies so far, as the model saw them
         self.turn = 0
@@ -39,12 +48,16 @@ class PlainChatDriver:
 
     def add(self, message: Message) -> None:
         role = message.role if self.format.supports_role(message.role) else "user"
-        self._append(role, self.format.encode(message_text(message)))
+        content = self.format.encode(message_text(message))
+        if role == "system" and self.history is None:
+            self.history = self.head.system_message(content)
+            return
+        self._append(role, content)
 
     def respond(self, forced: Message | None) -> TurnRecord:
         started = time.perf_counter()
         if self.history is None:
-            self.history = self.format.start_ids(None)
+            self.history = self.head.before_first(None)
         prompt = self.history + list(self.format.generation_prompt_ids)
         generation = self.engine.generate(
             prompt,
@@ -76,7 +89,7 @@ class PlainChatDriver:
     @property
     def context_ids(self) -> list[int]:
         """The ids the next turn's prompt starts with (before its generation prompt): the whole history."""
-        return list(self.history if self.history is not None else self.format.start_ids(None))
+        return list(self.history if self.history is not None else self.head.before_first(None))
 
     @property
     def context(self) -> str:
@@ -94,8 +107,30 @@ class PlainChatDriver:
 
     def _append(self, role: str, content_ids: list[int]) -> None:
         if self.history is None:
-            self.history = self.format.start_ids(role)
+            self.history = self.head.before_first(role)
         self.history.extend(self.format.message_ids(role, content_ids))
+
+
+class SystemHead:
+    """The start of a prompt with the transcript's tools shown, as a managed conversation
+    renders its tools section (``lifecycle/renderer.py``): one system message holding the
+    section, then ``SYSTEM_JOIN`` and the first system message's content, if any."""
+
+    def __init__(self, chat_format: ChatFormat, tools_section: str | None) -> None:
+        self.format = chat_format
+        self.section = chat_format.encode(tools_section) if tools_section else []
+        self.join = chat_format.encode(SYSTEM_JOIN) if tools_section else []
+
+    def system_message(self, content_ids: list[int]) -> list[int]:
+        """The first system message, the tools section before its content."""
+        joined = [*self.section, *self.join, *content_ids] if self.section and content_ids else self.section
+        return self.format.message_ids("system", joined or content_ids)
+
+    def before_first(self, first_role: str | None) -> list[int]:
+        """What precedes a first message that is not a system message (or nothing yet)."""
+        if self.section and first_role != "system":
+            return self.format.message_ids("system", self.section)
+        return self.format.start_ids(first_role)
 
 
 def forced_ids(forced: Message | None, chat_format: ChatFormat) -> list[int] | None:

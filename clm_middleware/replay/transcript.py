@@ -34,9 +34,14 @@ class Transcript:
     messages: tuple[Message, ...]
     source: str = ""
     probes: tuple[dict[str, str], ...] = field(default=())
-    # names of the tools the conversation declared (OpenAI "tools" / "functions",
-    # ShareGPT "tools"): a replay binds none, and says so (``declared_tools_note``)
-    tools: tuple[str, ...] = field(default=())
+    # the tools the conversation declared (OpenAI "tools" / legacy "functions", ShareGPT
+    # "tools"), as OpenAI function specs: every replay mode shows them in the system
+    # message, as the model that had the conversation saw them; a replay runs none
+    tools: tuple[dict[str, Any], ...] = field(default=())
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(str(spec["function"].get("name", "?")) for spec in self.tools)
 
     @property
     def num_user_turns(self) -> int:

@@ -13,7 +13,7 @@ from clm_middleware.engine import Engine, penalty_processors
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.compaction import ContextBudgetError
 from clm_middleware.render import ChatFormat
-from clm_middleware.replay.plain import forced_ids, plain_turn_record, reply_of
+from clm_middleware.replay.plain import SystemHead, forced_ids, plain_turn_record, reply_of
 from clm_middleware.replay.report import TurnRecord
 from clm_middleware.replay.runner import ReplayOptions
 from clm_middleware.replay.transcript import Message
@@ -28,11 +28,13 @@ class TruncationDriver:
         options: ReplayOptions,
         conversation_id: str,
         budget: int,
+        tools_section: str | None = None,
     ) -> None:
         if budget < 16:
             raise ConfigError("budget", f"truncation needs a budget of at least 16 tokens, got {budget}")
         self.engine, self.format, self.options = engine, chat_format, options
         self.conversation_id, self.budget = conversation_id, budget
+        self.head = SystemHead(chat_format, tools_section)
         self.system: list[int] | None = None
         self.messages: list[tuple[str, list[int]]] = []  # (role, content ids) of each non-system message
         self.last_prompt: list[int] = []
@@ -44,7 +46,7 @@ class TruncationDriver:
         role = message.role if self.format.supports_role(message.role) else "user"
         content = self.format.encode(message_text(message))
         if role == "system" and self.system is None and not self.messages:
-            self.system = self.format.message_ids(role, content)
+            self.system = self.head.system_message(content)
         else:
             self.messages.append((role, content))
 
@@ -54,7 +56,7 @@ class TruncationDriver:
         A newest message that alone is too long keeps its role's header and footer and
         the end of its content. A system message that leaves no room for even that is a
         ``ContextBudgetError``: the baseline keeps the system message whole, as clm does."""
-        head = self.system if self.system is not None else self.format.start_ids(None)
+        head = self.system if self.system is not None else self.head.before_first(None)
         room = self.budget - len(head) - len(self.format.generation_prompt_ids)
         kept: list[list[int]] = []
         for role, content in reversed(self.messages):  # rendered only as far back as the window reaches

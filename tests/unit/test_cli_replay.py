@@ -268,3 +268,30 @@ def test_a_transcript_with_no_turn_says_so(tmp_path):
     path.write_text('{"role": "assistant", "content": "Hello! How can I help?"}\n')
     result = CliRunner().invoke(cli, ["replay", str(path), "--model", "tiny"])
     assert result.exit_code == 0 and "greeting.jsonl: no turn to replay" in result.output
+
+
+@pytest.mark.parametrize("system", [True, False], ids=["with-system", "no-system"])
+def test_declared_tools_are_shown_alike_in_every_mode(tmp_path, system):
+    from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory
+    from clm_middleware.replay.formats import read_transcripts
+    from clm_middleware.replay.runner import ReplayOptions, turn_plan
+
+    spec = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    messages = [{"role": "system", "content": "You are a weather bot."}] if system else []
+    messages.append({"role": "user", "content": "Weather in Paris?"})
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps({"messages": messages, "tools": [spec]}))
+    [transcript] = read_transcripts(path)
+    engine = build_engine("tiny")
+    contexts = {}
+    for mode in ("prefix", "truncate", "clm"):
+        driver = driver_factory(engine, ReplayOptions(mode=mode), LifecycleOptions(budget=2000, tagging="rules"))(
+            transcript
+        )
+        for message in turn_plan(transcript)[0][0]:
+            driver.add(message)
+        contexts[mode] = driver.context
+        driver.close()
+    assert contexts["prefix"] == contexts["truncate"] == contexts["clm"]
+    assert "- get_weather(" in contexts["prefix"]
+    assert ("You are a weather bot." in contexts["prefix"]) is system

@@ -197,7 +197,7 @@ def test_roles_as_exports_spell_them_and_openais_legacy_function_messages(tmp_pa
     assert transcript.messages[1].tool_calls[0]["function"]["name"] == "get_weather"
 
 
-def test_tools_a_conversation_declares_are_named_for_the_replays_warning(tmp_path):
+def test_tools_a_conversation_declares_are_read_as_openai_specs(tmp_path):
     from clm_middleware.replay.formats import declared_tools_note
 
     openai, sharegpt = tmp_path / "o.json", tmp_path / "s.json"
@@ -206,8 +206,11 @@ def test_tools_a_conversation_declares_are_named_for_the_replays_warning(tmp_pat
     sharegpt.write_text(
         json.dumps([{"conversations": [{"from": "human", "value": "Hi"}], "tools": json.dumps([{"name": "add"}])}])
     )
-    assert [t.tools for t in read_transcripts(openai)] == [("get_weather",)]
-    assert [t.tools for t in read_transcripts(sharegpt)] == [("add",)]
+    assert [t.tools for t in read_transcripts(openai)] == [(spec,)]
+    assert [t.tool_names for t in read_transcripts(sharegpt)] == [("add",)]
     note = declared_tools_note(read_transcripts(openai) + read_transcripts(sharegpt))
     assert note is not None and "2 conversation(s) declare tools (add, get_weather)" in note
     assert declared_tools_note(read_transcripts(openai)[:0]) is None
+    openai.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}], "tools": [{"parameters": {}}]}))
+    with pytest.raises(TranscriptError, match=r'\$\[0\]\.tools\[0\]: a tool needs a string "name"'):
+        read_transcripts(openai)
