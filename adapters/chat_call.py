@@ -6,9 +6,11 @@ call, ``{`` for JSON) → stream the visible reply, tool calls held back → par
 
 Invariant: when a call ends, the router's digests of its session describe the
 conversation's messages exactly. A call that fails or is cancelled before its reply is
-recorded discards the messages it added (``Conversation.discard``), so a retry, or any
-later call, finds the conversation as it was; if even that is impossible the session is
-closed and forgotten, never left out of step.
+recorded leaves the router as it was: on a conversation it extended, it discards the
+messages it added, whatever their roles (``Conversation.discard``); a conversation it
+created (``new``, ``fork``) goes, with its never-saved store row, and the caller's
+session name leads where it led before (``SessionRouter.abandon``). If even that is
+impossible the session is closed and forgotten, never left out of step.
 """
 
 from __future__ import annotations
@@ -147,6 +149,9 @@ class ChatCall:
         self.answer = answer
 
     def _undo(self, route: Route, base: int, digests: list[str]) -> None:
+        if route.kind in ("new", "fork"):  # this call created the conversation: it goes
+            self.router.abandon(route)
+            return
         try:
             route.session.conversation.discard(base)
         except ClmError:

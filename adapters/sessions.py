@@ -44,6 +44,8 @@ class Route:
     session: Session
     new_turns: list[Turn]
     kind: str  # "new" | "extend" | "fork"
+    session_id: str | None = None  # the caller's name for it, if any
+    named_before: str | None = None  # the conversation that name led to before this call
 
 
 class SessionRouter:
@@ -62,6 +64,7 @@ class SessionRouter:
         """Pick (and mark busy) the conversation to answer ``turns`` with."""
         digests = [t.digest for t in turns]
         with self._lock:
+            named_before = self._names.get(session_id) if session_id is not None else None
             if session_id is not None and session_id in self._names:
                 candidates = [self._sessions[self._names[session_id]]]
             elif session_id is not None:
@@ -80,6 +83,7 @@ class SessionRouter:
             else:
                 conversation_id = self.namespace + (session_id or uuid.uuid4().hex)
                 route = Route(self._add(Session(self._new_conversation(conversation_id))), list(turns), "new")
+            route = Route(route.session, route.new_turns, route.kind, session_id, named_before)
             if session_id is not None:
                 self._names[session_id] = route.session.conversation.id
             route.session.busy = True
@@ -92,6 +96,20 @@ class SessionRouter:
         with self._lock:
             session.digests = list(digests)
             session.busy = False
+
+    def abandon(self, route: Route) -> None:
+        """Undo a ``new`` or ``fork`` route whose call failed: the conversation it created
+        goes (with its store row, never saved to), and the caller's name leads where it
+        led before. The router is then as it was before the call."""
+        with self._lock:
+            cid = route.session.conversation.id
+            self._sessions.pop(cid, None)
+            if route.session_id is not None:
+                if route.named_before is not None and route.named_before in self._sessions:
+                    self._names[route.session_id] = route.named_before
+                else:
+                    self._names.pop(route.session_id, None)
+        route.session.conversation.abandon()
 
     def forget(self, session: Session) -> None:
         """Close ``session`` and drop it and its names (a call left it out of step)."""

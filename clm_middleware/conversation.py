@@ -174,6 +174,7 @@ class Conversation:
         self.last_reply: Reply | None = None
         self._runner = TurnRunner(self)
         self.store = _open_store(store)
+        self._saved = False  # whether a save reached the store (abandon removes a row never saved to)
         if self.store is not None:
             self.store.register(self.record())
         if system_prompt:
@@ -289,11 +290,13 @@ class Conversation:
         added before its reply was recorded. The conversation then renders as it did before
         that call, and nothing of it reaches the store.
 
-        Only unanswered messages can go (``history`` never loses what was answered): a
-        ``ConfigError`` if one of them is an assistant reply.
+        Only messages of the turn not answered yet can go, whatever their role (a caller
+        may add its own assistant and tool messages before asking for a reply): a
+        ``ConfigError`` if one of them belongs to an answered turn (``history`` never loses
+        what was answered).
         """
         removed = self.messages[messages:]
-        if not 0 <= messages <= len(self.messages) or any(m.role == "assistant" for m in removed):
+        if not 0 <= messages <= len(self.messages) or any(m.turn <= self.turn and m.turn > 0 for m in removed):
             raise ConfigError("messages", f"only unanswered messages can be discarded, not from index {messages}")
         for message in removed:
             for segment in message.segment_ids:
@@ -529,6 +532,13 @@ class Conversation:
         self._chain = []
         self.reclaimer.close()
 
+    def abandon(self) -> None:
+        """Close a conversation whose first call failed: one that never saved a turn also
+        leaves no row in its store (nothing half-done is stored)."""
+        self.close()
+        if self.store is not None and not self._saved:
+            self.store.unregister(self.id)
+
     def __enter__(self) -> Conversation:
         return self
 
@@ -544,6 +554,7 @@ class Conversation:
         stored = store.load(conversation_id)
         conversation = cls(engine, conversation_id=conversation_id, **{**stored.record.settings, **settings})
         conversation.store = store  # its row exists: saves continue it (no register)
+        conversation._saved = True
         conversation.messages = stored.messages
         conversation._segments = {s.id: s for s in stored.segments}
         conversation.turn = stored.record.turn
@@ -729,6 +740,7 @@ class Conversation:
         """Write what changed since the last save (and a turn's ``stats``) to the store, if any."""
         if self.store is not None:
             self.store.save(self.record(), self.journal.drain(self.messages, self._segments), stats)
+            self._saved = True
 
 
 def _open_store(store: Any) -> Store | None:

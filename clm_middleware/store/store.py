@@ -110,6 +110,17 @@ class Store:
                 )
             self.db["conversations"].insert(_conversation_row(record, created=True))
 
+    def unregister(self, conversation_id: str) -> None:
+        """Remove the row of a conversation that never saved a message or turn (one whose
+        first call failed); a conversation with anything stored is left as it is."""
+        with self._writing():
+            saved = any(
+                self.db[table].exists() and self.db[table].count_where("conversation_id = ?", [conversation_id])
+                for table in ("messages", "turns")
+            )
+            if not saved:
+                self.db["conversations"].delete_where("id = ?", [conversation_id])
+
     def save(self, record: ConversationRecord, changes: ConversationChanges, stats: TurnStats | None) -> None:
         """The conversation's row, what changed since the last save and the turn's stats, in
         one transaction."""

@@ -100,3 +100,34 @@ def test_a_named_session_already_in_the_store_starts_a_suffixed_conversation_and
     assert again.content == "Noted again."
     assert conversation_of(again).startswith("s1~")
     assert [m.content for m in Conversation.load(path, "s1", later.engine).history] == stored
+
+
+def test_a_failed_call_leaves_every_conversation_and_name_as_it_was(scripted_llm, tmp_path):
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.errors import ClmError
+    from clm_middleware.store import Store
+
+    path = str(tmp_path / "s.db")
+    llm, _ = scripted_llm("Noted.", "Still here.", budget=256, store_path=path)
+    first = [HumanMessage("My order is 48213-KX.")]
+    reply = llm.invoke(first, session_id="s1")
+    too_long = HumanMessage("word " * 600)
+    call = AIMessage("", tool_calls=[{"name": "lookup", "args": {"id": "48213-KX"}, "id": "c1"}])
+    own_messages = [HumanMessage("Look it up."), call, ToolMessage("shipped", tool_call_id="c1")]
+    failing = [
+        [*first, reply, *own_messages, too_long],  # extends s1 with the caller's assistant and tool messages
+        [HumanMessage("My order is 99999-ZZ."), reply, too_long],  # forks s1 at an edited message
+    ]
+    for history in failing:
+        with pytest.raises(ClmError, match="budget"):
+            llm.invoke(history, session_id="s1")
+        conversation = llm.conversation("s1")
+        assert conversation is not None and conversation.id == "s1"
+        assert [m.content for m in conversation.history] == ["My order is 48213-KX.", "Noted."]
+    assert Store(path).conversation_ids() == ["s1"]  # no empty row of the failed fork
+    retry = llm.invoke([*first, reply, HumanMessage("Thanks.")], session_id="s1")
+    assert retry.response_metadata["conversation_id"] == "s1" and retry.content == "Still here."
+    assert retry.usage_metadata["input_token_details"]["cache_read"] > 0
+    assert [m.content for m in Conversation.load(path, "s1", llm.engine).history][-1] == "Still here."
