@@ -16,8 +16,7 @@ import xxhash
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
 from clm_middleware.errors import ConfigError
-
-from .tools import render_tool_calls
+from clm_middleware.render.tool_calls import render_tool_calls
 
 
 @dataclass(frozen=True, slots=True)

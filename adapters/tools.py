@@ -20,8 +20,8 @@ from typing import Any
 
 import regex
 
-OPEN = "<tool_call>"
-CLOSE = "</tool_call>"
+from clm_middleware.render.tool_calls import CLOSE, OPEN
+
 _CALL = regex.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", regex.DOTALL)
 
 PROMPT_HEADER = (
@@ -63,13 +63,6 @@ def signature(tool: dict[str, Any]) -> str:
             notes.append(f"    {name}: {spec['description']}")
     description = function.get("description", "")
     return "\n".join([f"- {function.get('name')}({', '.join(parts)}): {description}".rstrip(": "), *notes])
-
-
-def render_tool_calls(calls: Sequence[dict[str, Any]]) -> str:
-    payloads = (
-        json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False, sort_keys=True) for c in calls
-    )
-    return "\n".join(f"{OPEN}{payload}{CLOSE}" for payload in payloads)
 
 
 def split_tool_calls(text: str) -> tuple[str, list[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 
+from clm_middleware.render.tool_calls import render_tool_call
 from clm_middleware.replay.transcript import Message
 
 
@@ -21,6 +22,5 @@ def message_text(message: Message) -> str:
         if isinstance(arguments, str):
             with contextlib.suppress(json.JSONDecodeError):  # not JSON: keep the string as given
                 arguments = json.loads(arguments)
-        payload = {"name": function.get("name", ""), "arguments": arguments}
-        parts.append(f"<tool_call>{json.dumps(payload, ensure_ascii=False, sort_keys=True)}</tool_call>")
+        parts.append(render_tool_call(function.get("name", ""), arguments))
     return "\n".join(parts)

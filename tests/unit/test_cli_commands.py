@@ -40,7 +40,7 @@ def test_openai_json_with_tool_calls_replays_end_to_end(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(report.read_text())
     assert [t["reply"] for t in data["turns"]] == [
-        '<tool_call>{"arguments": {"city": "Porto"}, "name": "get_weather"}</tool_call>',
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Porto"}}</tool_call>',
         "It is sunny.",
     ]
 

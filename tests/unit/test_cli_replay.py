@@ -198,7 +198,7 @@ def test_a_generated_replay_keeps_recorded_tool_calls_and_generates_the_text_rep
     assert result.exit_code == 0, result.output
     report = json.loads(report_path.read_text())
     call, answer = report["turns"]
-    assert call["reply"] == '<tool_call>{"arguments": {"city": "Oslo"}, "name": "weather"}</tool_call>'
+    assert call["reply"] == '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
     assert call["forced_tokens"] > 0 and call["generated_tokens"] == 0
     assert answer["forced_tokens"] == 0 and answer["reply"] != "It is -3 C in Oslo."
     assert report["totals"]["generated_replies"] == 1

@@ -165,3 +165,18 @@ def test_a_required_call_is_written_under_the_tools_schema_so_no_required_argume
     assert message.invalid_tool_calls == []
     [call] = message.tool_calls
     assert call["args"]["a"] == 2 and isinstance(call["args"]["b"], int)  # the grammar required b
+
+
+def test_a_call_renders_the_same_whether_the_conversation_is_remembered_or_rebuilt(scripted_llm):
+    remembered, _ = scripted_llm(CALL, "Sunny.")
+    rebuilt, _ = scripted_llm("Sunny.")
+    question = HumanMessage("What is the weather in Porto?")
+    call = remembered.bind_tools([get_weather]).invoke([question])
+    history = [question, call, ToolMessage("sunny", tool_call_id=call.tool_calls[0]["id"])]
+    answers = [llm.bind_tools([get_weather]).invoke(history) for llm in (remembered, rebuilt)]
+    assert [a.response_metadata["conversation_id"] == call.response_metadata["conversation_id"] for a in answers] == [
+        True,
+        False,
+    ]
+    contexts = [conversation_behind(llm, a).context for llm, a in zip((remembered, rebuilt), answers, strict=True)]
+    assert contexts[0] == contexts[1] and CALL in contexts[0]
