@@ -16,6 +16,7 @@ import xxhash
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
 from clm_middleware.errors import ConfigError
+from clm_middleware.render.content import join_text_parts
 from clm_middleware.render.tool_calls import render_tool_calls
 
 
@@ -41,7 +42,7 @@ def message_text(message: BaseMessage) -> str:
             continue  # rendered from tool_calls
         elif isinstance(block, dict):
             parts.append(f"[{block.get('type', 'content')} omitted]")
-    return "".join(parts)
+    return join_text_parts(parts)
 
 
 def to_turn(message: BaseMessage) -> Turn:

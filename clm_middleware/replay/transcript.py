@@ -14,6 +14,7 @@ from typing import Any
 
 from clm_middleware.errors import TranscriptError
 from clm_middleware.render.chat_format import lone_surrogate
+from clm_middleware.render.content import join_text_parts
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -163,7 +164,7 @@ def _content_text(content: Any, path: str, line: int | None) -> str:
             else:
                 shown = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise TranscriptError(path, line, f'"content[{index}]" is not a text part ({shown!r})')
-        content = "".join(parts)
+        content = join_text_parts(parts)
     if not isinstance(content, str):
         raise TranscriptError(path, line, f'"content" must be a string, got {type(content).__name__}')
     bad = lone_surrogate(content)

@@ -18,6 +18,7 @@ from clm_middleware.adapters.messages import Turn, assistant_text, turn_digest
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.render.chat_format import lone_surrogate
+from clm_middleware.render.content import join_text_parts
 from clm_middleware.structured import ResponseFormat
 
 from .errors import APIError
@@ -191,7 +192,7 @@ def _content_text(message: ChatMessage, index: int) -> str:
         if part.type != "text" or part.text is None:
             raise _bad_message(index, f"content[{position}].type", f"only text parts are supported, got {part.type!r}")
         parts.append(part.text)
-    return "".join(parts)
+    return join_text_parts(parts)
 
 
 def _arguments(text: str) -> Any:

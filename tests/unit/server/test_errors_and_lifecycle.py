@@ -99,9 +99,15 @@ def test_a_prompt_over_the_context_window_is_a_400_and_the_session_is_left_as_it
     first = _post(server.api, _hello(model_id), session).json()
     history = [{"role": "user", "content": "hello"}, first["choices"][0]["message"]]
     huge = {"role": "user", "content": "word " * 1200}  # over the tiny model's 4,096 positions
-    error = _error(_post(server.api, {**_hello(model_id), "messages": [*history, huge]}, session), 400)
-    assert error["code"] == "context_length_exceeded"
-    assert httpx.get(server.api + "/sessions/too-long", timeout=TIMEOUT_S).json()["messages"] == 2
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    own = [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    for added in ([huge], [*own, huge]):  # the client's own assistant and tool messages are taken back too
+        error = _error(_post(server.api, {**_hello(model_id), "messages": [*history, *added]}, session), 400)
+        assert error["code"] == "context_length_exceeded"
+        assert httpx.get(server.api + "/sessions/too-long", timeout=TIMEOUT_S).json()["messages"] == 2
     short = {"role": "user", "content": "short again"}
     retried = _post(server.api, {**_hello(model_id), "messages": [*history, short]}, session).json()
     assert retried["clm"]["route"] == "extend" and retried["clm"]["turn"] == 2
@@ -178,3 +184,11 @@ def test_a_request_the_pool_cannot_fit_is_a_503_with_retry_after_and_holds_nothi
     streamed = _post(guarded.api, {**body, "stream": True}, auth)  # fails before its first token:
     assert _error(streamed, 503)["code"] == "pool_exhausted"  # a real status, not a 200 stream
     assert _post(guarded.api, _hello(model_id), auth).status_code == 200  # the server goes on
+
+
+def test_text_parts_of_a_message_reach_the_model_one_per_line(server, model_id):
+    parts = [{"type": "text", "text": "Translate to Spanish:"}, {"type": "text", "text": "Good morning"}]
+    body = {**_hello(model_id), "messages": [{"role": "user", "content": parts}]}
+    assert _post(server.api, body, {"X-Session-Id": "parts"}).status_code == 200
+    context = httpx.get(server.api + "/sessions/parts", timeout=TIMEOUT_S).json()["context"]
+    assert "Translate to Spanish:\nGood morning" in context
