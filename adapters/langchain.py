@@ -500,6 +500,7 @@ class ChatCLM(BaseChatModel):
             frequency_penalty=float(kwargs.get("frequency_penalty", self.frequency_penalty)),
             presence_penalty=float(kwargs.get("presence_penalty", self.presence_penalty)),
             no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", self.no_repeat_ngram_size),
+            logit_bias=kwargs.get("logit_bias") or (),
         )
 
     def _final_message(self, answer: ChatAnswer, engine: ServingEngine, model: str | None) -> AIMessageChunk:

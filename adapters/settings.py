@@ -53,6 +53,7 @@ CALL_ARGUMENTS = frozenset(
         "tools",
         "tool_choice",
         "parallel_tool_calls",
+        "logit_bias",
         "response_format",
         "max_tokens",
         "temperature",

@@ -136,6 +136,35 @@ class CountPenalty:
         return logits.index_put((ids,), logits[ids] - penalty)
 
 
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, +100 all but forces it
+
+
+@dataclass(frozen=True, slots=True)
+class LogitBias:
+    """OpenAI's ``logit_bias``: a fixed bias added to given tokens' logits at every step."""
+
+    bias: tuple[tuple[int, float], ...]
+
+    def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
+        ids = torch.tensor([token for token, _ in self.bias], device=logits.device)
+        values = torch.tensor([value for _, value in self.bias], dtype=logits.dtype, device=logits.device)
+        return logits.index_put((ids,), logits[ids] + values)
+
+
+def check_logit_bias(bias: tuple[tuple[Any, Any], ...], vocab_size: int | None = None) -> None:
+    """``ConfigError`` naming ``logit_bias`` for a token id that is not one (or outside
+    ``vocab_size``) or a bias outside [-100, 100]."""
+    for token, value in bias:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ConfigError("logit_bias", f"keys must be token ids (integers ≥ 0), got {token!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError("logit_bias", f"biases must be numbers, got {value!r} for token {token}")
+        if vocab_size is not None and token >= vocab_size:
+            raise ConfigError("logit_bias", f"token id {token} is outside the vocabulary (size {vocab_size})")
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise ConfigError("logit_bias", f"biases must be in [-100, 100], got {value} for token {token}")
+
+
 @dataclass(frozen=True, slots=True)
 class NoRepeatNgram:
     size: int

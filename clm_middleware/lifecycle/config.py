@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from clm_middleware.engine.penalties import check_penalties
+from clm_middleware.engine.penalties import check_logit_bias, check_penalties
 from clm_middleware.engine.sampling import check_sampling_filters, check_seed
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.compressor import METHODS
@@ -41,6 +42,8 @@ class GenerationSettings:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     no_repeat_ngram_size: int | None = None
+    # OpenAI's logit_bias as (token id, bias) pairs, each bias in [-100, 100]
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # end a reply before the first sentence it repeats, and stop generating there
     # (lifecycle/reply_quality.py): a repeated sentence tells the user nothing
     cut_repeats: bool = True
@@ -66,6 +69,11 @@ class GenerationSettings:
         check_sampling_filters(self.top_k, self.min_p)
         check_seed(self.seed)
         check_penalties(self)
+        bias = tuple(self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias)
+        # token ids as JSON object keys are strings ({"1234": -100}), as OpenAI clients send them
+        bias = tuple((int(t) if isinstance(t, str) and t.strip().isdigit() else t, v) for t, v in bias)
+        check_logit_bias(bias)
+        object.__setattr__(self, "logit_bias", tuple((token, float(value)) for token, value in bias))
 
 
 @dataclass(frozen=True, slots=True)

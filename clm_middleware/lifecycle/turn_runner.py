@@ -13,6 +13,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 from clm_middleware.engine import Generation, penalty_processors
+from clm_middleware.engine.penalties import LogitBias, check_logit_bias
 from clm_middleware.errors import ConfigError, ContextWindowError, TurnCancelled
 from clm_middleware.lifecycle.calibration import record_runtime_failure
 from clm_middleware.lifecycle.compaction import CompactionResult
@@ -184,6 +185,9 @@ class TurnRunner:
         asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn) and not structured
         forced_ids = c.encode_content(forced, "assistant") if forced else None
         processors = penalty_processors(settings, c.engine.generation_defaults)
+        if settings.logit_bias:
+            check_logit_bias(settings.logit_bias, c.engine.vocab_size)
+            processors = (LogitBias(settings.logit_bias), *processors)
         if forced is not None:
             max_new, stops = 1, ()
         elif structured:

@@ -34,6 +34,9 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
         raise APIError(400, "n: only n=1 is supported", param="n")
     if body.logprobs:
         raise APIError(400, "logprobs: not supported by this server", param="logprobs")
+    if body.top_logprobs:
+        raise APIError(400, "top_logprobs: needs logprobs, which this server does not support", param="top_logprobs")
+    bias = _logit_bias(body.logit_bias)
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stops) > MAX_STOPS or any(not s for s in stops):
         raise APIError(400, f"stop: give at most {MAX_STOPS} non-empty strings", param="stop")
@@ -51,6 +54,7 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
         frequency_penalty=body.frequency_penalty,
         presence_penalty=body.presence_penalty,
         no_repeat_ngram_size=defaults.no_repeat_ngram_size,
+        logit_bias=bias,
     )
     return ChatRequest(
         turns=[to_turn(message, index) for index, message in enumerate(body.messages)],
@@ -214,6 +218,16 @@ def _check_tool_choice(choice: Any, tools: list[dict[str, Any]]) -> None:
             raise APIError(400, f"tool_choice: no tool named {name!r} in tools", param="tool_choice")
 
 
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys) as (id, bias) pairs."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not key.strip().isdigit():
+            raise APIError(400, f"logit_bias: keys must be token ids, got {key!r}", param="logit_bias")
+        pairs.append((int(key), value))
+    return tuple(pairs)
+
+
 def _response_format(body: ChatCompletionRequest) -> ResponseFormat | None:
     """OpenAI's ``response_format``: ``json_object`` or ``json_schema`` (its ``name``,
     ``schema`` and ``strict``; the grammar is always strict). A bad schema is a 400
@@ -223,8 +237,9 @@ def _response_format(body: ChatCompletionRequest) -> ResponseFormat | None:
         return None
     if fmt.type == "json_schema":
         schema = fmt.json_schema.schema_ if fmt.json_schema else None
-        if schema is None:
-            raise APIError(400, "response_format.json_schema.schema: required", param="response_format.json_schema")
+        if schema is None:  # the field the message names is the one missing
+            missing = "response_format.json_schema" + (".schema" if fmt.json_schema else "")
+            raise APIError(400, f"{missing}: required", param=missing)
         name = fmt.json_schema.name if fmt.json_schema else None
         try:
             return ResponseFormat.from_schema(schema, name=name)

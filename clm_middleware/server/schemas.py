@@ -1,9 +1,9 @@
 """The request body of ``POST /v1/chat/completions``, as the OpenAI API defines it.
 
-Fields we do not use (``logprobs``, ``service_tier``, ...) are
-accepted and ignored, as vLLM and llama.cpp's server do, except where ignoring one would
-return something other than what was asked: ``n`` above 1 and ``logprobs`` are refused
-by name (see ``convert.py``).
+Fields we do not use (``service_tier``, ``user`` beyond tenancy, ...) are accepted and
+ignored, as vLLM and llama.cpp's server do, except where ignoring one would return
+something other than what was asked: ``n`` above 1, ``logprobs`` and ``top_logprobs``
+are refused by name (see ``convert.py``).
 
 Beyond OpenAI's fields, the sampling filters vLLM and llama.cpp's server take as extra
 body fields are honoured under their names there: ``top_k`` (vLLM's ``-1``, like ``0``,
@@ -20,8 +20,11 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class _Lenient(BaseModel):
-    # NaN and ±Infinity (which Python's JSON reader admits) are not numbers any field takes
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    # lenient about fields it does not know, strict about the types of those it does, as
+    # OpenAI's API is: "stream": "yes" or "max_tokens": true is a 400, not a guess (an
+    # integer is still a number); NaN and ±Infinity (which Python's JSON reader admits)
+    # are not numbers any field takes
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
 class FunctionCall(_Lenient):
@@ -96,6 +99,8 @@ class ChatCompletionRequest(_Lenient):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) → bias in [-100, 100]
     user: str | None = None
     metadata: dict[str, str] | None = None
 

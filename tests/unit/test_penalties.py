@@ -133,3 +133,24 @@ def test_chatclm_fields_and_per_call_kwargs_reach_the_processors(engine, monkeyp
     assert seen[-1] == (CountPenalty(0.0, 0.5),)
     llm.invoke("hello again", frequency_penalty=1.0, no_repeat_ngram_size=2)
     assert seen[-1] == (CountPenalty(1.0, 0.5), NoRepeatNgram(2))
+
+
+def test_logit_bias_bans_or_forces_a_token_and_names_bad_entries(engine):
+    conversation = Conversation(engine, tagging="rules", max_new_tokens=6)
+    conversation.add("user", "Say something.")
+    plain = conversation.respond().text
+    first = engine.tokenizer.encode(plain, add_special_tokens=False)[0] if plain else None
+    forced = engine.tokenizer.encode("z", add_special_tokens=False)[0]
+    conversation.add("user", "Again.")
+    biased = conversation.respond(settings=GenerationSettings(max_new_tokens=6, logit_bias={str(forced): 100}))
+    assert biased.text and set(biased.text) == {"z"}  # +100 all but forces it
+    if first is not None and first != forced:
+        conversation.add("user", "Say something.")
+        banned = conversation.respond(settings=GenerationSettings(max_new_tokens=6, logit_bias={first: -100}))
+        assert not banned.text.startswith(engine.tokenizer.decode([first]))
+    for bad, named in (({"x": 1}, "token ids"), ({5: 200}, r"\[-100, 100\]"), ({5: "up"}, "numbers")):
+        with pytest.raises(ConfigError, match=f"logit_bias: .*{named}"):
+            GenerationSettings(logit_bias=bad)
+    conversation.add("user", "Once more.")
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        conversation.respond(settings=GenerationSettings(logit_bias={engine.vocab_size: 1}))

@@ -48,6 +48,16 @@ def _hello(model_id: str, **extra) -> dict:
         ({"messages": [{"role": "user", "content": "   "}]}, "messages[0].content"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+        ),
+        ({"stream": "yes"}, "stream"),  # a type is checked, not guessed
+        ({"max_tokens": True}, "max_tokens"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logit_bias": {"hello": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 500}}, "logit_bias"),
+        ({"logit_bias": {"999999": 1}}, "logit_bias"),  # outside the vocabulary
         (  # a JSON Schema type that does not exist
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strng"}}}},
             "response_format.json_schema.schema",
