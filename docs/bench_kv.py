@@ -78,19 +78,10 @@ def kv_dtype(args: argparse.Namespace) -> None:
     for name in ("bf16", "fp16"):
         engines[name] = Engine(exact.model, exact.tokenizer, pool_config=PoolConfig(kv_dtype=name))
     reports = teacher_forced(engines, args.transcript)
-    mib = 2**20
     baseline = reports["fp32"].turns
     rows = [
         ("pool bytes per token", lambda r: f"{engines[r.mode].pool.block_bytes // engines[r.mode].block_size:,}"),
-        ("peak pool KV (MiB)", lambda r: f"{r.totals()['peak_pool_bytes'] / mib:.1f}"),
-        ("peak KV, pool + working arena (MiB)", lambda r: f"{r.totals()['peak_kv_bytes'] / mib:.1f}"),
-        ("prefill tokens", total("prefill_tokens", "{:,}")),
-        ("reply_nll", total("reply_nll", "{:.5f}")),
-        (
-            "max per-turn reply_nll change vs fp32",
-            lambda r: f"{max(abs(a.reply_nll - b.reply_nll) for a, b in zip(r.turns, baseline, strict=True)):.5f}",
-        ),
-        ("TTFT sum (s)", total("ttft_s", "{:.2f}")),
+        *replay_kv_rows(baseline, "fp32"),
     ]
     print_table(reports, rows, f"{args.transcript.name}, {len(baseline)} turns, teacher-forced, pool kv_dtype")
 
@@ -118,18 +109,9 @@ def paged(args: argparse.Namespace) -> None:
         for name in order:  # the prompt is in the pool after each engine's first round
             stats = engines[name].generate(prompt, max_new_tokens=64, stop_token_ids=[]).result().stats
             decode_rates[name].append((stats.generated_tokens - 1) / stats.decode_s)
-    mib = 2**20
     rows = [
-        ("peak pool KV (MiB)", lambda r: f"{r.totals()['peak_pool_bytes'] / mib:.1f}"),
-        ("peak KV, pool + working (MiB)", lambda r: f"{r.totals()['peak_kv_bytes'] / mib:.1f}"),
+        *replay_kv_rows(baseline, "arena"),
         ("peak KV ÷ peak pool KV", lambda r: f"{r.totals()['peak_kv_bytes'] / r.totals()['peak_pool_bytes']:.2f}"),
-        ("prefill tokens", total("prefill_tokens", "{:,}")),
-        ("reply_nll", total("reply_nll", "{:.5f}")),
-        (
-            "max per-turn reply_nll change vs arena",
-            lambda r: f"{max(abs(a.reply_nll - b.reply_nll) for a, b in zip(r.turns, baseline, strict=True)):.5f}",
-        ),
-        ("TTFT sum (s)", total("ttft_s", "{:.2f}")),
         (
             f"decode tok/s, {len(prompt)}-token prompt from the pool (median of {args.rounds})",
             lambda r: f"{sorted(decode_rates[names[r.mode]])[args.rounds // 2]:.2f}",
@@ -300,6 +282,23 @@ def total(name: str, form: str):
         return "—" if value is None else form.format(value)
 
     return cell
+
+
+def replay_kv_rows(baseline: list, baseline_name: str) -> list:
+    """The rows every KV comparison of a teacher-forced replay prints: memory, prefill,
+    reply_nll and its largest per-turn change against ``baseline``'s turns, TTFT."""
+    mib = 2**20
+    return [
+        ("peak pool KV (MiB)", lambda r: f"{r.totals()['peak_pool_bytes'] / mib:.1f}"),
+        ("peak KV, pool + working (MiB)", lambda r: f"{r.totals()['peak_kv_bytes'] / mib:.1f}"),
+        ("prefill tokens", total("prefill_tokens", "{:,}")),
+        ("reply_nll", total("reply_nll", "{:.5f}")),
+        (
+            f"max per-turn reply_nll change vs {baseline_name}",
+            lambda r: f"{max(abs(a.reply_nll - b.reply_nll) for a, b in zip(r.turns, baseline, strict=True)):.5f}",
+        ),
+        ("TTFT sum (s)", total("ttft_s", "{:.2f}")),
+    ]
 
 
 def print_table(reports: dict[str, ReplayReport], rows, caption: str) -> None:
