@@ -23,6 +23,7 @@ from typing import Any
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
+from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ClmError, ConfigError
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.lifecycle.turn import Reply
@@ -96,7 +97,7 @@ class ChatCall:
     def __init__(
         self,
         router: SessionRouter,
-        engine: Engine,
+        engine: ServingEngine,
         request: ChatRequest,
         cancelled: Callable[[], bool] | None = None,
     ) -> None:
@@ -160,7 +161,7 @@ class ChatCall:
         self.router.done(route.session, digests[:base])
 
 
-def system_sections(engine: Engine, tools: ToolSpecs, response_format: ResponseFormat | None) -> str | None:
+def system_sections(engine: ServingEngine, tools: ToolSpecs, response_format: ResponseFormat | None) -> str | None:
     """The system message's extra sections: the tools (the template's own section where it
     has one) and the JSON instruction, with the schema when one is given (the grammar
     makes the reply valid; the instruction tells the model what to put in it)."""

@@ -32,7 +32,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from clm_middleware.engine import Engine
 from clm_middleware.engine.protocol import ServingEngine, signals_source
 from clm_middleware.errors import ClmError, ConfigError
 from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdict
@@ -132,7 +131,11 @@ class Conversation:
             no_repeat_ngram_size=no_repeat_ngram_size,
             response_format=ResponseFormat.parse(response_format),
         )
-        self.engine = engine or Engine.from_pretrained()
+        if engine is None:
+            from clm_middleware.engine import Engine  # the local default; callers may pass any ServingEngine
+
+            engine = Engine.from_pretrained()
+        self.engine = engine
         self.id = conversation_id or uuid.uuid4().hex
         self.cache_salt = cache_salt
         self.chat_format = ChatFormat.from_tokenizer(self.engine.tokenizer)

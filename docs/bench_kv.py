@@ -190,7 +190,7 @@ def kv_hit(args: argparse.Namespace) -> None:
     for name in (None, "bf16", "fp16"):
         engine = Engine(exact.model, exact.tokenizer, pool_config=PoolConfig(kv_dtype=name))
         engine.generate(prompt, max_new_tokens=0).result()
-        engine._arenas = ArenaRecycler(engine.layout, engine.block_size)  # the hit must come from the pool
+        engine.runner.arenas = ArenaRecycler(engine.layout, engine.block_size)  # the hit must come from the pool
         generation = engine.generate(follow, max_new_tokens=1, return_logits=True).result()
         assert generation.stats.cached_tokens == len(prompt)
         logits = generation.logits[0]

@@ -1,13 +1,7 @@
 """Generation through the block pool: reuse the longest cached prefix, compute the rest once.
 
-One call (``Engine.generate``) does, in order::
-
-    prompt ids ──hash──▶ block keys ──match──▶ cached chain + tail (acquired) ┐ bookkeeping_s
-                                      allocate blocks for the rest            │
-    gather chain K/V ──▶ the request's arena (see cache/arena.py)            ┘
-      (paged_kv: no gather; the model attends over the pool blocks, cache/paged.py)
-    prefill the uncached tokens (in chunks) ──▶ decode (streamed)               compute
-    store the new blocks (prompt and generated) ──▶ release / hold            ─ bookkeeping_s
+``Engine`` holds the model, its pool and its disk tier, validates each call and builds
+its ``Request``; engine/execution.py runs it (match, gather, prefill, decode, store).
 
 Reuse is token-exact (see engine/reuse.py): a turn that extends the previous one
 computes only the tokens it adds. An engine built with ``blend=BlendConfig()`` also
@@ -29,31 +23,26 @@ Invariants:
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from clm_middleware.cache.arena import ArenaRecycler
 from clm_middleware.cache.block_pool import BlockPool
 from clm_middleware.cache.disk import DEFAULT_MIN_FREE_DISK_MB, DiskStats, DiskTier
 from clm_middleware.cache.hashing import extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
-from clm_middleware.cache.paged import PagedCache, WorkingCache
 from clm_middleware.engine import scoring
 from clm_middleware.engine.attention import use_gqa_attention
-from clm_middleware.engine.blend import BlendConfig, Blender, approximate_start, observed_from
+from clm_middleware.engine.blend import BlendConfig
+from clm_middleware.engine.execution import RequestRunner
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request, request_ids
 from clm_middleware.engine.observe import Observe, default_probe_layers
 from clm_middleware.engine.penalties import GenerationDefaults
-from clm_middleware.engine.prefill import force, prefill
-from clm_middleware.engine.reuse import PrefixHit, match_prefix, store_computed
-from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters, choose_token
+from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters
 from clm_middleware.engine.stats import EngineStats
-from clm_middleware.errors import ConfigError, ContextWindowError, PoolExhaustedError
+from clm_middleware.errors import ConfigError, ContextWindowError
 from clm_middleware.models.fingerprint import model_fingerprint
 
 _NO_OBSERVATION = Observe()
@@ -87,7 +76,6 @@ class Engine:
         self.paged_kv = paged_kv
         # opt-in approximate reuse after a compaction (engine/blend.py); None: token-exact only
         self.blend = blend
-        self._blender = Blender(model, blend) if blend is not None else None
         # grouped-query attention without repeat_kv copies (engine/attention.py); exact
         self.gqa_attention = use_gqa_attention(model) if gqa_attention else False
         self.logits_processors = tuple(logits_processors)  # applied to every call, before the call's own
@@ -110,14 +98,14 @@ class Engine:
         # report what computing every position's logits (for log-probs) adds.
         hidden = int(getattr(model.config, "hidden_size", 0) or 0)
         head_flops = hidden * self.vocab_size
-        self._lm_head_share = head_flops / max(1, self.num_parameters) if hidden else 0.0
-        self._arenas = ArenaRecycler(self.layout, self.pool.block_size)
+        self.lm_head_share = head_flops / max(1, self.num_parameters) if hidden else 0.0
         self.disk: DiskTier | None = None
         if disk_cache_dir is not None:
             self.disk = DiskTier(
                 disk_cache_dir, self.fingerprint, min_free_disk_mb=min_free_disk_mb, max_bytes=max_disk_bytes
             )
             self.pool.add_eviction_listener(self.disk.write)
+        self.runner = RequestRunner(self, blend)  # executes requests; owns the working arenas
 
     @classmethod
     def from_pretrained(
@@ -262,7 +250,7 @@ class Engine:
             logits_processors=self.logits_processors + tuple(logits_processors),
             forced=forced,
         )
-        return Generation(request, self.tokenizer, self._run)
+        return Generation(request, self.tokenizer, self.runner.run)
 
     def choose(
         self,
@@ -342,187 +330,6 @@ class Engine:
         bad = next((token for token in token_ids if not 0 <= token < self.vocab_size), None)
         if bad is not None:
             raise ConfigError(field, f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
-
-    def _prefill(
-        self, request: Request, result: Generation, arena: WorkingCache, start: int, hit: PrefixHit
-    ) -> torch.Tensor:
-        """Compute the prompt from ``start`` on (engine/prefill.py); the last position's logits."""
-        done = prefill(
-            self.forward,
-            self.model,
-            request,
-            arena,
-            start,
-            hit,
-            self.pool,
-            probe_layers=self.probe_layers,
-            lm_head_share=self._lm_head_share,
-        )
-        if request.observe.logprobs:
-            result.prompt_logprobs = done.prompt_logprobs
-        if request.observe.attention_window:
-            result.attention = done.attention
-        result.stats.observe_s += done.observe_s
-        return done.last_logits
-
-    def _run(self, request: Request, result: Generation) -> Iterator[int]:
-        started = time.perf_counter()
-        stats, pool, size = result.stats, self.pool, self.pool.block_size
-        prompt, sampling = request.prompt, request.sampling
-        hit = PrefixHit(size)  # the blocks serving positions 0.., one ref each
-        chain: list[int] = []  # after storing: blocks covering every computed position
-        reserved: list[int] = []
-        capacity = math.ceil((len(prompt) + sampling.max_new_tokens) / size)
-        tick = time.perf_counter()
-        blending = self._blender is not None and request.use_pool
-        paged = self.paged_kv and request.use_pool
-        arena: WorkingCache | None = None
-        reusable, held = 0, []
-        if not paged:
-            arena, reusable = self._arenas.take(
-                capacity, prompt if request.use_pool else [], request.extra_key, approximate=blending
-            )
-            held = arena.token_ids  # what the arena held: a blend moves its K/V
-        exact_after: int | None = None  # the arena's first approximate position after the call
-        copied_until = 0
-        stats.arena_s = time.perf_counter() - tick
-        store = False
-        try:
-            if request.use_pool:
-                tick = time.perf_counter()
-                hit = match_prefix(pool, self.disk, prompt, request.extra_key)
-                stats.disk_tokens = hit.disk_tokens
-                try:
-                    reserved = pool.allocate(capacity - len(hit.chain))
-                except PoolExhaustedError:
-                    hit.release(pool)
-                    raise
-                if paged:
-                    arena = _paged_cache(pool, hit, reserved)
-                else:
-                    # the pool's exact blocks replace what the arena holds approximately
-                    exact_reusable = reusable if arena.exact_tokens is None else min(reusable, arena.exact_tokens)
-                    copied_until = hit.gather_into(pool, arena, exact_reusable)
-                stats.bookkeeping_s += time.perf_counter() - tick
-            else:
-                arena.reset_to(0)
-            start = hit.start
-            if request.observe.logprobs and start > 0 and hit.known_logprob(pool, prompt) is None:
-                # Recompute one cached token so the first new token's log p comes
-                # from its own context: one token of extra work.
-                start -= 1
-                arena.reset_to(start)
-            window = min(request.observe.attention_window, len(prompt))
-            if window and start > len(prompt) - window:
-                # the attention window's queries are computed by this call, however much
-                # of it the pool holds: the observation never depends on the cache
-                start = len(prompt) - window
-                arena.reset_to(start)
-            computed = 0
-            if blending and start < (limit := observed_from(request.observe, len(prompt))):
-                reused = approximate_start(
-                    self._blender, arena, held, prompt, start=start, reusable=reusable,
-                    copied_until=copied_until, limit=limit,
-                )  # fmt: skip
-                start, exact_after, computed = reused.start, reused.exact_tokens, reused.computed
-                stats.approximate_tokens, stats.blend_check_tokens = reused.approximate_tokens, reused.checked
-            stats.cached_tokens = start - computed
-            stats.prefill_tokens = len(prompt) - stats.cached_tokens
-            store = request.use_pool
-            logits = self._prefill(request, result, arena, start, hit)
-            generator = sampling.generator(self.device)
-            first_token_at = None
-            if request.forced is not None:
-                first_token_at = time.perf_counter()
-                stats.ttft_s = first_token_at - started
-                result.token_logprobs = force(self.forward, request.forced, logits, arena)
-                result.token_ids.extend(request.forced)
-                stats.forced_tokens = len(request.forced)
-                yield from request.forced
-            while request.forced is None and len(result.token_ids) < sampling.max_new_tokens:
-                shaped = logits
-                for processor in request.logits_processors:
-                    shaped = processor(result.token_ids, shaped)
-                token = choose_token(shaped, sampling, generator)
-                if request.return_logits:
-                    result.logits.append(shaped.detach().float().clone())
-                if request.observe.logprobs:
-                    tick = time.perf_counter()
-                    result.token_logprobs.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
-                    stats.observe_s += time.perf_counter() - tick
-                result.token_ids.append(token)
-                if first_token_at is None:
-                    first_token_at = time.perf_counter()
-                    stats.ttft_s = first_token_at - started
-                stats.generated_tokens = len(result.token_ids)
-                yield token
-                if token in request.stop_ids or self._hit_stop_string(result.token_ids, request.stop):
-                    result.finish_reason = "stop"
-                    break
-                if len(result.token_ids) >= sampling.max_new_tokens:
-                    break
-                logits = self.forward([token], arena)[-1]
-            if first_token_at is None:
-                stats.ttft_s = time.perf_counter() - started  # max_new_tokens == 0: prefill only
-            result.finish_reason = result.finish_reason or "length"
-            if first_token_at is not None:
-                stats.decode_s = time.perf_counter() - first_token_at
-        except BaseException as error:
-            if not isinstance(error, GeneratorExit):
-                store = False
-            raise
-        finally:
-            tick = time.perf_counter()
-            if store:
-                tokens = prompt + result.token_ids
-                measured = _measured_logprobs(request, result, len(tokens))
-                chain, result.last_block_key = store_computed(
-                    pool, hit, arena, tokens, reserved, request.extra_key, measured, exact_after
-                )
-                stats.stored_blocks = len(chain) - len(hit.chain)
-                pool.release([hit.tail] if hit.tail is not None else [])
-                if not paged:
-                    self._arenas.give(arena, tokens[: arena.num_tokens], request.extra_key, exact_after)
-            else:  # an arena of a failed or stateless call holds nothing reusable
-                pool.release(reserved)
-                chain = hit.blocks
-                if not paged:
-                    self._arenas.give(arena, [], b"")
-            if request.hold:
-                result.block_ids = chain
-            else:
-                pool.release(list(reversed(chain)))
-            stats.bookkeeping_s += time.perf_counter() - tick
-            stats.finish_reason = result.finish_reason
-            stats.total_s = time.perf_counter() - started
-            self.stats.add(stats)
-
-    def _hit_stop_string(self, token_ids: list[int], stop: tuple[str, ...]) -> bool:
-        if not stop:
-            return False
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return any(marker in text for marker in stop)
-
-
-def _paged_cache(pool: BlockPool, hit: PrefixHit, reserved: list[int]) -> PagedCache:
-    """The request's cache over its hit chain and reserved blocks, in position order. A
-    tail hit is copied into the first reserved block (cached blocks are never written:
-    copy-on-extend), which the request then extends in place."""
-    if hit.tail is not None:
-        pool.copy_block(hit.tail, reserved[0])
-    return PagedCache(
-        pool, [*hit.chain, *reserved], num_tokens=hit.start, writable_from=len(hit.chain) * pool.block_size
-    )
-
-
-def _measured_logprobs(request: Request, result: Generation, num_tokens: int) -> list[float | None] | None:
-    """log p of each of prompt + reply tokens given the tokens before it, where this call
-    measured it (the model's own distribution, before any sampling shaping)."""
-    if not request.observe.logprobs or result.prompt_logprobs is None:
-        return None
-    reply = list(result.token_logprobs)
-    reply = reply if len(reply) == len(result.token_ids) else [None] * len(result.token_ids)
-    return (list(result.prompt_logprobs) + reply)[:num_tokens]
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> frozenset[int]:

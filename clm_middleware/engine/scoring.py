@@ -28,14 +28,14 @@ def transient_prefix(
 ) -> Iterator[tuple[ArenaCache, PrefixHit]]:
     """An arena whose first ``hit.start`` positions hold ``prefix``'s cached K/V; every
     reference is given back and the arena returned empty on exit."""
-    arena, reusable = engine._arenas.take(math.ceil(capacity_tokens / engine.block_size), prefix, extra_key)
+    arena, reusable = engine.runner.arenas.take(math.ceil(capacity_tokens / engine.block_size), prefix, extra_key)
     hit = match_prefix(engine.pool, None, prefix, extra_key)
     try:
         hit.gather_into(engine.pool, arena, reusable)
         yield arena, hit
     finally:
         hit.release(engine.pool)
-        engine._arenas.give(arena, [], b"")
+        engine.runner.arenas.give(arena, [], b"")
 
 
 def choose(

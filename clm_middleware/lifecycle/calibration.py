@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 if TYPE_CHECKING:
-    from clm_middleware.engine import Engine
+    from clm_middleware.engine.protocol import ServingEngine
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def calibration_dir() -> Path:
 
 
 def protocol_verdict(
-    engine: Engine,
+    engine: ServingEngine,
     protocol_text: str,
     *,
     threshold: float,
@@ -114,7 +114,7 @@ def protocol_verdict(
     return verdict
 
 
-def record_runtime_failure(engine: Engine, protocol_text: str) -> None:
+def record_runtime_failure(engine: ServingEngine, protocol_text: str) -> None:
     """``auto`` saw the model fail its probes in a conversation: later conversations on
     this engine start without the protocol (in memory only: a calibration stays the
     on-disk verdict)."""
@@ -123,7 +123,7 @@ def record_runtime_failure(engine: Engine, protocol_text: str) -> None:
     memo[key] = ProtocolVerdict(False, 0, 0, 0.0, "runtime", engine.fingerprint, key)
 
 
-def measure(engine: Engine, protocol_text: str, *, threshold: float) -> ProtocolVerdict:
+def measure(engine: ServingEngine, protocol_text: str, *, threshold: float) -> ProtocolVerdict:
     """Run the calibration chats (see the module docstring)."""
     from clm_middleware.conversation import Conversation
     from clm_middleware.lifecycle.config import GenerationSettings

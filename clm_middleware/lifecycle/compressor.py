@@ -26,7 +26,8 @@ from typing import Any
 import regex
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
-from clm_middleware.engine import Engine, Observe
+from clm_middleware.engine.observe import Observe
+from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.distinctive import bare_word, distinctive_spans, distinctive_tokens, missing_from
 from clm_middleware.lifecycle.segments import Segment
@@ -146,12 +147,12 @@ def word_means(
 class Compressor:
     def __init__(
         self,
-        engine: Engine,
+        engine: ServingEngine,
         chat_format: ChatFormat,
         *,
         method: str = "auto",
         target_ratio: float = 4.0,
-        summarizer: Engine | None = None,
+        summarizer: ServingEngine | None = None,
         summarizer_prompt: str,
         retries: int = 2,
         shown: Callable[[str], str] | None = None,

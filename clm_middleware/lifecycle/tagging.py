@@ -30,7 +30,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from clm_middleware.engine import Engine, Observe
+from clm_middleware.engine.observe import Observe
+from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.modes import TAGGING_MODES
 from clm_middleware.lifecycle.protocol import OPEN_TAG, parse_block
@@ -83,7 +84,7 @@ class TaggingOutcome:
 
 
 class Tagger:
-    def __init__(self, config: TaggingConfig, engine: Engine, chat_format: ChatFormat) -> None:
+    def __init__(self, config: TaggingConfig, engine: ServingEngine, chat_format: ChatFormat) -> None:
         self.config = config
         self.engine = engine
         self.format = chat_format

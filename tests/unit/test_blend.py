@@ -123,7 +123,7 @@ def test_the_next_turn_continues_from_the_blended_context(deep_model, tiny_tok):
 def test_an_exact_engine_never_serves_what_a_blend_left_in_an_arena(deep_model, tiny_tok):
     engine = blending(deep_model, tiny_tok, share=0.2)
     after_compaction(engine)
-    engine.blend, engine._blender = None, None  # the same arenas, no longer opted in
+    engine.blend, engine.runner.blender = None, None  # the same arenas, no longer opted in
     generation = engine.generate(AFTER, max_new_tokens=1, return_logits=True).result()
     assert generation.stats.approximate_tokens == 0
     assert (generation.logits[0] - recomputed_logits(deep_model, AFTER)).abs().max() <= EXACT

@@ -18,7 +18,7 @@ def prompt_of(length: int, offset: int = 0) -> list[int]:
 def hit_logits(engine: Engine, cached: list[int], tail: list[int]) -> tuple[torch.Tensor, int]:
     """Logits of ``cached + tail`` with ``cached`` gathered from the pool (not from a spare arena)."""
     engine.generate(cached, max_new_tokens=0).result()
-    engine._arenas = type(engine._arenas)(engine.layout, engine.block_size)  # no arena holds it: gather
+    engine.runner.arenas = type(engine.runner.arenas)(engine.layout, engine.block_size)  # no arena holds it: gather
     generation = engine.generate(cached + tail, max_new_tokens=1, return_logits=True).result()
     return generation.logits[0], generation.stats.cached_tokens
 
