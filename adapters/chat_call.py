@@ -139,7 +139,8 @@ class ChatCall:
             reply = conversation.last_reply
             assert reply is not None
             content, payloads = split_tool_calls(reply.text) if tools else (reply.text, [])
-            valid, invalid = parse_tool_calls(payloads, tools)
+            cut = reply.finish_reason == "length" and bool(payloads) and not reply.text.rstrip().endswith(CLOSE)
+            valid, invalid = parse_tool_calls(payloads, tools, last_cut=cut)
             answer = ChatAnswer(reply, conversation, route.kind, content, valid, invalid)
         except BaseException:
             if replies is not None:
@@ -148,6 +149,8 @@ class ChatCall:
             raise
         self.router.done(route.session, [*digests, answer.returned_digest()])
         self.answer = answer
+        if hidden is not None and (rest := hidden.rest(content)):
+            yield rest  # text held back as a possible call opening that never became one
 
     def _undo(self, route: Route, base: int, digests: list[str]) -> None:
         if route.kind in ("new", "fork"):  # this call created the conversation: it goes
@@ -232,3 +235,8 @@ class ToolCallHider:
             return ""
         out, self._shown = visible[self._shown :], len(visible)
         return out
+
+    def rest(self, content: str) -> str:
+        """What of the final ``content`` (the reply without its calls) was never shown:
+        a trailing ``<`` or ``<tool`` that no call followed, or trailing whitespace."""
+        return content[self._shown :]

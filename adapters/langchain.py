@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
@@ -18,7 +19,7 @@ from langchain_core.output_parsers import (
     PydanticToolsParser,
 )
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -29,12 +30,14 @@ from clm_middleware.engine import Engine
 from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.models.loading import DEFAULT_MODEL
+from clm_middleware.render import ChatFormat
 from clm_middleware.structured import ResponseFormat
 
-from .chat_call import ChatAnswer, ChatCall, ChatRequest
+from .chat_call import ChatAnswer, ChatCall, ChatRequest, system_sections
 from .messages import to_turn
 from .sessions import SessionRouter
-from .settings import check_settings, resolve_aliases, unknown_arguments, unknown_call_arguments
+from .settings import chat_settings, check_settings, resolve_aliases, unknown_arguments, unknown_call_arguments
+from .tools import required_tool
 
 Stops = list[str] | None
 
@@ -289,10 +292,8 @@ class ChatCLM(BaseChatModel):
         may pick among several tools, its own log-probabilities choose among the bound names.
         """
         formatted = [convert_to_openai_tool(tool) for tool in tools]
-        names = [t["function"]["name"] for t in formatted]
-        keywords = ("auto", "none", "any", "required")
-        if isinstance(tool_choice, str) and tool_choice not in keywords and tool_choice not in names:
-            raise ValueError(f"tool_choice {tool_choice!r} names no bound tool; tools: {names}")
+        if formatted:
+            required_tool(tool_choice, formatted)  # a name no bound tool has fails here, in every spelling
         return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     def with_structured_output(
@@ -346,6 +347,7 @@ class ChatCLM(BaseChatModel):
             parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
         else:
             raise ValueError(f"method must be function_calling, json_schema or json_mode, got {method!r}")
+        parser = RunnableLambda(_complete_reply) | parser
         if not include_raw:
             return llm | parser
         parsed = RunnablePassthrough.assign(parsed=lambda x: parser.invoke(x["raw"]), parsing_error=lambda _: None)
@@ -384,21 +386,7 @@ class ChatCLM(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         unknown_call_arguments(kwargs)
         model = kwargs.get("model") or self.model
-        if self.engine is not None and not kwargs.get("model"):
-            engine = self.engine
-        elif self.engine_url:
-            engine = _shared_remote_engine(self.engine_url, model, self.engine_model, self.api_key)
-        else:
-            engine = _shared_engine(
-                model,
-                self.device,
-                self.dtype,
-                self.block_size,
-                self.max_kv_bytes,
-                self.kv_dtype,
-                self.approximate_reuse,
-                self.paged_kv,
-            )
+        engine = self._engine(kwargs.get("model"))
         router = self._router(model, engine)
         request = ChatRequest(
             turns=[to_turn(message) for message in messages],
@@ -442,7 +430,50 @@ class ChatCLM(BaseChatModel):
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
+    # ------------------------------------------------------------ counting
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The model's own token ids of ``text`` (LangChain's default is GPT-2's tokenizer,
+        which is not this model's, and offline has no vocabulary at all)."""
+        return list(self._engine(None).tokenizer.encode(text, add_special_tokens=False))
+
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[dict[str, Any] | type | Callable | BaseTool] | None = None
+    ) -> int:
+        """Tokens of ``messages`` (and the ``tools`` section, if given) as the model's chat
+        template renders the whole history, with no lifecycle management: what
+        ``trim_messages(token_counter=llm)`` should count."""
+        engine = self._engine(None)
+        chat = ChatFormat.from_tokenizer(engine.tokenizer)
+        turns = [to_turn(message) for message in messages]
+        rendered = [(t.role if chat.supports_role(t.role) else "user", chat.encode(t.text)) for t in turns]
+        section = system_sections(engine, [convert_to_openai_tool(tool) for tool in tools or ()], None)
+        if section:
+            if rendered and rendered[0][0] == "system":
+                rendered[0] = ("system", [*rendered[0][1], *chat.encode("\n\n" + section)])
+            else:
+                rendered.insert(0, ("system", chat.encode(section)))
+        return len(chat.render(rendered, add_generation_prompt=False))
+
     # -------------------------------------------------------------- parts
+
+    def _engine(self, model_override: str | None) -> ServingEngine:
+        """The engine a call runs on: the one given, a shared remote one, or a shared local one."""
+        model = model_override or self.model
+        if self.engine is not None and not model_override:
+            return self.engine
+        if self.engine_url:
+            return _shared_remote_engine(self.engine_url, model, self.engine_model, self.api_key)
+        return _shared_engine(
+            model,
+            self.device,
+            self.dtype,
+            self.block_size,
+            self.max_kv_bytes,
+            self.kv_dtype,
+            self.approximate_reuse,
+            self.paged_kv,
+        )
 
     def _router(self, model: str | None, engine: ServingEngine) -> SessionRouter:
         key = f"{model or DEFAULT_MODEL}@{id(engine)}"  # one router per engine; a tenant is one ChatCLM
@@ -488,7 +519,7 @@ class ChatCLM(BaseChatModel):
         stops = [*_stop_list(self.stop), *_stop_list(stop), *_stop_list(kwargs.get("stop"))]
         # an argument given as None means "the default", as OpenAI-style code passes it
         kwargs = resolve_aliases({name: value for name, value in kwargs.items() if value is not None})
-        return GenerationSettings(
+        return chat_settings(
             max_new_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
             temperature=float(kwargs.get("temperature", self.temperature)),
             top_p=float(kwargs.get("top_p", self.top_p)),
@@ -538,6 +569,19 @@ class ChatCLM(BaseChatModel):
             response_metadata=metadata,
             chunk_position="last",
         )
+
+
+def _complete_reply(message: BaseMessage) -> BaseMessage:
+    """The message, if its reply ended before ``max_tokens``. A reply cut there holds
+    incomplete JSON, which LangChain's parsers would complete into a wrong value
+    (``"age": 3`` of ``34``); it fails to parse instead, as the ``openai`` SDK's
+    ``parse()`` raises ``LengthFinishReasonError``."""
+    if message.response_metadata.get("finish_reason") == "length":
+        raise OutputParserException(
+            "the reply reached max_tokens before its JSON was complete; raise max_tokens",
+            llm_output=str(message.text),
+        )
+    return message
 
 
 def _response_format(value: Any) -> ResponseFormat | None:

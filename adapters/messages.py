@@ -69,13 +69,17 @@ def to_turn(message: BaseMessage) -> Turn:
 
 
 def message_digest(message: BaseMessage, role: str, text: str) -> str:
-    return turn_digest(role, text, getattr(message, "name", None) or "", getattr(message, "tool_call_id", "") or "")
+    return turn_digest(role, text, getattr(message, "tool_call_id", "") or "")
 
 
-def turn_digest(role: str, text: str, name: str = "", tool_call_id: str = "") -> str:
-    """The identity of a message as the model sees it; the same for every client (LangChain, HTTP)."""
+def turn_digest(role: str, text: str, tool_call_id: str = "") -> str:
+    """The identity of a message as the model sees it; the same for every client (LangChain, HTTP).
+
+    A message's ``name`` is not part of it: the model is never shown it, and clients set
+    it on the replies they send back (LangGraph agents, AutoGen), so counting it would
+    fork the conversation on every call."""
     digest = xxhash.xxh3_128()
-    digest.update(json.dumps([role, text, name, tool_call_id], ensure_ascii=False).encode())
+    digest.update(json.dumps([role, text, tool_call_id], ensure_ascii=False).encode())
     return digest.hexdigest()
 
 

@@ -93,9 +93,23 @@ def unknown_arguments(
         raise ConfigError(name, what, hint=hint)
 
 
+def chat_settings(**fields: Any) -> Any:
+    """``GenerationSettings(**fields)``, with an error naming the setting as ChatCLM spells
+    it (``max_tokens``, not the library's ``max_new_tokens``)."""
+    from clm_middleware.lifecycle.config import GenerationSettings
+
+    try:
+        return GenerationSettings(**fields)
+    except ConfigError as error:
+        if error.field != "max_new_tokens":
+            raise
+        problem = error.message.removeprefix(f"{error.field}: ")
+        raise ConfigError("max_tokens", problem, hint=error.hint) from None
+
+
 def check_settings(model: Any) -> None:
     """Validate a constructed ChatCLM's settings with the library's own validators."""
-    from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
+    from clm_middleware.lifecycle.config import LifecycleConfig
     from clm_middleware.lifecycle.tagging import TaggingConfig
 
     LifecycleConfig(
@@ -104,7 +118,7 @@ def check_settings(model: Any) -> None:
         k=model.k,
         compression=model.compression,
     )
-    GenerationSettings(
+    chat_settings(
         max_new_tokens=model.max_tokens,
         temperature=model.temperature,
         top_p=model.top_p,

@@ -20,6 +20,7 @@ from typing import Any
 
 import regex
 
+from clm_middleware.errors import ConfigError
 from clm_middleware.render.tool_calls import CLOSE, OPEN
 
 _CALL = regex.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", regex.DOTALL)
@@ -73,9 +74,13 @@ def split_tool_calls(text: str) -> tuple[str, list[str]]:
 
 
 def parse_tool_calls(
-    payloads: Sequence[str], tools: Sequence[dict[str, Any]]
+    payloads: Sequence[str], tools: Sequence[dict[str, Any]], *, last_cut: bool = False
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """LangChain ``tool_calls`` and ``invalid_tool_calls`` from raw payloads.
+
+    ``last_cut``: generation stopped at ``max_tokens`` inside the last call (no closing
+    tag). That call is invalid whatever it parses to: its arguments may be cut short
+    (``"age": 3`` of ``34``), and completing its braces would make a wrong call look valid.
 
     Arguments a tool's schema does not declare are dropped: they could never reach
     the tool (small models copy schema keywords such as ``"type"`` into them). A call
@@ -85,8 +90,11 @@ def parse_tool_calls(
     declared = {t["function"]["name"]: (t["function"].get("parameters") or {}).get("properties") for t in tools}
     required = {t["function"]["name"]: (t["function"].get("parameters") or {}).get("required") or () for t in tools}
     valid, invalid = [], []
-    for payload in payloads:
+    for number, payload in enumerate(payloads, start=1):
         call_id = f"call_{uuid.uuid4().hex[:24]}"
+        if last_cut and number == len(payloads):
+            invalid.append(_invalid(None, payload, call_id, CUT_CALL))
+            continue
         data, problem = _load_call(payload)
         if problem is not None:
             invalid.append(_invalid(None, payload, call_id, problem))
@@ -134,6 +142,9 @@ def _load_call(payload: str) -> tuple[Any, str | None]:
     return None, problem
 
 
+CUT_CALL = "the reply reached max_tokens before this call was complete; raise max_tokens"
+
+
 def _invalid(name: str | None, payload: str, call_id: str, error: str) -> dict[str, Any]:
     return {"name": name, "args": payload, "id": call_id, "error": error, "type": "invalid_tool_call"}
 
@@ -147,15 +158,22 @@ def required_tool(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | bo
 
     ``"auto"``/``None``/``"none"``: none. ``"any"``/``"required"``/``True``: some tool (the
     only one, if one is bound). A tool name or ``{"type": "function", "function":
-    {"name": ...}}``: that tool.
+    {"name": ...}}``: that tool; a name no bound tool has is a ``ConfigError``, however
+    it is spelt (a string, a dict, through ``.bind``).
     """
     if tool_choice in (None, "auto", "none", False):
         return None
+    name: Any = None
     if isinstance(tool_choice, dict):
-        return (tool_choice.get("function") or {}).get("name") or tool_choice.get("name") or True
-    if isinstance(tool_choice, str) and tool_choice not in ("any", "required"):
-        return tool_choice
-    return tools[0]["function"]["name"] if len(tools) == 1 else True
+        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+    elif isinstance(tool_choice, str) and tool_choice not in ("any", "required"):
+        name = tool_choice
+    names = [t["function"]["name"] for t in tools]
+    if name is not None:
+        if name not in names:
+            raise ConfigError("tool_choice", f"{name!r} names no bound tool; tools: {names}")
+        return str(name)
+    return names[0] if len(names) == 1 else True
 
 
 def call_head(name: str, tools: Sequence[dict[str, Any]]) -> str:

@@ -2,6 +2,7 @@
 
 import asyncio
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from pydantic import BaseModel
@@ -161,10 +162,13 @@ def test_a_call_missing_a_required_argument_is_invalid(scripted_llm):
 
 def test_a_required_call_is_written_under_the_tools_schema_so_no_required_argument_is_missing(scripted_llm):
     llm, _ = scripted_llm('"a": 2}}</tool_call>')  # the script would leave out b
-    message = llm.bind_tools([add], tool_choice="add").invoke("2 + 3?")
-    assert message.invalid_tool_calls == []
-    [call] = message.tool_calls
-    assert call["args"]["a"] == 2 and isinstance(call["args"]["b"], int)  # the grammar required b
+    message = llm.bind_tools([add], tool_choice="add").invoke("2 + 3?", max_tokens=48)
+    # the grammar wrote b where the script closed the object; the random model then writes
+    # digits until max_tokens, so the call is cut, and a cut call is never passed as valid
+    assert message.tool_calls == []
+    [call] = message.invalid_tool_calls
+    assert call["args"].startswith('{"name": "add", "arguments": {"a": 2, "b": ')
+    assert call["error"] == "the reply reached max_tokens before this call was complete; raise max_tokens"
 
 
 def test_a_call_renders_the_same_whether_the_conversation_is_remembered_or_rebuilt(scripted_llm):
@@ -180,3 +184,52 @@ def test_a_call_renders_the_same_whether_the_conversation_is_remembered_or_rebui
     ]
     contexts = [conversation_behind(llm, a).context for llm, a in zip((remembered, rebuilt), answers, strict=True)]
     assert contexts[0] == contexts[1] and CALL in contexts[0]
+
+
+def test_a_call_cut_by_max_tokens_is_invalid_and_the_reply_ends_by_length(scripted_llm):
+    llm, _ = scripted_llm('<tool_call>{"name": "add", "arguments": {"a": 12, "b": 345}}</tool_call>')
+    message = llm.bind_tools([add]).invoke("Add 12 and 345.", max_tokens=16)
+    assert message.tool_calls == []
+    assert [c["error"] for c in message.invalid_tool_calls] == [
+        "the reply reached max_tokens before this call was complete; raise max_tokens"
+    ]
+    assert message.response_metadata["finish_reason"] == "length"
+
+
+def test_text_that_only_looks_like_the_start_of_a_call_is_given_back_at_the_end(scripted_llm):
+    for text in ("Is 3 < 4? Yes: 3 <", "Use the <tool"):
+        llm, _ = scripted_llm(text, "Fine.")
+        agent = llm.bind_tools([get_weather])
+        question = [HumanMessage("A question?")]
+        reply = agent.invoke(question)
+        assert reply.content == text
+        streamed = "".join(chunk.content for chunk in llm.bind_tools([get_weather]).stream("Another?"))
+        assert streamed == "Fine."
+        # the client's copy of the reply is the conversation's: re-sending it extends, never forks
+        after = agent.invoke([*question, reply, HumanMessage("And then?")])
+        assert after.response_metadata["conversation_id"] == reply.response_metadata["conversation_id"]
+
+
+def test_a_tool_choice_naming_no_bound_tool_is_refused_in_every_spelling(scripted_llm):
+    llm, _ = scripted_llm("Fine.")
+    for choice in (
+        "get_wether",
+        {"type": "function", "function": {"name": "get_wether"}},
+        {"type": "tool", "name": "x"},
+    ):
+        with pytest.raises(ValueError, match=r"tool_choice: .* names no bound tool"):
+            llm.bind_tools([get_weather], tool_choice=choice)
+    spec = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    with pytest.raises(ValueError, match="tool_choice: 'get_wether' names no bound tool"):
+        llm.bind(tools=[spec], tool_choice="get_wether").invoke("Weather?")
+    assert llm.invoke("Still there?").content == "Fine."  # nothing was left half-done
+
+
+def test_a_named_reply_sent_back_extends_the_conversation(scripted_llm):
+    """LangGraph and AutoGen set ``name`` on the replies they send back; the model never
+    sees it, so it must not make the history look edited."""
+    llm, _ = scripted_llm("Hello.", "Bye.")
+    first = llm.invoke([HumanMessage("Hi.")])
+    named = AIMessage(content=first.content, name="assistant_agent")
+    second = llm.invoke([HumanMessage("Hi."), named, HumanMessage("Bye?")])
+    assert second.response_metadata["conversation_id"] == first.response_metadata["conversation_id"]

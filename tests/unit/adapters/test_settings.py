@@ -18,6 +18,7 @@ from clm_middleware.errors import ModelNotFoundError
         ({"top_p": 0}, "top_p"),
         ({"frequency_penalty": 5}, "frequency_penalty"),
         ({"seed": 2**70}, "seed: must be an integer in"),
+        ({"max_tokens": 0}, "max_tokens: "),  # ChatCLM's name, not the library's max_new_tokens
     ],
 )
 def test_an_unknown_argument_or_a_bad_setting_fails_at_construction(arguments, message):
@@ -68,3 +69,26 @@ def test_a_setting_of_the_wrong_type_is_named_before_a_model_loads(engine, monke
         GenerationSettings(max_new_tokens=1.5)
     assert GenerationSettings(stop="sea").stop == ("sea",)
     assert Conversation(engine, stop="sea", tagging="rules").generation.stop == ("sea",)
+
+
+def test_a_bad_per_call_max_tokens_is_named_as_chatclm_spells_it(scripted_llm):
+    llm, _ = scripted_llm("Fine.")
+    with pytest.raises(ValueError, match="max_tokens: ") as caught:
+        llm.invoke("hi", max_tokens=0)
+    assert "max_new_tokens" not in str(caught.value)
+
+
+def test_tokens_are_counted_with_the_models_own_tokenizer_and_chat_template(scripted_llm, tiny_tok):
+    """``trim_messages(token_counter=llm)`` counts what the model would be shown for the
+    whole history; LangChain's default counter is GPT-2's tokenizer."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, trim_messages
+
+    llm, _ = scripted_llm("Fine.")
+    assert llm.get_token_ids("Lisbon in May") == tiny_tok.encode("Lisbon in May", add_special_tokens=False)
+    history = [SystemMessage("Be brief."), HumanMessage("Hi."), AIMessage("Hello."), HumanMessage("Bye.")]
+    roles = {"system": "system", "human": "user", "ai": "assistant"}
+    plain = [{"role": roles[m.type], "content": m.content} for m in history]
+    expected = len(tiny_tok.apply_chat_template(plain, tokenize=True, return_dict=False))
+    assert llm.get_num_tokens_from_messages(history) == expected
+    kept = trim_messages(history, max_tokens=expected - 1, token_counter=llm, strategy="last", include_system=True)
+    assert kept[0] == history[0] and len(kept) < len(history)

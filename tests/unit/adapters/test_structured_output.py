@@ -77,3 +77,26 @@ def test_a_method_that_needs_a_schema_says_so(random_llm):
 def test_a_bad_bound_response_format_names_the_field(random_llm):
     with pytest.raises(ValueError, match=r"response_format\.type"):
         random_llm.bind(response_format={"type": "yaml"}).invoke("hi")
+
+
+@pytest.mark.parametrize(
+    ("method", "script"),
+    [
+        ("json_schema", '"name": "Ana", "age": 34}'),  # the opening "{" is forced
+        ("function_calling", '"name": "Ana", "age": 34}}</tool_call>'),  # the call head and "{" are forced
+    ],
+)
+def test_a_structured_reply_cut_by_max_tokens_fails_to_parse_instead_of_completing_wrongly(
+    scripted_llm, method, script
+):
+    """Cut inside ``34``, the JSON reads ``"age": 3``: LangChain's parsers would close it
+    into a valid, wrong Person. It is a parsing error, as the openai SDK's parse() raises."""
+    llm, _ = scripted_llm(script)
+    full = llm.with_structured_output(Person, method=method, include_raw=True).invoke("Ana is 34.")
+    assert full["parsed"] == Person(name="Ana", age=34) and full["parsing_error"] is None
+    reply_tokens = full["raw"].usage_metadata["output_tokens"]
+    for cut in range(1, reply_tokens - 1):  # the last two: the closing "}" (or tag) and the end of turn
+        llm, _ = scripted_llm(script, max_tokens=cut)
+        result = llm.with_structured_output(Person, method=method, include_raw=True).invoke("Ana is 34.")
+        assert result["raw"].response_metadata["finish_reason"] == "length"
+        assert result["parsed"] is None and "max_tokens" in str(result["parsing_error"])
