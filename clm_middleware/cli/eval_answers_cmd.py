@@ -19,6 +19,9 @@ variant, context_tokens, probes, retained (answer string in the final context), 
 answer contains it), mean_gold_logprob (nats per token, mean over probes), gap_closed (clm
 only: (clm - truncate) / (keep-all - truncate) of mean_gold_logprob; null when keep-all does not
 score above truncation),
+replay (the replay the answers were asked after, as `eval retention` reports it: retained, lost,
+prefill_tokens, lifecycle_share, invented, compressed_segments, reply_nll: the token-weighted mean
+NLL of the transcript's replies, teacher-forced, pooled over the files' reply tokens),
 answers[]: question, answer, gold_mean_logprob, greedy_answer, hit, retained.
 """
 
@@ -54,7 +57,7 @@ def answers_command(
 
     def answered(item: Any, name: str, engine: Any, lifecycle: Any, kept: Any) -> Any:
         driver = lifecycle.drivers[-1]  # the last conversation's final context, as retention reads it
-        return answer_variant(name, engine, driver, item.probes, max_answer_tokens=max_answer_tokens)
+        return answer_variant(name, engine, driver, item.probes, max_answer_tokens=max_answer_tokens, replay=kept)
 
     variants(taggings, budget, compression)  # a bad --tagging fails before any file is read
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
@@ -64,7 +67,17 @@ def answers_command(
         close_gaps(results, truncate=TRUNCATE, keep_all=KEEP_ALL)
     total = overall(per_file, truncate=TRUNCATE, keep_all=KEEP_ALL)
     probes = sum(len(item.probes) for item in inputs)
-    header = ["variant", "context tokens", "retained", "greedy hits", "mean gold logp", "gap closed"]
+    header = [
+        "variant",
+        "context tokens",
+        "retained",
+        "greedy hits",
+        "mean gold logp",
+        "gap closed",
+        "reply nll",
+        "lifecycle share",
+        "invented",
+    ]
     title, table_header, rows = table_rows(inputs, header, _answer_rows, per_file, total)
     print_table(f"answers · {title} · budget {budget} · {probes} probes", table_header, rows)
     if report_path:
@@ -100,10 +113,14 @@ def answers_command(
 
 
 def _answer_rows(results: list[Any]) -> list[list[str]]:
+    from clm_middleware.cli.eval_cmd import lifecycle_cells
+
     rows = []
     for r in results:
         mean = "" if r.mean_gold_logprob is None else f"{r.mean_gold_logprob:.3f}"
         gap = "" if r.gap_closed is None else f"{r.gap_closed:.0%}"
+        nll = "" if r.replay is None or r.replay.reply_nll is None else f"{r.replay.reply_nll:.4f}"
+        share, _, invented = lifecycle_cells(r.replay) if r.replay is not None else ("", "", "")
         rows.append(
             [
                 r.name,
@@ -112,6 +129,9 @@ def _answer_rows(results: list[Any]) -> list[list[str]]:
                 f"{r.hits}/{r.probes}",
                 mean,
                 gap,
+                nll,
+                share,
+                invented,
             ]
         )
     return rows

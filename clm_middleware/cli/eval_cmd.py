@@ -20,7 +20,8 @@ def eval_group() -> None:
 
 RETENTION_EPILOG = """\b
 Several TRANSCRIPTs: one row per file and variant, then an OVERALL row per variant
-(probes retained summed over files; tokens summed; shares of turn time weighted by it).
+(probes retained summed over files; tokens summed; shares of turn time weighted by it;
+reply_nll, the teacher-forced replies' mean NLL, weighted by each file's scored_tokens).
 The --report JSON: budget, probes (total), variants[] (overall; for one file, that
 file's), and with several files transcripts[] and files[]: transcript, probes, variants[].
 """
@@ -52,7 +53,16 @@ def retention_command(
     per_file = run_files(inputs, taggings, budget, compression, first, lambda item, name, engine, lifecycle, kept: kept)
     total = overall(per_file)
     probes = sum(len(item.probes) for item in inputs)
-    header = ["variant", "retained", "context tokens", "prefill tokens", "lifecycle share", "signals share", "invented"]
+    header = [
+        "variant",
+        "retained",
+        "context tokens",
+        "prefill tokens",
+        "reply nll",
+        "lifecycle share",
+        "signals share",
+        "invented",
+    ]
     title, table_header, rows = table_rows(inputs, header, _rows, per_file, total)
     print_table(f"retention · {title} · budget {budget} · {probes} probes", table_header, rows)
     if report_path:
@@ -75,21 +85,29 @@ def retention_command(
 def _rows(results: list[Any]) -> list[list[str]]:
     rows = []
     for r in results:
-        share = "" if r.lifecycle_share is None else f"{r.lifecycle_share:.1%}"
-        signals = "" if r.observation_share is None else f"{r.observation_share:.1%}"
-        invented = "" if r.lifecycle_share is None else f"{r.invented} in {r.compressed_segments} compressed"
+        share, signals, invented = lifecycle_cells(r)
         rows.append(
             [
                 r.name,
                 f"{r.retained}/{r.probes} ({r.share:.0%})",
                 f"{r.context_tokens:,}",
                 f"{r.prefill_tokens:,}",
+                "" if r.reply_nll is None else f"{r.reply_nll:.4f}",
                 share,
                 signals,
                 invented,
             ]
         )
     return rows
+
+
+def lifecycle_cells(result: Any) -> tuple[str, str, str]:
+    """(lifecycle share, signals share, invented) of a replay's ``VariantResult``; blank for
+    the variants without a lifecycle (truncate, keep-all)."""
+    if result.lifecycle_share is None:
+        return "", "", ""
+    signals = "" if result.observation_share is None else f"{result.observation_share:.1%}"
+    return f"{result.lifecycle_share:.1%}", signals, f"{result.invented} in {result.compressed_segments} compressed"
 
 
 # registered here so `clm eval` lists it; it lives in its own module

@@ -127,18 +127,27 @@ OVERALL = "OVERALL"
 
 
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    """The results on stdout: the file and variant columns left-aligned, the figures right-aligned."""
+    """The results on stdout: the file and variant columns left-aligned, the figures right-aligned.
+
+    No cell is ever cut: each column is as wide as its widest cell, headers wrap to fit
+    it, and a table wider than the terminal is printed whole (the terminal wraps its lines)."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    for column in header:
-        table.add_column(column, justify="left" if column in ("file", "variant") else "right", no_wrap=True)
+    widths = [max([1, *(len(row[i]) for row in rows)]) for i in range(len(header))]
+    for column, width in zip(header, widths, strict=True):
+        justify = "left" if column in ("file", "variant") else "right"
+        table.add_column(column, justify=justify, min_width=width)
     for previous, row in zip([None, *rows], rows, strict=False):
         if row[0] == OVERALL and (previous is None or previous[0] != OVERALL):
             table.add_section()  # a rule above the overall rows
         table.add_row(*row)
-    Console().print(table)
+    console = Console()
+    needed = sum(width + 3 for width in widths) + 1  # "│ cell " per column, one closing border
+    if needed > console.width:
+        console = Console(width=needed)
+    console.print(table)
 
 
 def with_files(

@@ -25,6 +25,8 @@ from typing import Any
 
 from clm_middleware.engine import Engine
 from clm_middleware.evaluation.probes import Probe
+from clm_middleware.evaluation.retention import VariantResult
+from clm_middleware.evaluation.retention import overall as replay_overall
 from clm_middleware.render import ChatFormat
 
 MAX_ANSWER_TOKENS = 32  # a planted fact fits in a sentence; longer replies only cost decode time
@@ -53,12 +55,15 @@ class ProbeAnswer:
 
 @dataclass(slots=True)
 class AnswersResult:
-    """One variant: its final context and every probe asked of it."""
+    """One variant: its final context, every probe asked of it, and the replay's own
+    figures (``replay``: retention, ``reply_nll``, lifecycle share, invented tokens), so a
+    run reports the answers beside what they are a measure of."""
 
     name: str
     context_tokens: int
     answers: list[ProbeAnswer] = field(default_factory=list)
     gap_closed: float | None = None  # clm variants only; see close_gaps
+    replay: VariantResult | None = None
 
     @property
     def probes(self) -> int:
@@ -87,6 +92,7 @@ class AnswersResult:
             "hits": self.hits,
             "mean_gold_logprob": self.mean_gold_logprob,
             "gap_closed": self.gap_closed,
+            "replay": None if self.replay is None else self.replay.as_dict(),
             "answers": [a.as_dict() for a in self.answers],
         }
 
@@ -145,11 +151,12 @@ def answer_variant(
     probes: Sequence[Probe],
     *,
     max_answer_tokens: int = MAX_ANSWER_TOKENS,
+    replay: VariantResult | None = None,
 ) -> AnswersResult:
     """Ask every probe of ``driver``'s final context (any replay driver: it has ``context_ids``)."""
     chat_format = ChatFormat.from_tokenizer(engine.tokenizer)
     context_ids, context_text = driver.context_ids, driver.context
-    result = AnswersResult(name=name, context_tokens=len(context_ids))
+    result = AnswersResult(name=name, context_tokens=len(context_ids), replay=replay)
     for probe in probes:
         result.answers.append(
             ask(engine, chat_format, context_ids, context_text, probe, max_answer_tokens=max_answer_tokens)
@@ -182,7 +189,8 @@ def _fold(text: str) -> str:
 def overall(per_file: Sequence[Sequence[AnswersResult]], *, truncate: str, keep_all: str) -> list[AnswersResult]:
     """One result per variant over every file: all probes pooled (so the mean gold logp is a
     mean over probes, not over files), context tokens summed, and ``gap_closed`` computed
-    from the pooled means, not averaged from the files' own ratios."""
+    from the pooled means, not averaged from the files' own ratios. The replay figures pool
+    as ``clm eval retention`` pools them."""
     merged = [
         AnswersResult(
             name=column[0].name,
@@ -191,5 +199,9 @@ def overall(per_file: Sequence[Sequence[AnswersResult]], *, truncate: str, keep_
         )
         for column in zip(*per_file, strict=True)
     ]
+    if all(r.replay is not None for results in per_file for r in results):
+        replays = replay_overall([[r.replay for r in results if r.replay is not None] for results in per_file])
+        for result, pooled in zip(merged, replays, strict=True):
+            result.replay = pooled
     close_gaps(merged, truncate=truncate, keep_all=keep_all)
     return merged

@@ -37,6 +37,8 @@ class VariantResult:
     observation_share: float | None = None
     invented: int = 0  # distinctive tokens in a compressed segment that its original lacks
     compressed_segments: int = 0
+    reply_nll: float | None = None  # token-weighted mean over the replay's teacher-forced replies
+    scored_tokens: int = 0  # the reply tokens reply_nll is the mean over (its weight when pooled)
     report: ReplayReport | None = field(default=None, repr=False)
 
     @property
@@ -57,6 +59,8 @@ class VariantResult:
             "observation_share": self.observation_share,
             "invented": self.invented,
             "compressed_segments": self.compressed_segments,
+            "reply_nll": self.reply_nll,
+            "scored_tokens": self.scored_tokens,
         }
 
 
@@ -84,6 +88,8 @@ def run_variant(
         context_tokens=driver.context_tokens,
         prefill_tokens=totals["prefill_tokens"],
         turn_s=totals["turn_s"],
+        reply_nll=totals.get("reply_nll"),
+        scored_tokens=sum(t.forced_tokens for t in report.turns if t.reply_nll is not None),
         report=report,
     )
     if mode == "clm":
@@ -121,9 +127,18 @@ def overall(per_file: Sequence[Sequence[VariantResult]]) -> list[VariantResult]:
                 observation_share=_weighted(column, "observation_share", turn_s),
                 invented=sum(r.invented for r in column),
                 compressed_segments=sum(r.compressed_segments for r in column),
+                reply_nll=_pooled_nll(column),
+                scored_tokens=sum(r.scored_tokens for r in column),
             )
         )
     return merged
+
+
+def _pooled_nll(column: Sequence[VariantResult]) -> float | None:
+    """reply_nll over every file's scored reply tokens, as one replay of them all would give."""
+    scored = [(r.reply_nll, r.scored_tokens) for r in column if r.reply_nll is not None and r.scored_tokens]
+    tokens = sum(n for _, n in scored)
+    return sum(nll * n for nll, n in scored) / tokens if tokens else None
 
 
 def _weighted(column: Sequence[VariantResult], name: str, turn_s: float) -> float | None:

@@ -166,8 +166,15 @@ def test_eval_answers_reports_every_variant_and_every_probe(tmp_path):
             assert clm["gap_closed"] == pytest.approx((clm["mean_gold_logprob"] - low) / (high - low))
         else:  # the random tiny model may do worse on the longer context: no gap to close
             assert clm["gap_closed"] is None
+    # the replay the answers were asked after is reported beside them, one run for both
+    for name, variant in variants.items():
+        replay = variant["replay"]
+        assert replay["retained"] == variant["retained"] and replay["reply_nll"] > 0
+        assert (replay["lifecycle_share"] is None) == (not name.startswith("clm"))
+        assert replay["invented"] == 0
     text = markdown.read_text()
     assert "| variant | context tokens | retained | greedy hits |" in text and "| `88412` |" in text
+    assert "| reply nll | lifecycle share | invented |" in text
 
 
 def test_a_probes_file_that_is_not_json_is_a_clean_error_naming_it(tmp_path):

@@ -55,6 +55,10 @@ def test_retention_over_two_files_sums_probes_and_keeps_each_files_rows(tmp_path
         assert variant["retained"] == sum(per_file[f][name]["retained"] for f in files)
         assert variant["probes"] == 4 and variant["retention"] == variant["retained"] / 4
         assert variant["context_tokens"] == sum(per_file[f][name]["context_tokens"] for f in files)
+        # reply_nll pools over every file's reply tokens, as one replay of both would
+        weights = [(per_file[f][name]["reply_nll"], per_file[f][name]["scored_tokens"]) for f in files]
+        assert variant["scored_tokens"] == sum(n for _, n in weights) > 0
+        assert variant["reply_nll"] == pytest.approx(sum(x * n for x, n in weights) / variant["scored_tokens"])
     assert overall["keep-all"]["retained"] == 4
     assert per_file[files[0]]["truncate"]["lost"] == ["88412"]  # the long file's fact is out of the window
     assert "OVERALL" in result.output and "a.jsonl" in result.output and "b.jsonl" in result.output
