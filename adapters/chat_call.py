@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clm_middleware.conversation import Conversation
-from clm_middleware.engine import Engine
 from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ClmError, ConfigError
 from clm_middleware.lifecycle.config import GenerationSettings
@@ -195,7 +194,7 @@ def tool_call_format(engine: Any, name: str, tools: ToolSpecs) -> ResponseFormat
     has every required argument of the right type whatever the model. ``None`` where no
     grammar can run (a remote engine) or the schema cannot be one: the call head alone
     then guides the model, as before."""
-    if not isinstance(engine, Engine):
+    if not engine.sees_logits:
         return None
     from clm_middleware.structured.grammar import compiler_for  # xgrammar loads on first use
 

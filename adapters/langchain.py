@@ -188,9 +188,16 @@ class ChatCLM(BaseChatModel):
     engine_url: str | None = None
     """Generate on a serving engine instead of in this process: ``openai:http://host:port``
     (vLLM, SGLang, llama.cpp's llama-server; docs/deploy.md). ``model`` then names the local
-    tokenizer (and signals scorer) of the model that server runs."""
+    tokenizer of the model that server runs."""
     engine_model: str | None = None
     """With ``engine_url``: the model id to send [default: the server's first]."""
+    engine_signals: Literal["auto", "server", "scorer", "none"] = "auto"
+    """With ``engine_url``: where self-information comes from (``--engine-signals``;
+    docs/deploy.md)."""
+    engine_scorer: str | None = None
+    """With ``engine_url``: the local model that scores self-information [default:
+    SmolLM2-135M]; one with the served model's tokenizer scores token by token, another
+    is aligned to its tokens by characters."""
     engine: Any = Field(default=None, exclude=True)
     """An ``Engine`` to use instead of loading ``model`` (custom setups, scripted tests); not serialized."""
 
@@ -463,7 +470,9 @@ class ChatCLM(BaseChatModel):
         if self.engine is not None and not model_override:
             return self.engine
         if self.engine_url:
-            return _shared_remote_engine(self.engine_url, model, self.engine_model, self.api_key)
+            return _shared_remote_engine(
+                self.engine_url, model, self.engine_model, self.api_key, self.engine_signals, self.engine_scorer
+            )
         return _shared_engine(
             model,
             self.device,
@@ -638,11 +647,18 @@ def _shared_engine(
 
 
 @functools.lru_cache(maxsize=8)
-def _shared_remote_engine(url: str, model: str | None, engine_model: str | None, api_key: str | None) -> Any:
+def _shared_remote_engine(
+    url: str,
+    model: str | None,
+    engine_model: str | None,
+    api_key: str | None,
+    signals: str = "auto",
+    scorer: str | None = None,
+) -> Any:
     """One ``RemoteEngine`` per server and model setting, shared like ``_shared_engine``."""
     from clm_middleware.cli.setup import build_remote_engine
 
-    return build_remote_engine(url, model, engine_model=engine_model, api_key=api_key)
+    return build_remote_engine(url, model, engine_model=engine_model, api_key=api_key, signals=signals, scorer=scorer)
 
 
 __all__ = ["ChatCLM"]

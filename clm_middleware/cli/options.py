@@ -135,8 +135,16 @@ def remote_engine_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 type=click.Choice(SIGNALS),
                 default="auto",
                 show_default=True,
-                help="Where self-information comes from: a local scorer (--model, loaded on CPU; auto is the "
+                help="Where self-information comes from: a local scorer (--engine-scorer, on CPU; auto is the "
                 "same), the server's prompt log-probs (vLLM only; it then skips its prefix cache), or none.",
+            ),
+            click.option(
+                "--engine-scorer",
+                default=None,
+                metavar="MODEL",
+                help="The local model that scores self-information behind --engine: a GGUF file or HF "
+                "directory [default: SmolLM2-135M]. One with the served model's tokenizer scores token by "
+                "token; another is aligned to its tokens by characters.",
             ),
         ]
     ):

@@ -35,15 +35,22 @@ def build_engine(
     engine_model: str | None = None,
     engine_api_key: str | None = None,
     engine_signals: str = "auto",
+    engine_scorer: str | None = None,
 ) -> ServingEngine:
     """The local engine for ``model``; with ``engine_url``, a ``RemoteEngine`` on that server,
-    with ``model``'s tokenizer (and, for signals, ``model`` itself as a local scorer)."""
+    with ``model``'s tokenizer and, for signals, ``engine_scorer`` as a local scorer."""
     if engine_url is not None:
         for name, value in (("approximate_reuse", approximate_reuse), ("paged_kv", paged_kv or None)):
             if value is not None:
                 raise ConfigError(name, "applies to the local engine; a serving engine keeps its own KV cache")
         return build_remote_engine(
-            engine_url, model, engine_model=engine_model, api_key=engine_api_key, signals=engine_signals, dtype=dtype
+            engine_url,
+            model,
+            engine_model=engine_model,
+            api_key=engine_api_key,
+            signals=engine_signals,
+            scorer=engine_scorer,
+            dtype=dtype,
         )
     pool_config = PoolConfig(block_size=block_size, max_kv_bytes=max_kv_bytes, max_blocks=max_blocks, kv_dtype=kv_dtype)
     extra: dict[str, Any] = {
@@ -73,8 +80,13 @@ def build_remote_engine(
     engine_model: str | None = None,
     api_key: str | None = None,
     signals: str = "auto",
+    scorer: str | None = None,
     dtype: str = "float32",
 ) -> ServingEngine:
+    """A ``RemoteEngine`` with ``model``'s tokenizer. Its signals scorer (when signals come
+    from one) is ``scorer``; by default the default model (SmolLM2-135M, small enough for
+    a CPU beside any server), or the tiny model when ``model`` is the tiny one. A scorer
+    that tokenizes as ``model`` scores position by position, another is aligned by characters."""
     from clm_middleware.remote import RemoteEngine
 
     if model == TINY_MODEL:
@@ -87,8 +99,14 @@ def build_remote_engine(
         tokenizer = load_tokenizer(model)
     remote = RemoteEngine(url, tokenizer, model=engine_model, api_key=api_key, signals=signals)
     if remote.wants_scorer:  # the server gives no self-information: a small local model does (on CPU)
-        remote.use_scorer(build_engine(model, dtype=dtype))
+        remote.use_scorer(build_engine(scorer or default_scorer(model), dtype=dtype))
     return remote
+
+
+def default_scorer(model: str | None) -> str | None:
+    """The scorer for a served ``model`` when none is named: the tiny model scores for the
+    tiny model (tests); anything else gets the default model (None)."""
+    return TINY_MODEL if model == TINY_MODEL else None
 
 
 def sibling_engine(engine: ServingEngine) -> ServingEngine:

@@ -164,6 +164,11 @@ class Engine:
         return sum(parameter.numel() for parameter in self.model.parameters())
 
     @property
+    def sees_logits(self) -> bool:
+        """Logits processors (grammars, a caller's function) run on this engine's own logits."""
+        return True
+
+    @property
     def generation_defaults(self) -> GenerationDefaults:
         """The model's own repetition and sampling-filter settings (``model.generation_config``), read live."""
         return GenerationDefaults.from_model(self.model)

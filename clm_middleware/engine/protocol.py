@@ -71,6 +71,9 @@ class ServingEngine(Protocol):
     @property
     def generation_defaults(self) -> GenerationDefaults: ...
 
+    @property
+    def sees_logits(self) -> bool: ...  # False: grammar-constrained output and custom processors cannot run
+
     def generate(
         self,
         prompt_token_ids: Sequence[int],

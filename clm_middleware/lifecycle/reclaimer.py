@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clm_middleware.cache.block_pool import BlockPool
+from clm_middleware.engine.protocol import KVPool
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.segments import SegmentId
 
@@ -24,7 +24,7 @@ class _Hold:
 
 
 class Reclaimer:
-    def __init__(self, pool: BlockPool, k: int) -> None:
+    def __init__(self, pool: KVPool, k: int) -> None:
         if k < 0:
             raise ConfigError("k", f"must be ≥ 0, got {k}")
         self.pool, self.k = pool, k

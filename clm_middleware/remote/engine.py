@@ -16,10 +16,11 @@ Invariants:
 - A reply the server breaks off raises ``RemoteEngineError``; nothing is retried
   after the first token, so no token is ever delivered twice.
 - ``score`` / ``choose`` and prompt self-information need log-probabilities of given
-  tokens: from the local ``scorer`` engine (a small model with the same tokenizer,
-  LLMLingua's approach), or, asked for with ``signals="server"``, from vLLM's
-  ``prompt_logprobs`` (which costs that request vLLM's prefix cache); ``signals_source``
-  says which. Attention mass is never the server's.
+  tokens: from a local scorer model (``remote/scorer.py``: exact when it shares the
+  served model's tokenizer, aligned by characters when it has its own: LLMLingua's
+  approach), or, asked for with ``signals="server"``, from vLLM's ``prompt_logprobs``
+  (which costs that request vLLM's prefix cache); ``signals_source`` says which.
+  Attention mass is never the server's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from clm_middleware.errors import ConfigError, ContextWindowError
 from clm_middleware.remote.client import ClientConfig, RemoteEngineError, ServerClient
 from clm_middleware.remote.completion import CompletionEvent, completion_body, parse_event, penalty_fields
 from clm_middleware.remote.null_pool import NullPool
+from clm_middleware.remote.scorer import AlignedScorer, SameTokenizerScorer, make_scorer
 from clm_middleware.remote.server_info import TOKENIZER_PROBE, ServerInfo, check_tokenizer, read_server_info
 from clm_middleware.remote.signals import SIGNALS
 from clm_middleware.remote.slots import SlotTable
@@ -79,8 +81,14 @@ class RemoteEngine:
         self.client = ServerClient(client_config or ClientConfig(self.url, api_key))
         self.info: ServerInfo = read_server_info(self.client, model)
         self.tokenizer = tokenizer
+        if signals == "server" and self.info.dialect != "vllm":
+            raise ConfigError(
+                "engine_signals",
+                f"server prompt log-probabilities come from vLLM only; this {self.info.dialect} server returns none",
+                hint="use auto (a local scorer) or none",
+            )
         self.tokenizer_checked = check_tokenizer(self.client, self.info, tokenizer)
-        self.scorer: Any = None
+        self.scorer: SameTokenizerScorer | AlignedScorer | None = None
         self._signals = signals
         self.pool = NullPool()
         self.memo: dict[str, Any] = {}
@@ -97,11 +105,10 @@ class RemoteEngine:
             self.use_scorer(scorer)
 
     def use_scorer(self, scorer: Any) -> None:
-        """Score prompts (self-information, ``score``, ``choose``) with this local engine."""
-        probe = list(self.tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False))
-        if list(scorer.tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False)) != probe:
-            raise ConfigError("scorer", "the scorer model's tokenizer differs from the engine's")
-        self.scorer = scorer
+        """Score prompts (self-information, ``score``, ``choose``) with this local engine:
+        position by position when it tokenizes as the served model does, else aligned by
+        characters (``remote/scorer.py``; ``choose`` then refuses)."""
+        self.scorer = make_scorer(self.tokenizer, scorer)
 
     @property
     def wants_scorer(self) -> bool:
@@ -124,6 +131,11 @@ class RemoteEngine:
         """The served model's size where the server says (llama.cpp), else 0: ``compression="auto"``
         then takes the small-model path (extractive); pass ``abstractive`` for a large served model."""
         return self.info.num_parameters
+
+    @property
+    def sees_logits(self) -> bool:
+        """The server samples; only the penalties it has fields for reach it (``penalty_fields``)."""
+        return False
 
     @property
     def generation_defaults(self) -> GenerationDefaults:
@@ -150,6 +162,7 @@ class RemoteEngine:
             "context_tokens": self.info.context_tokens,
             "tokenizer_checked": self.tokenizer_checked,
             "signals_source": self.signals_source,
+            "scorer_alignment": None if self.scorer is None else ("characters" if self.scorer.aligned else "tokens"),
         }
 
     def working_kv_bytes(self, num_tokens: int) -> int:
@@ -239,12 +252,12 @@ class RemoteEngine:
 
     # -------------------------------------------------------------- internal
 
-    def _need_scorer(self, what: str) -> Any:
+    def _need_scorer(self, what: str) -> SameTokenizerScorer | AlignedScorer:
         if self.scorer is None:
             raise ConfigError(
                 "scorer",
                 f"{what} needs log-probabilities of given tokens, which this engine only has from a local scorer",
-                hint="give RemoteEngine(scorer=...) a small local Engine with the same tokenizer",
+                hint="give RemoteEngine(scorer=...) a small local Engine (--engine-scorer)",
             )
         return self.scorer
 
@@ -270,12 +283,10 @@ class RemoteEngine:
         if self.scorer is None or self.signals_source == "server" or not (wants or forced):
             return
         tick = time.perf_counter()
-        scored = self.scorer.generate(
-            request.prompt, max_new_tokens=0, observe=observe, forced_token_ids=forced
-        ).result()
+        scored = self.scorer.observe(request.prompt, observe, forced)
         result.prompt_logprobs = scored.prompt_logprobs
         result.attention = scored.attention
-        if forced:
+        if forced and scored.token_logprobs is not None:
             result.token_logprobs = list(scored.token_logprobs)
         result.stats.observe_s += time.perf_counter() - tick
 

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from clm_middleware.cli.main import cli
 from clm_middleware.conversation import Conversation
 from clm_middleware.engine.protocol import ServingEngine
+from clm_middleware.errors import ConfigError
 from clm_middleware.remote import ClientConfig, RemoteEngine, RemoteEngineError
 from clm_middleware.store import Store
 
@@ -141,6 +142,93 @@ def test_prefix_mode_greedy_replies_equal_llama_cpps_own_chat_completion(llama_s
             messages.append({"role": row["role"], "content": row["content"]})
     assert all(r.strip() for r in ours)
     assert [r.strip() for r in ours] == [r.strip() for r in theirs]
+
+
+def _lisbon_head(tmp_path: Path, turns: int) -> Path:
+    """The bundled transcript's first ``turns`` user turns (and what they were answered)."""
+    rows = [json.loads(line) for line in LISBON.read_text().splitlines() if line.strip()]
+    head, users = [], 0
+    for row in rows:
+        users += row["role"] == "user"
+        if users > turns:
+            break
+        head.append(row)
+    path = tmp_path / f"lisbon_{turns}.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in head) + "\n")
+    return path
+
+
+def test_server_signals_from_llama_cpp_are_refused_naming_the_setting(llama_server, smollm2_tokenizer):
+    with pytest.raises(ConfigError, match=r"engine_signals: .*vLLM only"):
+        RemoteEngine(llama_server.url, smollm2_tokenizer, signals="server")
+
+
+def test_a_scorer_with_a_tokenizer_of_its_own_labels_through_the_server(llama_server, tmp_path):
+    """The tiny model (byte tokens) scores for SmolLM2's tokens, aligned by characters."""
+    report_path = tmp_path / "aligned.json"
+    args = ["replay", str(_lisbon_head(tmp_path, 8)), "--engine", f"openai:{llama_server.url}"]
+    args += ["--engine-scorer", "tiny", "--mode", "clm", "--budget", "256", "--tagging", "signals"]
+    args += ["--max-new-tokens", "8", "--teacher-force", "--report", str(report_path), "--quiet"]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    assert report["settings"]["signals_source"] == "scorer:tiny-llama-seed0"
+    assert report["settings"]["scorer_alignment"] == "characters"
+    turns = report["turns"]
+    assert len(turns) == 8 and all(t["reply_nll"] is not None and t["reply_nll"] > 0 for t in turns)
+    assert any(t["compaction"] for t in turns)  # the budget acted on labels and values the scorer gave
+    assert max(t["context_tokens"] for t in turns) <= 256 + 64
+
+
+def test_bench_through_the_engine_compares_modes_on_the_servers_cache(llama_server, tmp_path):
+    markdown, transcript = tmp_path / "bench.md", _lisbon_head(tmp_path, 4)
+    probes = LISBON.with_name("lisbon_trip.probes.json")
+    transcript.with_name("lisbon_4.probes.json").write_text(probes.read_text())  # found beside the file
+    args = ["bench", str(transcript), "--engine", f"openai:{llama_server.url}"]
+    args += ["--engine-signals", "none", "--modes", "prefix,clm", "--tagging", "rules", "--max-new-tokens", "8"]
+    args += ["--markdown", str(markdown), "--report-dir", str(tmp_path / "bench")]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    text = markdown.read_text()
+    assert "| metric | prefix | clm |" in text and "cached tokens" in text and "facts retained" in text
+    for mode in ("prefix", "clm"):
+        turns = json.loads((tmp_path / "bench" / f"{mode}.json").read_text())["turns"]
+        assert len(turns) == 4 and sum(t["cached_tokens"] for t in turns[1:]) > 0
+
+
+def test_chatclm_with_engine_url_answers_through_the_server_and_reads_its_cache(llama_server):
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from clm_middleware.adapters import ChatCLM
+
+    llm = ChatCLM(engine_url=f"openai:{llama_server.url}", engine_signals="none", tagging="rules", max_tokens=8)
+    history = [HumanMessage("My booking code is QX-4471.")]
+    first = llm.invoke(history)
+    second = llm.invoke([*history, AIMessage(first.content), HumanMessage("What was my code?")])
+    assert first.content.strip() and second.content.strip()
+    assert second.response_metadata["conversation_id"] == first.response_metadata["conversation_id"]
+    assert second.usage_metadata["input_token_details"]["cache_read"] > 0
+
+
+def test_clm_serve_in_front_of_the_engine_answers_the_openai_client(llama_server, tmp_path):
+    from live_server import start_server
+    from openai import OpenAI
+
+    live = start_server(
+        tmp_path, "--engine", f"openai:{llama_server.url}", "--engine-signals", "none", "--max-tokens", "8", model=None
+    )
+    try:
+        client = OpenAI(base_url=live.api, api_key="unused", timeout=120, max_retries=0)
+        model = client.models.list().data[0].id
+        messages = [{"role": "user", "content": "Name a colour."}]
+        first = client.chat.completions.create(model=model, messages=messages)
+        messages += [{"role": "assistant", "content": first.choices[0].message.content}]
+        messages += [{"role": "user", "content": "And another one?"}]
+        second = client.chat.completions.create(model=model, messages=messages)
+        assert second.choices[0].message.content.strip()
+        assert second.usage.prompt_tokens_details.cached_tokens > 0  # the server's own count
+    finally:
+        live.stop()
 
 
 def test_a_server_killed_mid_turn_gives_a_clear_error_and_loses_no_message(llama_server, smollm2_tokenizer, tmp_path):

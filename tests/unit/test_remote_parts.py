@@ -12,6 +12,7 @@ from clm_middleware.engine.penalties import CountPenalty, NoRepeatNgram, Repetit
 from clm_middleware.engine.protocol import KVPool, ServingEngine, signals_source
 from clm_middleware.errors import ConfigError
 from clm_middleware.remote import ClientConfig, RemoteEngine, RemoteEngineError, parse_engine_url
+from clm_middleware.remote.client import ServerClient
 from clm_middleware.remote.completion import completion_body, parse_event, penalty_fields
 from clm_middleware.remote.null_pool import NullPool
 from clm_middleware.remote.slots import SlotTable
@@ -159,3 +160,55 @@ def test_a_server_that_does_not_listen_is_a_clear_error_after_the_retries(tiny_t
     with pytest.raises(RemoteEngineError, match="cannot reach") as raised:
         RemoteEngine(url, tiny_tok, client_config=ClientConfig(url, retry_attempts=2, connect_timeout_s=1.0))
     assert "2 tries" in str(raised.value) and "--engine" in str(raised.value)
+
+
+class _Unavailable:
+    """A loopback HTTP server that answers 503 to its first ``failures`` requests, then 200."""
+
+    def __init__(self, failures: int) -> None:
+        import http.server
+        import threading
+
+        self.requests = 0
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                owner.requests += 1
+                status, body = (503, b"loading model") if owner.requests <= failures else (200, b'{"ok": true}')
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Unavailable:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_503_is_retried_until_the_server_answers():
+    with _Unavailable(failures=2) as server:
+        client = ServerClient(ClientConfig(server.url, retry_attempts=3))
+        assert client.get_json("/health") == {"ok": True}
+        assert server.requests == 3
+        client.close()
+
+
+def test_a_server_that_stays_unavailable_is_a_clear_error_naming_503():
+    with _Unavailable(failures=10) as server:
+        client = ServerClient(ClientConfig(server.url, retry_attempts=2))
+        with pytest.raises(RemoteEngineError, match=r"unavailable \(503\) after 2 tries: loading model"):
+            client.get_json("/health")
+        assert server.requests == 2
+        client.close()
