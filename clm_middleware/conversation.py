@@ -236,7 +236,7 @@ class Conversation:
                 self.new_segment(
                     message,
                     piece.text,
-                    self.encode_content(piece.text, role, after_space=piece.separator == " "),
+                    self.encode_content(piece.text, role, after_space=piece.separator.endswith(" ")),
                     piece.kind,
                     piece.separator,
                 )

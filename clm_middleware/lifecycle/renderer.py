@@ -13,11 +13,15 @@ condensed): one line per message with visible content, its segments joined by sp
 no chat glue and no markers. It only grows at its end, so folding more messages keeps
 the digest's own earlier lines cached.
 
-Separators: a segment that a space separated from the previous one usually carries that
-space in its first token (``ĠI``, see ``ChatFormat.encode_after_space``); then no
-separator token is added, so a message shown whole has the ids of the whole message
-tokenized at once, as the bare model would see it. Otherwise the separator is its own
-ids, as the whole message would tokenize them (before digits; newlines).
+Separators (the whitespace before a segment, as written): a segment that a space
+separated from the previous one usually carries that space in its first token (``ĠI``,
+see ``ChatFormat.encode_after_space``); then only the rest of the separator (a second
+space, the newline and indentation before ``- item``) is added, as its own ids. Those
+ids, and a separator's ids before a segment that carries no space, are what the whole
+message tokenizes them to (``\n\n`` before a word is two ``Ċ``), so a message shown whole
+has the ids of the whole message tokenized at once, as the bare model would see it. A
+message's leading whitespace is the first segment's separator, rendered only while that
+segment is shown; its trailing whitespace ends its last segment.
 
 Prefix stability: every piece is a cached token sequence (glue, separators, markers)
 or a segment's own ids (tokenized once; a generated reply keeps its generated ids).
@@ -60,7 +64,7 @@ class ContextRenderer:
         self.markers = markers
         self.preamble_ids = chat_format.encode(preamble) if preamble else []
         self._ids_cache: dict[str, list[int]] = {}
-        self._separator_cache: dict[str, list[int]] = {}
+        self._separator_cache: dict[tuple[str, bool], list[int]] = {}
         self.tool_role = "tool" if chat_format.supports_role("tool") else "user"
 
     def marker_ids(self, segment: SegmentId) -> list[int]:
@@ -86,7 +90,7 @@ class ContextRenderer:
                 visible = [segments[s] for s in messages[0].segment_ids if segments[s].visible]
                 if visible and self.preamble_ids:
                     ids.extend(self._encoded(SYSTEM_JOIN))
-                self._segments(ids, rendered, visible)
+                self._segments(ids, rendered, visible, messages[0].segment_ids[0] if visible else None)
             ids.extend(glue.footer_ids)
         else:
             ids.extend(self.format.start_ids(None))
@@ -103,7 +107,7 @@ class ContextRenderer:
             glue = self.format.glue[role]
             begin = len(ids)
             ids.extend(glue.header_ids)
-            self._segments(ids, rendered, visible)
+            self._segments(ids, rendered, visible, message.segment_ids[0] if visible else None)
             ids.extend(glue.footer_ids)
             rendered.message_spans[message.index] = (begin, len(ids))
         rendered.context_tokens = len(ids)
@@ -136,27 +140,41 @@ class ContextRenderer:
     def text(self, token_ids: Iterable[int]) -> str:
         return self.format.tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
-    def _segments(self, ids: list[int], rendered: RenderedContext, visible: list[Segment]) -> None:
+    def _segments(
+        self, ids: list[int], rendered: RenderedContext, visible: list[Segment], first: SegmentId | None
+    ) -> None:
+        """``visible`` segments of one message; ``first`` is the message's first segment,
+        whose separator (the message's leading whitespace) shows only while it does."""
         for position, segment in enumerate(visible):
             spaced = self.format.leads_with_space(segment.visible_ids)
-            if position and (self.markers or not spaced or segment.separator not in ("", " ")):
-                ids.extend(self._separator_ids(segment.separator or " "))
+            separator, merged = segment.separator, spaced  # merged: its last space is in the first token
+            if not position:
+                separator = separator if segment.id == first else ""
+            elif self.markers or not separator:
+                separator, merged = separator or " ", False  # whole, before the marker
+            if merged and separator.endswith(" "):
+                if separator[:-1]:  # the last space is inside the segment's first token
+                    ids.extend(self._separator_ids(separator[:-1], before_space=True))
+            elif separator:
+                ids.extend(self._separator_ids(separator))
             if self.markers and segment.role != "system":
                 ids.extend(self._encoded(f"[{segment.id}]") if spaced else self.marker_ids(segment.id))
             start = len(ids)
             ids.extend(segment.visible_ids)
             rendered.spans[segment.id] = (start, len(ids))
 
-    def _separator_ids(self, separator: str) -> list[int]:
+    def _separator_ids(self, separator: str, *, before_space: bool = False) -> list[int]:
         """A separator's ids as they are inside the whole message: a GPT-2-style
-        pre-tokenizer splits ``\n\n`` before a word into two ``Ċ``, not one ``ĊĊ``."""
-        cached = self._separator_cache.get(separator)
+        pre-tokenizer splits ``\n\n`` before a word into two ``Ċ``, not one ``ĊĊ``.
+        ``before_space``: what precedes a word that carries its own space (``Ġ-``)."""
+        cached = self._separator_cache.get((separator, before_space))
         if cached is None:
-            word = self.format.encode("a")
-            joined = self.format.encode(separator + "a")
+            after = " a" if before_space else "a"
+            word = self.format.encode(after)
+            joined = self.format.encode(separator + after)
             inside = joined[: len(joined) - len(word)]
             cached = inside if inside and joined[len(inside) :] == word else self.format.encode(separator)
-            self._separator_cache[separator] = cached
+            self._separator_cache[(separator, before_space)] = cached
         return cached
 
     def _encoded(self, text: str) -> list[int]:

@@ -135,7 +135,7 @@ MAX_ACK_WORDS = 6
 class SegmentPiece:
     text: str
     kind: str
-    separator: str  # whitespace before it in the message ("" for the first)
+    separator: str  # the whitespace before it in the message, as written (the first: the message's leading)
 
 
 @dataclass(slots=True)
@@ -170,16 +170,19 @@ class Segmenter:
     def split(self, text: str, role: str) -> list[SegmentPiece]:
         """Segments of one message, in order.
 
-        Their texts joined by their separators give the message back, up to whitespace.
+        Their separators and texts, joined in order, give the message back exactly: the
+        whitespace between segments is kept as written (indentation, blank lines, CRLF,
+        runs of spaces), the first separator is the message's leading whitespace and its
+        trailing whitespace ends the last segment. A message of whitespace only has none.
         """
+        if not text.strip():
+            return []
         if role in ("system", "tool", "assistant"):
             stripped = text.strip()
-            if not stripped:
-                return []
             kind = {"system": "system", "tool": "tool"}.get(role) or ("ack" if is_ack(stripped) else "reply")
-            return [SegmentPiece(stripped, self._kind(stripped, kind), "")]
+            return [_whole(text, self._kind(stripped, kind))]
         if is_ack(text):
-            return [SegmentPiece(text.strip(), self._kind(text.strip(), "ack"), "")]
+            return [_whole(text, self._kind(text.strip(), "ack"))]
         pieces = self._merge_fragments(list(self._raw_pieces(text)))
         return [SegmentPiece(p.text, self._kind(p.text, p.kind), p.separator) for p in pieces]
 
@@ -193,14 +196,13 @@ class Segmenter:
             spans.append(_trimmed(text, fence.start(), fence.end(), "code"))
             position = fence.end()
         spans += _prose_spans(text, position, len(text))
-        pieces, previous_end = [], None
+        pieces, previous_end = [], 0
         for begin, end, kind in spans:
-            gap = "" if previous_end is None else text[previous_end:begin]
-            separator = (
-                "" if previous_end is None else ("\n\n" if gap.count("\n") >= 2 else "\n" if "\n" in gap else " ")
-            )
-            pieces.append(SegmentPiece(text[begin:end], kind, separator))
+            pieces.append(SegmentPiece(text[begin:end], kind, text[previous_end:begin]))
             previous_end = end
+        if pieces and previous_end < len(text):  # the message's trailing whitespace ends its last segment
+            last = pieces[-1]
+            pieces[-1] = SegmentPiece(last.text + text[previous_end:], last.kind, last.separator)
         return pieces
 
     def _merge_fragments(self, pieces: list[SegmentPiece]) -> list[SegmentPiece]:
@@ -215,7 +217,7 @@ class Segmenter:
                     merged.append(waiting)
                 waiting = None
             if piece.kind == "text" and len(piece.text) < self.min_chars:
-                if merged and merged[-1].kind == "text" and piece.separator != "\n\n":
+                if merged and merged[-1].kind == "text" and not is_paragraph_break(piece.separator):
                     merged[-1] = _join(merged[-1], piece)
                 else:
                     waiting = piece
@@ -253,6 +255,17 @@ def _prose_spans(text: str, begin: int, end: int) -> list[tuple[int, int, str]]:
 
 def _join(first: SegmentPiece, second: SegmentPiece) -> SegmentPiece:
     return SegmentPiece(first.text + (second.separator or " ") + second.text, "text", first.separator)
+
+
+def _whole(text: str, kind: str) -> SegmentPiece:
+    """A message as one segment: its leading whitespace as the separator, the rest as written."""
+    body = text.lstrip()
+    return SegmentPiece(body, kind, text[: len(text) - len(body)])
+
+
+def is_paragraph_break(separator: str) -> bool:
+    """Whitespace with a blank line in it (two newlines, CRLF or not)."""
+    return separator.count("\n") >= 2
 
 
 def _trimmed(text: str, begin: int, end: int, kind: str) -> tuple[int, int, str]:

@@ -50,3 +50,34 @@ def test_fact_from_turn_one_is_in_context_at_turn_fifteen_while_acks_are_dropped
         assert all(r.stats.tagging_mode == "constrained" for r in replies)
     conversation.close()
     assert smol_engine.pool.stats().blocks_in_use == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1. Pack\n   - passport\n   - charger\n2. Travel\n   - taxi",
+        "First line.\r\nSecond line here.\r\n\r\nThird paragraph.",
+        "Title.\n\n\n\nBody of the note.",
+        "Hello   there.    How   are you doing today?",
+        "Question here?\n\n\n",
+        "Steps:\n \n- one\n\t- two",
+    ],
+)
+def test_a_message_with_any_whitespace_has_the_bare_chat_templates_ids(smol_engine, text):
+    """SmolLM2's GPT-2-style tokenizer merges whitespace (``ĊĠĠ``, ``ĠĠĠ``): each segment's
+    separator must be the ids the whole message gives it, or the context differs from the
+    bare model's though its text is the same."""
+    tok = smol_engine.tokenizer
+    conversation = Conversation(smol_engine, tagging="signals", system_prompt="Be brief.\n")
+    conversation.add("user", text)
+    conversation.add("assistant", "Fine.  ")
+    conversation.add("user", "And?")
+    prompt = conversation.render_prompt(conversation.next_segment_id()).token_ids
+    bare = [
+        {"role": "system", "content": "Be brief.\n"},
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": "Fine.  "},
+        {"role": "user", "content": "And?"},
+    ]
+    expected = tok.apply_chat_template(bare, tokenize=False, add_generation_prompt=True)
+    assert prompt == tok.encode(expected, add_special_tokens=False)

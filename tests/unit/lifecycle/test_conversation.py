@@ -283,6 +283,35 @@ def test_an_empty_assistant_or_tool_message_renders_as_the_chat_templates_empty_
     assert conversation.respond().turn == 1
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1. Pack\n   - passport\n   - charger\n2. Travel\n   - taxi",
+        "First line.\r\nSecond line here.\r\n\r\nThird paragraph.",
+        "Title.\n\n\n\nBody of the note.",
+        "Hello   there.    How   are you doing today?",
+        "   leading spaces. Then another sentence.",
+        "Question here?\n\n\n",
+    ],
+)
+def test_the_context_holds_a_message_as_written_whatever_its_whitespace(converse, tiny_tok, text):
+    """The bare chat template passes content through verbatim; so does the context."""
+    conversation = converse(system_prompt="Be brief.\n")
+    conversation.add("user", text)
+    conversation.add("assistant", "  Fine.\n")
+    conversation.add("user", "And?")
+    prompt = conversation.render_prompt(conversation.next_segment_id()).token_ids
+    bare = [
+        {"role": "system", "content": "Be brief.\n"},
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": "  Fine.\n"},
+        {"role": "user", "content": "And?"},
+    ]
+    expected = tiny_tok.apply_chat_template(bare, tokenize=False, add_generation_prompt=True)
+    assert tiny_tok.decode(prompt) == expected
+    assert prompt == tiny_tok.encode(expected, add_special_tokens=False)
+
+
 def test_a_budget_the_system_block_alone_fills_fails_at_once_and_names_it(converse):
     with pytest.raises(ContextBudgetError, match=r"system block \(protocol prompt\) takes \d+ tokens.*signals"):
         converse(tagging="free", budget=128, protocol_prompt=None)  # the default prompt, in the tiny tokenizer's bytes

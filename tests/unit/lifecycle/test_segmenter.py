@@ -66,3 +66,28 @@ def test_normalisation_folds_full_width_characters_and_spaces():
     segmenter = Segmenter(normalize=True)
     assert segmenter.normalise_text("ＡＢＣ１２３   ok\u3000now") == "ABC123 ok now"
     assert Segmenter().normalise_text("ＡＢＣ") == "ＡＢＣ"
+
+
+WHITESPACE_CASES = [
+    "1. Pack\n   - passport\n   - charger\n2. Travel\n   - taxi",  # a nested list
+    "    return x * 2\nwhy does it double?",  # indentation on the first line
+    "First line.\r\nSecond line here.\r\n\r\nThird paragraph.",  # CRLF
+    "Title.\n\n\n\nBody of the note.",  # more than one blank line
+    "Hello   there.    How   are you doing today?",  # runs of spaces
+    "\nStarts with a newline. Then more text.",
+    "Question here?\n\n\n",  # trailing whitespace
+    "Steps:\n \n- one\n\t- two",  # a blank line with a space in it; a tab
+]
+
+
+@pytest.mark.parametrize("text", WHITESPACE_CASES)
+@pytest.mark.parametrize("role", ["user", "system", "assistant", "tool"])
+def test_separators_and_texts_joined_give_the_message_back_exactly(text, role):
+    pieces = Segmenter().split(text, role)
+    assert "".join(p.separator + p.text for p in pieces) == text
+    assert all(not p.separator.strip() for p in pieces)  # separators are whitespace only
+
+
+def test_a_message_of_whitespace_only_has_no_segments():
+    for role in ("user", "system", "assistant", "tool"):
+        assert Segmenter().split(" \n\t ", role) == []
