@@ -343,7 +343,7 @@ class ChatCLM(BaseChatModel):
                 else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
             )
         elif method in ("json_schema", "json_mode"):
-            json_schema = None if schema is None else convert_to_json_schema(schema)
+            json_schema = None if schema is None else _json_schema(schema)
             if method == "json_schema":
                 fmt = ResponseFormat.from_schema(json_schema, name=json_schema.get("title"), field="schema")
             else:
@@ -578,6 +578,27 @@ class ChatCLM(BaseChatModel):
             response_metadata=metadata,
             chunk_position="last",
         )
+
+
+_SCHEMA_KEYWORDS = ("type", "properties", "anyOf", "oneOf", "allOf", "$ref", "enum", "const")
+
+
+def _json_schema(schema: dict[str, Any] | type) -> dict[str, Any]:
+    """The JSON schema of ``schema``, also as OpenAI's ``response_format`` spells it
+    (``{"name", "schema", "strict"}`` or ``{"type": "json_schema", "json_schema": {...}}``,
+    which ``ChatOpenAI`` accepts: code ported from it passes these). A dict that names no
+    type, properties or combinator would constrain nothing: a ``ValueError``."""
+    if isinstance(schema, dict):
+        wrapper = schema.get("json_schema") if schema.get("type") == "json_schema" else schema
+        if isinstance(wrapper, dict) and isinstance(wrapper.get("schema"), dict) and "name" in wrapper:
+            return {"title": wrapper["name"], **wrapper["schema"]}
+    converted = convert_to_json_schema(schema)
+    if not any(key in converted for key in _SCHEMA_KEYWORDS):
+        raise ValueError(
+            f"schema: {schema!r} is not a JSON schema (no type, properties or anyOf); pass a pydantic class, "
+            'a TypedDict, a JSON schema, or OpenAI\'s {"name": ..., "schema": {...}}'
+        )
+    return converted
 
 
 def _complete_reply(message: BaseMessage) -> BaseMessage:

@@ -77,7 +77,7 @@ class CompactionResult:
     decisions: list[Decision] = field(default_factory=list)  # budget-forced
     dropped_tokens: int = 0
     compressed_tokens: int = 0  # tokens saved by compressions
-    compressions: list[tuple[Segment, CompressionResult]] = field(default_factory=list)
+    compressions: list[tuple[Segment, CompressionResult]] = field(default_factory=list)  # incl. tightenings
     compression_s: float = 0.0
     fold: int = 0  # messages before this index are rendered in the digest
 
@@ -405,6 +405,7 @@ class Compactor:
                 outcome.token_ids,
                 outcome.method,
             )
+            result.compressions.append((segment, outcome))  # saved and reported like any compression
 
     @staticmethod
     def _record(segment: Segment, label: Label, turn: int, result: CompactionResult, reason: str = "budget") -> None:

@@ -34,6 +34,7 @@ from clm_middleware.replay.transcript import (
     Message,
     Transcript,
     _read_text,
+    json_lines,
     load_json,
     message_from_record,
     parse_jsonl,
@@ -93,7 +94,7 @@ def read_transcripts(
 
 
 def _first_record(text: str) -> Any:
-    line = next((line for line in text.splitlines() if line.strip()), "")
+    line = next((line for line in json_lines(text) if line.strip()), "")
     try:
         return json.loads(line)
     except (json.JSONDecodeError, RecursionError):
@@ -114,7 +115,7 @@ def _documents_per_line(text: str, path: Path, fmt: str, skipped: list[Transcrip
     """One conversation per JSON line, each read in ``fmt`` (``auto``: detected per line);
     errors name ``FILE:LINE``."""
     transcripts: list[Transcript] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(json_lines(text), start=1):
         if not raw.strip():
             continue
         try:
@@ -137,7 +138,7 @@ def _documents_per_line(text: str, path: Path, fmt: str, skipped: list[Transcrip
 
 
 def _looks_like_json_lines(text: str) -> bool:
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [line for line in json_lines(text) if line.strip()]
     if len(lines) < 2:
         return False
     try:

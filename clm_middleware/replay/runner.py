@@ -182,9 +182,9 @@ def replay_interleaved(
                         except ClmError as error:
                             failure = Failure(str(error), turn, transcript.conversation_id)
                             report.failures.append(failure)  # stopping or not, the report says why
+                            driver.discard_turn()  # the context is the last answered turn's, as reported
                             if on_error == "stop":
                                 raise ReplayTurnError(transcript.conversation_id, turn, error) from error
-                            driver.discard_turn()
                             if on_failure is not None:
                                 on_failure(mode, failure)
                             continue

@@ -61,10 +61,18 @@ def read_jsonl(path: str | Path, skipped: list[TranscriptError] | None = None) -
     return parse_jsonl(_read_text(path, skipped), path, skipped)
 
 
+def json_lines(text: str) -> list[str]:
+    """The lines of a JSON Lines text: split at ``\n`` only (a ``\r`` before it is JSON
+    whitespace). ``str.splitlines`` would also split inside strings at U+2028, U+2029,
+    U+0085 and other separators that JSON allows unescaped (``json.dumps(...,
+    ensure_ascii=False)`` writes them so), breaking a valid line in two."""
+    return text.split("\n")
+
+
 def parse_jsonl(text: str, path: Path, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
     """``read_jsonl`` of ``text`` already read from ``path``."""
     groups: dict[str, list[Message]] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(json_lines(text), start=1):
         if not raw.strip():
             continue
         try:

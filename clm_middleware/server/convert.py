@@ -32,6 +32,9 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
     refuse_lone_surrogates(body.model_dump(by_alias=True, exclude_none=True))
     if body.n != 1:
         raise APIError(400, "n: only n=1 is supported", param="n")
+    if body.stream_options is not None and not body.stream:
+        # as OpenAI and vLLM: the options say how to stream, so they need a stream
+        raise APIError(400, "stream_options: only allowed when stream is true", param="stream_options")
     if body.logprobs:
         raise APIError(400, "logprobs: not supported by this server", param="logprobs")
     if body.top_logprobs:

@@ -197,3 +197,5 @@ def test_a_replay_stopped_by_a_failing_turn_says_why_in_its_report(tmp_path):
     assert report["complete"] is False and len(report["turns"]) == 1
     [failure] = report["failures"]
     assert failure["turn"] == 2 and "budget" in failure["error"]
+    # the final context is the last answered turn's: the refused message is not in it
+    assert "word word" not in report["final_context"] and TRANSCRIPT[0]["content"] in report["final_context"]

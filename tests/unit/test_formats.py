@@ -214,3 +214,17 @@ def test_tools_a_conversation_declares_are_read_as_openai_specs(tmp_path):
     openai.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}], "tools": [{"parameters": {}}]}))
     with pytest.raises(TranscriptError, match=r'\$\[0\]\.tools\[0\]: a tool needs a string "name"'):
         read_transcripts(openai)
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1e"])
+def test_line_separators_json_allows_inside_a_string_do_not_split_a_jsonl_line(tmp_path, separator):
+    """json.dumps(..., ensure_ascii=False) writes these unescaped; text pasted from web
+    pages and editors holds them."""
+    text = f"Line one{separator}line two is here."
+    messages = [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]
+    per_message = write(tmp_path, "m.jsonl", "".join(json.dumps(m, ensure_ascii=False) + "\r\n" for m in messages))
+    [transcript] = read_transcripts(per_message)
+    assert [(m.role, m.content) for m in transcript.messages] == [("user", text), ("assistant", "ok")]
+    per_line = write(tmp_path, "c.jsonl", "".join(json.dumps({"messages": messages}, ensure_ascii=False) + "\n" * 2))
+    [transcript] = read_transcripts(per_line)
+    assert transcript.messages[0].content == text

@@ -100,3 +100,31 @@ def test_a_structured_reply_cut_by_max_tokens_fails_to_parse_instead_of_completi
         result = llm.with_structured_output(Person, method=method, include_raw=True).invoke("Ana is 34.")
         assert result["raw"].response_metadata["finish_reason"] == "length"
         assert result["parsed"] is None and "max_tokens" in str(result["parsing_error"])
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda schema: {"name": "Person", "schema": schema, "strict": True},
+        lambda schema: {"type": "json_schema", "json_schema": {"name": "Person", "schema": schema}},
+    ],
+    ids=["name-schema", "response_format"],
+)
+def test_a_schema_in_openais_response_format_spelling_constrains_the_reply(scripted_llm, wrap):
+    """ChatOpenAI accepts these dicts; code ported from it passes them."""
+    llm, _ = scripted_llm('"name": "Ana", "age": 34}')
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    assert llm.with_structured_output(wrap(schema), method="json_schema").invoke("Ana is 34.") == {
+        "name": "Ana",
+        "age": 34,
+    }
+
+
+def test_a_dict_that_is_no_json_schema_is_refused_instead_of_constraining_nothing(random_llm):
+    with pytest.raises(ValueError, match=r"schema: .* is not a JSON schema"):
+        random_llm.with_structured_output({"title": "Person"}, method="json_schema")

@@ -41,6 +41,41 @@ def test_a_reloaded_conversation_renders_the_same_context_and_continues(converse
     loaded.close()
 
 
+def test_a_tightened_digest_line_is_saved_so_a_reload_renders_the_same_digest(tiny_model, tiny_tok, tmp_path):
+    """Compaction's pass 3 shortens condensed lines to their facts; the store must hold
+    the shortened text, or a reload renders the longer one (a different prompt)."""
+    from clm_middleware.engine import Engine
+    from clm_middleware.lifecycle.compressor import TIGHTENED
+    from clm_middleware.models import ScriptedReplies
+
+    script = ScriptedReplies()
+    engine = Engine(tiny_model, tiny_tok, logits_processors=[script])
+    path = tmp_path / "tight.db"
+    conversation = Conversation(
+        engine, system_prompt="You book trips.", budget=256, tagging="signals", store=path, conversation_id="c1"
+    )
+    messages = [
+        "My booking code is QX7-4821 and I fly on April 22.",
+        "I want a hotel near Alfama with a view of the river, under 120 euros.",
+        "ok thanks",
+        "Also my colleague Dr. Okafor joins on April 24.",
+    ]
+    tightened = []
+    for number, text in enumerate(messages):
+        words = tiny_tok.encode(f"Reply {number}: noted, I will remember that.", add_special_tokens=False)
+        script.add([*words, tiny_tok.eos_token_id])
+        reply = conversation.send(text)
+        tightened += [s for s in reply.stats.summaries if s["method"] == TIGHTENED]
+    assert tightened, "the scenario must tighten a digest line"
+    expected = conversation.render_prompt(None).token_ids
+    summaries = {s.id: s.summary for s in conversation.segments if s.summary}
+    conversation.close()
+    loaded = Conversation.load(path, "c1", engine)
+    assert {s.id: s.summary for s in loaded.segments if s.summary} == summaries
+    assert loaded.render_prompt(None).token_ids == expected
+    loaded.close()
+
+
 def test_every_turn_is_saved_with_decisions_and_stats(converse, tmp_path):
     store = Store(tmp_path / "s.db")
     conversation = converse(store=store, conversation_id="c1")

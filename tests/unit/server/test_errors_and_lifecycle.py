@@ -42,6 +42,7 @@ def _hello(model_id: str, **extra) -> dict:
         ({"seed": 2**64, "temperature": 1}, "seed"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"n": 2}, "n"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream, as OpenAI and vLLM
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
         ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id"),
