@@ -149,10 +149,18 @@ def load_tokenizer(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
 ):
-    """Load the tokenizer that goes with :func:`load_model` for the same argument."""
+    """Load the tokenizer that goes with :func:`load_model` for the same argument.
+
+    A GGUF file that was never converted gives its tokenizer straight from its metadata,
+    without de-quantizing the weights: behind a serving engine (``--engine``), ``--model``
+    names the served model only for its tokenizer, and a large model's weights would not
+    fit here in fp32."""
     from transformers import AutoTokenizer
 
     source = resolve_model_source(model)
+    if source.kind == "gguf" and not _is_complete(_converted_directory(source, file_digest(source.path), cache_dir)):
+        with _quiet_transformers():
+            return AutoTokenizer.from_pretrained(source.path.parent, gguf_file=source.path.name, local_files_only=True)
     directory, _ = _weights_directory(source, cache_dir)
     with _quiet_transformers():
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)
@@ -188,11 +196,16 @@ def _weights_directory(source: ModelSource, cache_dir: str | os.PathLike[str] | 
     if source.kind == "directory":
         return source.path, None
     digest = file_digest(source.path)
-    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    target = root / "converted" / f"{source.path.stem}-{digest}-v{_CONVERSION_FORMAT}"
+    target = _converted_directory(source, digest, cache_dir)
     if not _is_complete(target):
         _convert_gguf(source, target)
     return target, digest
+
+
+def _converted_directory(source: ModelSource, digest: str, cache_dir: str | os.PathLike[str] | None) -> Path:
+    """Where a GGUF file's de-quantized copy lives: keyed by the file's bytes and the conversion format."""
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    return root / "converted" / f"{source.path.stem}-{digest}-v{_CONVERSION_FORMAT}"
 
 
 def file_digest(path: Path) -> str:

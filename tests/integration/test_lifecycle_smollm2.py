@@ -81,3 +81,15 @@ def test_a_message_with_any_whitespace_has_the_bare_chat_templates_ids(smol_engi
     ]
     expected = tok.apply_chat_template(bare, tokenize=False, add_generation_prompt=True)
     assert prompt == tok.encode(expected, add_special_tokens=False)
+
+
+def test_a_gguf_that_was_never_converted_gives_its_tokenizer_without_converting_the_weights(smol_engine, tmp_path):
+    """Behind --engine, --model names the served model for its tokenizer only: a large
+    GGUF must not be de-quantized to fp32 for that."""
+    from clm_middleware.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(None, cache_dir=tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing converted
+    probe = "Hello, Lisbon! QX7-4821 <|im_start|>user\nçà 2,400 euros"
+    assert tokenizer.encode(probe) == smol_engine.tokenizer.encode(probe)
+    assert tokenizer.chat_template == smol_engine.tokenizer.chat_template
