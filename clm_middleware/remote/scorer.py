@@ -122,8 +122,10 @@ class AlignedScorer:
         own_prompt, own_forced = ids[:cut], ids[cut:]
         wanted = None
         if observe.logprob_positions is not None:
-            chars = [prompt_spans[p] for p in sorted(observe.logprob_positions) if 0 <= p < len(prompt_spans)]
-            wanted = frozenset(j for j, span in enumerate(offsets[:cut]) if any(_overlap(span, c) for c in chars))
+            positions = sorted(p for p in observe.logprob_positions if 0 <= p < len(prompt_spans))
+            chars = [prompt_spans[p] for p in positions if prompt_spans[p][1] > prompt_spans[p][0]]
+            starts = [start for start, _ in chars]
+            wanted = frozenset(j for j, span in enumerate(offsets[:cut]) if _overlaps_any(span, chars, starts))
         window = 0
         if observe.attention_window:
             start = prompt_spans[max(0, len(prompt) - observe.attention_window)][0]
@@ -240,6 +242,14 @@ def spread(values: Sequence[float | None], sources: Sequence[Span], targets: Seq
                 out[index] = (out[index] or 0.0) + value * shared / width
             index += 1
     return out
+
+
+def _overlaps_any(span: Span, spans: Sequence[Span], starts: Sequence[int]) -> bool:
+    """Whether ``span`` shares a character with any of ``spans`` (non-empty, in text order,
+    not overlapping, so their ends grow with their starts: the last one starting before
+    ``span`` ends reaches furthest); ``starts`` are their starts."""
+    last = bisect.bisect_left(starts, span[1]) - 1
+    return last >= 0 and _overlap(span, spans[last]) > 0
 
 
 def _overlap(a: Span, b: Span) -> int:

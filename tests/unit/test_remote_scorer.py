@@ -15,6 +15,7 @@ from clm_middleware.models import tiny_llama, tiny_tokenizer
 from clm_middleware.remote.scorer import (
     AlignedScorer,
     SameTokenizerScorer,
+    _overlaps_any,
     char_spans,
     make_scorer,
     spread,
@@ -144,3 +145,10 @@ def test_an_aligned_scorer_reads_only_the_positions_asked_for(merging_engine):
 def test_an_aligned_scorer_refuses_constrained_choices_across_vocabularies(merging_engine):
     with pytest.raises(ConfigError, match="another tokenizer"):
         AlignedScorer(merging_engine, tiny_tokenizer()).choose([1, 2], [[3]], [4, 5])
+
+
+def test_overlap_lookup_finds_the_span_reaching_furthest():
+    spans = [(0, 3), (5, 9)]
+    starts = [0, 5]
+    assert _overlaps_any((2, 6), spans, starts) and _overlaps_any((8, 12), spans, starts)
+    assert not _overlaps_any((3, 5), spans, starts) and not _overlaps_any((9, 10), spans, starts)
