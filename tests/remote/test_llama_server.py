@@ -196,6 +196,14 @@ def test_bench_through_the_engine_compares_modes_on_the_servers_cache(llama_serv
         assert len(turns) == 4 and sum(t["cached_tokens"] for t in turns[1:]) > 0
 
 
+def test_clm_chat_through_the_engine_answers_and_shows_the_servers_cache(llama_server):
+    args = ["chat", "--engine", f"openai:{llama_server.url}", "--engine-signals", "none", "--tagging", "rules"]
+    args += ["--max-new-tokens", "8"]
+    result = CliRunner().invoke(cli, args, input="My code is QX-4471.\nWhat was it?\n/stats\n/quit\n")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "cached" in result.output
+
+
 def test_chatclm_with_engine_url_answers_through_the_server_and_reads_its_cache(llama_server):
     from langchain_core.messages import AIMessage, HumanMessage
 
