@@ -7,6 +7,8 @@ UTF-8 byte to one token and adds the ChatML specials, so any text round-trips.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 CHATML_TEMPLATE = (
@@ -18,14 +20,23 @@ CHATML_TEMPLATE = (
 TINY_VOCAB_SIZE = 258  # 256 byte tokens + <|im_start|> + <|im_end|>
 
 
-def tiny_tokenizer():
-    """Byte-level tokenizer: ids 0-255 are bytes, 256 is ``<|im_start|>``, 257 ``<|im_end|>`` (EOS)."""
+def tiny_tokenizer(merges: Sequence[tuple[str, str]] = ()):
+    """Byte-level tokenizer: ids 0-255 are bytes, 256 is ``<|im_start|>``, 257 ``<|im_end|>`` (EOS).
+
+    ``merges`` (byte-level BPE pairs, ``("t", "h")``, ``("Ġ", "the")``) add tokens from id
+    258 on, and words are then pre-split as GPT-2 does: another tokenization of the same
+    text, for tests of what crosses tokenizers (a model for it needs ``vocab_size=len(tok)``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    if merges:
+        vocab["<|im_start|>"], vocab["<|im_end|>"] = 256, 257
+        for first, second in merges:
+            vocab.setdefault(first + second, len(vocab))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=bool(merges))
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,

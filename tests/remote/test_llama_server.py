@@ -116,15 +116,8 @@ def _chat_reply(url: str, messages: list[dict[str, str]]) -> str:
 
 def test_prefix_mode_greedy_replies_equal_llama_cpps_own_chat_completion(llama_server, tmp_path):
     report_path = tmp_path / "prefix.json"
-    transcript = tmp_path / "lisbon_head.jsonl"
-    rows = [json.loads(line) for line in LISBON.read_text().splitlines() if line.strip()]
-    head, users = [], 0
-    for row in rows:
-        users += row["role"] == "user"
-        if users > PARITY_TURNS:
-            break
-        head.append(row)
-    transcript.write_text("\n".join(json.dumps(r) for r in head) + "\n")
+    transcript = _lisbon_head(tmp_path, PARITY_TURNS)
+    head = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
     args = ["replay", str(transcript), "--engine", f"openai:{llama_server.url}", "--engine-signals", "none"]
     args += ["--mode", "prefix", "--max-new-tokens", str(REPLY_TOKENS), "--report", str(report_path), "--quiet"]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)

@@ -29,28 +29,7 @@ MERGES = [("t", "h"), ("th", "e"), ("Ġ", "the"), ("i", "n"), ("Ġ", "in"), ("Ġ
 
 def merging_tokenizer():
     """Byte-level like the tiny tokenizer, plus a few merges: a different tokenization of the same text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from clm_middleware.models.tiny import CHATML_TEMPLATE
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    vocab["<|im_start|>"], vocab["<|im_end|>"] = 256, 257
-    for a, b in MERGES:
-        vocab[a + b] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=MERGES))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
-    tokenizer.chat_template = CHATML_TEMPLATE
-    return tokenizer
+    return tiny_tokenizer(merges=MERGES)
 
 
 @pytest.fixture(scope="module")
