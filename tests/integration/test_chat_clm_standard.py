@@ -52,8 +52,13 @@ class TestChatCLMIntegration(ChatModelIntegrationTests):
 
     @property
     def structured_output_kwargs(self) -> dict:
-        # the grammar-constrained path (clm_middleware/structured/): valid JSON by construction
-        return {"method": "json_schema"}
+        # LangChain's default method, function calling: the required call is decoded under a
+        # grammar of the schema (clm_middleware/structured/), valid by construction. With
+        # json_schema the same grammar holds, but SmolLM2 fills "setup" with a clause loop
+        # ("The cat was a cat, and ...", closed at its repeat) and 48 tokens end inside
+        # "punchline": a reply cut by max_tokens fails to parse, as the openai SDK's parse()
+        # raises, rather than passing a truncated value (tests/unit/adapters covers it).
+        return {}
 
     # ------------------------------------------------------------------
     # Genuine limits of a 135M model. The machinery is exercised deterministically in
