@@ -13,9 +13,11 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    pressure too (a common question is predictable, never content-free: the
    reply after it answers it, and without it the context shows two replies in a row);
 2. if the prompt was over the budget, the oldest messages (older than the last
-   ``protect_turns`` turns) are folded, in order, into the digest (see renderer.py): a
-   segment with facts (distinctive tokens), or a request of the user or a tool in
-   plain words ("a cheap place in the north"), is condensed by a faithful compression;
+   ``protect_turns`` exchanges: an exchange ends at an assistant message, so a history
+   sent in one call has the exchanges it would have had turn by turn) are folded, in
+   order, into the digest (see renderer.py): a segment with facts (distinctive
+   tokens), or a request of the user or a tool in plain words ("a cheap place in the
+   north"), is condensed by a faithful compression;
    any other segment is dropped, and so is one the digest already says word for
    word, a condensed request left with no content word ("perfect, that works"), and a
    reply whose facts the digest already holds (unless the user accepted that reply,
@@ -28,9 +30,9 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    below those they did), oldest first among equals; a segment with facts, or a
    condensed request, is dropped only down to halfway between the low-water mark and
    the budget;
-3. if the newest turn alone still outgrows the budget, its own long segments are
+3. if the newest exchange alone still outgrows the budget, its own long segments are
    condensed (faithfully) as a last resort; if even that cannot fit the budget,
-   ``ContextBudgetError`` says by how much. A newest turn over ``budget ×
+   ``ContextBudgetError`` says by how much. A newest exchange over ``budget ×
    target_ratio`` tokens is refused at once, before any of this work (bounded cost).
 """
 
@@ -110,8 +112,9 @@ class Compactor:
         self._history = messages if history is None else history
         budget = self.config.budget
         ordered = [segments[s] for m in messages for s in m.segment_ids]
+        newest = self._exchange_start(1, turn)
         if budget is not None:
-            self._check_condensable(ordered, turn, budget)
+            self._check_condensable(ordered, newest, budget)
         length = self.prompt_length()
         over = budget is not None and length > budget
         pending = [s for s in ordered if s.pending and not s.pinned]
@@ -138,7 +141,7 @@ class Compactor:
         if over:  # budget pressure: go down to the low-water mark, so the next turns fit too
             self._fit_budget(messages, segments, turn, budget, result)
             if self.prompt_length() > budget:
-                self._condense_newest(ordered, turn, budget, result)
+                self._condense_newest(ordered, newest, turn, budget, result)
             length = self.prompt_length()
             if length > budget:
                 raise ContextBudgetError(
@@ -147,12 +150,13 @@ class Compactor:
                 )
         return result
 
-    def _check_condensable(self, ordered: list[Segment], turn: int, budget: int) -> None:
-        """Bounded cost for oversized input: a newest turn longer than ``budget ×
-        target_ratio`` tokens cannot be condensed to fit (extractive compression keeps at
-        least 1/``target_ratio`` of a text, plus its facts), so it is refused before any
-        work: a 10,000-token paste never costs minutes of scoring only to fail."""
-        newest = sum(len(s.token_ids) for s in ordered if s.turn >= turn and s.visible and not s.pinned)
+    def _check_condensable(self, ordered: list[Segment], newest_from: int, budget: int) -> None:
+        """Bounded cost for oversized input: a newest exchange (the messages from index
+        ``newest_from`` on) longer than ``budget × target_ratio`` tokens cannot be
+        condensed to fit (extractive compression keeps at least 1/``target_ratio`` of a
+        text, plus its facts), so it is refused before any work: a 10,000-token paste
+        never costs minutes of scoring only to fail."""
+        newest = sum(len(s.token_ids) for s in ordered if s.message_index >= newest_from and s.visible and not s.pinned)
         limit = int(budget * self.config.target_ratio)
         if newest > limit:
             raise ContextBudgetError(
@@ -170,7 +174,7 @@ class Compactor:
         result: CompactionResult,
     ) -> None:
         target = self.low_water_mark(budget, segments, turn)
-        protected_from = turn - self.config.protect_turns + 1
+        protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
         body = messages[1:] if messages and messages[0].role == "system" else messages
         accepted = accepted_replies(self._history, among=messages)
         # facts and condensed requests are dropped only down to halfway between the
@@ -214,13 +218,37 @@ class Compactor:
             tokens += sum(len(segments[s].token_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in message.segment_ids)
         return tokens // len(turns) if turns else 0
 
+    def _exchange_start(self, exchanges: int, first_turn: int) -> int:
+        """Index of the first message of the ``exchanges`` newest exchanges, the messages
+        protected from compaction. An exchange ends at an assistant message, so a history
+        added in one call (a client re-sending a whole chat to a fresh conversation, a
+        few-shot prompt) is split into the exchanges it would have had sent turn by turn,
+        and only its newest message(s) are protected, not all of it. Never before the
+        first message of turn ``first_turn``: a conversation built turn by turn protects
+        exactly its newest turns. Walks back over the protected messages only."""
+        history = self._history
+        start = history[0].index if history else 0
+        seen = 0
+        for position in range(len(history) - 1, 0, -1):
+            if history[position - 1].role == "assistant":
+                seen += 1
+                if seen == exchanges:
+                    start = history[position].index
+                    break
+        turn_start = history[-1].index + 1 if history else 0
+        for message in reversed(history):
+            if message.turn < first_turn:
+                break
+            turn_start = message.index
+        return max(start, turn_start)
+
     @staticmethod
     def _older(
         body: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment], protected_from: int
     ) -> list[Segment]:
-        """Visible, unpinned segments of the turns before the protected ones, in order."""
+        """Visible, unpinned segments of the messages before index ``protected_from``, in order."""
         older = [segments[s] for m in body for s in m.segment_ids]
-        return [s for s in older if s.visible and not s.pinned and s.turn < protected_from]
+        return [s for s in older if s.visible and not s.pinned and s.message_index < protected_from]
 
     def _reduce(
         self,
@@ -240,7 +268,7 @@ class Compactor:
         values = {
             s.id: (
                 float("inf")  # stays whatever happens
-                if s.turn >= protected_from or s.pinned
+                if s.message_index >= protected_from or s.pinned
                 else eviction_value(s, s.attention, accepted=s.message_index in accepted)
             )
             for s in visible
@@ -300,7 +328,7 @@ class Compactor:
             if segments[s].visible
         )
         for message in unfolded:
-            if message.turn >= protected_from or self.prompt_length() <= target:
+            if message.index >= protected_from or self.prompt_length() <= target:
                 break
             later = tail_tokens.get(message.index + 1, 0)
             if later < recent_floor:
@@ -354,10 +382,16 @@ class Compactor:
                     return True
         return False
 
-    def _condense_newest(self, ordered: list[Segment], turn: int, budget: int, result: CompactionResult) -> None:
+    def _condense_newest(
+        self, ordered: list[Segment], newest_from: int, turn: int, budget: int, result: CompactionResult
+    ) -> None:
         """Last resort for a new message that alone outgrows the budget: condense it
         (faithfully: every distinctive token stays), longest segment first."""
-        newest = [s for s in ordered if s.turn >= turn and s.visible and s.status is Status.ACTIVE and not s.pinned]
+        newest = [
+            s
+            for s in ordered
+            if s.message_index >= newest_from and s.visible and s.status is Status.ACTIVE and not s.pinned
+        ]
         for segment in sorted(newest, key=lambda s: -len(s.token_ids)):
             if self.prompt_length() <= budget:
                 return

@@ -344,6 +344,23 @@ def test_a_new_message_over_the_budget_is_condensed_faithfully_when_that_fits(co
     assert any(s["ok"] for s in reply.stats.summaries)
 
 
+def test_a_history_added_in_one_call_fits_the_budget_as_it_would_turn_by_turn(converse):
+    """A client re-sending a whole chat to a fresh conversation (a restarted server, an
+    edit far back, a few-shot prompt): its earlier exchanges are older turns, and only
+    the newest message is protected from compaction."""
+    pairs = [(f"Message {n}: order QX7-48{n}1 and some ordinary chat text.", f"Reply {n}, noted.") for n in range(8)]
+    seeded = converse(budget=160, tagging="signals")
+    for user, reply in pairs:
+        seeded.add("user", user)
+        seeded.add("assistant", reply)
+    seeded.add("user", "Which orders did I mention?")
+    reply = seeded.respond()
+    assert reply.stats.prompt_tokens <= 160 and reply.stats.compaction == "budget"
+    assert "Which orders did I mention?" in seeded.context  # the newest message stays verbatim
+    with pytest.raises(ContextBudgetError, match="the new message has"):  # still bounded: one huge message
+        seeded.send("x " * 400)
+
+
 def _forced_turns(conversation, pairs):
     for user, reply in pairs:
         conversation.add("user", user)
