@@ -65,21 +65,19 @@ def to_turn(message: BaseMessage) -> Turn:
             f"unsupported message type {type(message).__name__}",
             hint="use SystemMessage, HumanMessage, AIMessage or ToolMessage",
         )
-    return Turn(role, text, message_digest(message, role, text))
+    return Turn(role, text, turn_digest(role, text))
 
 
-def message_digest(message: BaseMessage, role: str, text: str) -> str:
-    return turn_digest(role, text, getattr(message, "tool_call_id", "") or "")
+def turn_digest(role: str, text: str) -> str:
+    """The identity of a message as the model sees it (its role and text); the same for
+    every client (LangChain, HTTP).
 
-
-def turn_digest(role: str, text: str, tool_call_id: str = "") -> str:
-    """The identity of a message as the model sees it; the same for every client (LangChain, HTTP).
-
-    A message's ``name`` is not part of it: the model is never shown it, and clients set
-    it on the replies they send back (LangGraph agents, AutoGen), so counting it would
-    fork the conversation on every call."""
+    Nothing the model is never shown is part of it, since clients change such fields
+    when they send a history back: a message's ``name`` (LangGraph agents and AutoGen set
+    it on replies), a tool call's id (some frameworks make new ids each time they
+    re-send a history). Counting them would fork the conversation on every call."""
     digest = xxhash.xxh3_128()
-    digest.update(json.dumps([role, text, tool_call_id], ensure_ascii=False).encode())
+    digest.update(json.dumps([role, text], ensure_ascii=False).encode())
     return digest.hexdigest()
 
 

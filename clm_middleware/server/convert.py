@@ -84,7 +84,7 @@ def to_turn(message: ChatMessage, index: int) -> Turn:
         raise _bad_message(index, "tool_call_id", "a tool message needs one")
     if not text.strip() and role in ("user", "system"):
         raise _bad_message(index, "content", "must not be empty")
-    return Turn(role, text, turn_digest(role, text, message.tool_call_id or ""))
+    return Turn(role, text, turn_digest(role, text))
 
 
 def refuse_lone_surrogates(value: Any, path: str = "") -> None:

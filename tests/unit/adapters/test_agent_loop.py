@@ -233,3 +233,34 @@ def test_a_named_reply_sent_back_extends_the_conversation(scripted_llm):
     named = AIMessage(content=first.content, name="assistant_agent")
     second = llm.invoke([HumanMessage("Hi."), named, HumanMessage("Bye?")])
     assert second.response_metadata["conversation_id"] == first.response_metadata["conversation_id"]
+
+
+def _with_new_call_ids(history: list, fresh: str) -> list:
+    """The history as a framework that makes new tool-call ids on every re-send sends it."""
+    out = []
+    for message in history:
+        if isinstance(message, AIMessage) and message.tool_calls:
+            calls = [{**c, "id": f"{c['id'].split('~')[0]}~{fresh}"} for c in message.tool_calls]
+            message = AIMessage(message.content, tool_calls=calls)
+        elif isinstance(message, ToolMessage):
+            message = ToolMessage(message.content, tool_call_id=f"{message.tool_call_id.split('~')[0]}~{fresh}")
+        out.append(message)
+    return out
+
+
+def test_a_history_re_sent_with_new_tool_call_ids_extends_the_conversation(scripted_llm):
+    """Some frameworks make new tool-call ids each time they re-send a history; the model
+    never sees the ids, so the history is the same one and must not fork."""
+    llm, _ = scripted_llm(CALL, "Sunny in Porto.", CALL, "Still sunny.")
+    agent = llm.bind_tools([get_weather])
+    history: list = [HumanMessage("Weather in Porto?")]
+    conversation_ids = set()
+    for round_number in range(2):
+        call = agent.invoke(_with_new_call_ids(history, f"a{round_number}"))
+        conversation_ids.add(call.response_metadata["conversation_id"])
+        history += [call, ToolMessage("sunny", tool_call_id=call.tool_calls[0]["id"])]
+        answer = agent.invoke(_with_new_call_ids(history, f"b{round_number}"))
+        conversation_ids.add(answer.response_metadata["conversation_id"])
+        assert answer.response_metadata["turn"] == 2 * round_number + 2  # extended, not rebuilt
+        history += [AIMessage(answer.content), HumanMessage("And now?")]
+    assert len(conversation_ids) == 1
