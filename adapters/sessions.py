@@ -9,10 +9,13 @@ its message digests (see ``messages.py``):
 - it is new → a new conversation.
 
 A caller may name the conversation (``session_id``); the name then follows the latest
-branch. A conversation serves one call at a time: a concurrent call with the same
-history forks instead of waiting. Idle conversations beyond ``max_sessions`` are
-closed, least recently used first (their state stays in the store, if one is set; a
-later call under the same name starts a new conversation, stored under a suffixed id).
+branch, and a history is matched against every open branch made under that name (a
+chat UI that regenerates an answer, then goes back to the first one, extends that one
+again; two clients that share a name keep a branch each). A conversation serves one
+call at a time: a concurrent call with the same history forks instead of waiting.
+Idle conversations beyond ``max_sessions`` are closed, least recently used first (their
+state stays in the store, if one is set; a later call under the same name starts a new
+conversation, stored under a suffixed id).
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ class SessionRouter:
         self._make = make_conversation
         self.namespace = namespace  # prefix of every conversation id (a tenant's, in a shared store)
         self._sessions: OrderedDict[str, Session] = OrderedDict()
-        self._names: dict[str, str] = {}  # session_id → conversation id
+        self._names: dict[str, str] = {}  # session_id → conversation id (its latest branch)
+        self._branches: dict[str, list[str]] = {}  # session_id → conversation ids made under it
         self._lock = threading.Lock()
         self.max_sessions = max_sessions
         self.evicted = 0  # idle sessions closed to stay within max_sessions
@@ -65,10 +69,9 @@ class SessionRouter:
         digests = [t.digest for t in turns]
         with self._lock:
             named_before = self._names.get(session_id) if session_id is not None else None
-            if session_id is not None and session_id in self._names:
-                candidates = [self._sessions[self._names[session_id]]]
-            elif session_id is not None:
-                candidates = []
+            if session_id is not None:  # the latest branch first: it wins a tie
+                mine = [named_before, *(c for c in self._branches.get(session_id, ()) if c != named_before)]
+                candidates = [self._sessions[c] for c in mine if c in self._sessions]
             else:
                 candidates = list(self._sessions.values())
             best, common = None, 0
@@ -85,7 +88,11 @@ class SessionRouter:
                 route = Route(self._add(Session(self._new_conversation(conversation_id))), list(turns), "new")
             route = Route(route.session, route.new_turns, route.kind, session_id, named_before)
             if session_id is not None:
-                self._names[session_id] = route.session.conversation.id
+                cid = route.session.conversation.id
+                self._names[session_id] = cid
+                branches = self._branches.setdefault(session_id, [])
+                if cid not in branches:
+                    branches.append(cid)
             route.session.busy = True
             self._sessions.move_to_end(route.session.conversation.id)
             self._evict_idle()
@@ -104,11 +111,9 @@ class SessionRouter:
         with self._lock:
             cid = route.session.conversation.id
             self._sessions.pop(cid, None)
-            if route.session_id is not None:
-                if route.named_before is not None and route.named_before in self._sessions:
-                    self._names[route.session_id] = route.named_before
-                else:
-                    self._names.pop(route.session_id, None)
+            self._unname(cid)
+            if route.session_id is not None and route.named_before in self._sessions:
+                self._names[route.session_id] = route.named_before
         route.session.conversation.abandon()
 
     def forget(self, session: Session) -> None:
@@ -116,7 +121,7 @@ class SessionRouter:
         with self._lock:
             cid = session.conversation.id
             self._sessions.pop(cid, None)
-            self._names = {name: known for name, known in self._names.items() if known != cid}
+            self._unname(cid)
         session.conversation.close()
 
     def sessions(self) -> list[Session]:
@@ -135,6 +140,7 @@ class SessionRouter:
                 session.conversation.close()
             self._sessions.clear()
             self._names.clear()
+            self._branches.clear()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -154,6 +160,16 @@ class SessionRouter:
         twin = source.conversation.fork(common, conversation_id=f"{source.conversation.id}~{uuid.uuid4().hex[:8]}")
         return self._add(Session(twin, list(digests)))
 
+    def _unname(self, cid: str) -> None:
+        """Forget conversation ``cid`` under every name (it is closed or abandoned); a name
+        whose latest branch it was leads nowhere until its next call."""
+        self._names = {name: known for name, known in self._names.items() if known != cid}
+        for name, branches in list(self._branches.items()):
+            if cid in branches:
+                branches.remove(cid)
+                if not branches:
+                    del self._branches[name]
+
     def _add(self, session: Session) -> Session:
         self._sessions[session.conversation.id] = session
         return session
@@ -164,6 +180,6 @@ class SessionRouter:
             if victim is None:
                 return
             del self._sessions[victim.conversation.id]
-            self._names = {name: cid for name, cid in self._names.items() if cid != victim.conversation.id}
+            self._unname(victim.conversation.id)
             victim.conversation.close()
             self.evicted += 1

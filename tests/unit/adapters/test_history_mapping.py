@@ -59,6 +59,23 @@ def test_a_named_session_follows_its_latest_branch(scripted_llm):
     assert conversation_of(a2) == conversation_of(b1)
 
 
+def test_a_named_session_goes_back_to_an_earlier_branch_it_matches(scripted_llm):
+    """A chat UI regenerates an answer, then the user goes back to the first one: the
+    history matches the first branch exactly, which is extended (no fork of a fork)."""
+    llm, _ = scripted_llm("A1.", "A2.", "A2 again.", "A3.", "B3.")
+    config = {"configurable": {"session_id": "ui"}}
+    h1, h2 = HumanMessage("First question here."), HumanMessage("Second one.")
+    a1 = llm.invoke([h1], config=config)
+    a2 = llm.invoke([h1, a1, h2], config=config)
+    retry = llm.invoke([h1, a1, h2], config=config)
+    assert conversation_of(retry) != conversation_of(a2)  # the retry is a branch
+    back = llm.invoke([h1, a1, h2, a2, HumanMessage("Back on the first branch.")], config=config)
+    assert conversation_of(back) == conversation_of(a2) == "ui"
+    other = llm.invoke([h1, a1, h2, retry, HumanMessage("And on the second.")], config=config)
+    assert conversation_of(other) == conversation_of(retry)
+    assert llm.conversation("ui").id == conversation_of(retry)  # the name follows the latest branch
+
+
 def test_concurrent_calls_on_the_same_history_fork_instead_of_interleaving(scripted_llm):
     llm, _ = scripted_llm("A1.", "X.", "Y.")
     h1 = HumanMessage("First question here.")
