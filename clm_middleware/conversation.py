@@ -27,7 +27,7 @@ import copy
 import dataclasses
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -175,6 +175,7 @@ class Conversation:
         self._turn_log: list[TurnStats] = []
         self.journal = ChangeJournal()  # what the next save writes
         self.last_reply: Reply | None = None
+        self._open_stream: Generator[str, None, None] | None = None  # a stream not finished or closed yet
         self._runner = TurnRunner(self)
         self.store = _open_store(store)
         self._saved = False  # whether a save reached the store (abandon removes a row never saved to)
@@ -206,11 +207,17 @@ class Conversation:
     def stream(self, text: str) -> Iterator[str]:
         """Like ``send``, yielding the visible reply as it is generated; then ``last_reply``
         is set. A stream closed before its end takes its message back, as a
-        ``ValueError`` does; an engine failure leaves it pending, as in ``send``."""
+        ``ValueError`` does; an engine failure leaves it pending, as in ``send``. A stream
+        left unfinished (a ``break`` out of the loop) is closed by the next call on the
+        conversation, which takes its message back before going on."""
+        self._close_open_stream()
+        return self._opened(self._streamed(text))
+
+    def _streamed(self, text: str) -> Iterator[str]:
         start = len(self.messages)
         self.add("user", text)
         try:
-            yield from self.respond_stream()
+            yield from self._runner.turn_steps(None, "", self.generation, None)
         except (ValueError, GeneratorExit):
             self.discard(start)
             raise
@@ -219,6 +226,7 @@ class Conversation:
         """Put a message into the conversation without answering it (system, user or tool)."""
         if role not in MESSAGE_ROLES:
             raise ConfigError("role", f"unknown role {role!r}; use one of {MESSAGE_ROLES}")
+        self._close_open_stream()
         if not isinstance(content, str):
             raise ConfigError("content", f"must be a string, got {type(content).__name__}")
         if role in ("user", "system") and not content.strip():
@@ -285,8 +293,34 @@ class Conversation:
 
         ``cancelled`` is asked after every generated token; once it says yes, the turn
         stops with ``TurnCancelled``, as if it had never started (its blocks go back).
+        A stream left unfinished is closed by the next call on the conversation.
         """
-        yield from self._runner.turn_steps(forced_reply, reply_prefix or "", settings or self.generation, cancelled)
+        self._close_open_stream()
+        steps = self._runner.turn_steps(forced_reply, reply_prefix or "", settings or self.generation, cancelled)
+        return self._opened(steps)
+
+    def _opened(self, steps: Iterator[str]) -> Iterator[str]:
+        """``steps`` as the conversation's open stream until it ends or is closed."""
+
+        def tracked() -> Generator[str, None, None]:
+            try:
+                yield from steps
+            finally:
+                if self._open_stream is stream:
+                    self._open_stream = None
+
+        stream = tracked()
+        self._open_stream = stream
+        return stream
+
+    def _close_open_stream(self) -> None:
+        """Close a stream its caller left unfinished (a ``break`` out of the loop): its turn
+        is undone and, for ``stream``, its message taken back, before anything else runs."""
+        stream = self._open_stream
+        if stream is None or stream.gi_running:  # none, or this call comes from inside it
+            return
+        self._open_stream = None
+        stream.close()
 
     def discard(self, messages: int) -> None:
         """Remove the messages from index ``messages`` on: what a failed or cancelled call

@@ -302,8 +302,11 @@ def _is_langchain_message(item: Any) -> bool:
 
 
 def _langchain(data: Any, path: str, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
-    """One conversation: nothing to skip past, so ``skipped`` is unused."""
+    """One conversation, named by its ``id`` / ``conversation_id`` where it has one, else
+    by the file: nothing to skip past, so ``skipped`` is unused."""
+    name = Path(path).stem
     if isinstance(data, dict):
+        name = str(data.get("id", data.get("conversation_id", name)))
         data = data.get("messages")
     if not isinstance(data, list):
         raise TranscriptError(path, None, 'expected a list of {"type", "data"} message dicts')
@@ -336,7 +339,7 @@ def _langchain(data: Any, path: str, skipped: list[TranscriptError] | None = Non
             "name": body.get("name"),
         }
         messages.append(_checked(lambda r=record: message_from_record(r, path, None), path, at))
-    return [Transcript(Path(path).stem, tuple(messages), path)]
+    return [Transcript(name, tuple(messages), path)]
 
 
 def _checked(read: Callable[[], Message], path: str, where: str) -> Message:

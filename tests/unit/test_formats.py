@@ -228,3 +228,24 @@ def test_line_separators_json_allows_inside_a_string_do_not_split_a_jsonl_line(t
     per_line = write(tmp_path, "c.jsonl", "".join(json.dumps({"messages": messages}, ensure_ascii=False) + "\n" * 2))
     [transcript] = read_transcripts(per_line)
     assert transcript.messages[0].content == text
+
+
+def test_langchain_conversations_one_per_line_keep_their_ids(tmp_path):
+    lines = [
+        {
+            "id": "a",
+            "messages": [
+                {"type": "human", "data": {"content": "Hi, I am Ann."}},
+                {"type": "ai", "data": {"content": "Hi."}},
+            ],
+        },
+        {
+            "id": "b",
+            "messages": [
+                {"type": "human", "data": {"content": "Two plus two?"}},
+                {"type": "ai", "data": {"content": "4."}},
+            ],
+        },
+    ]
+    path = write(tmp_path, "lc.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
+    assert [t.conversation_id for t in read_transcripts(path)] == ["a", "b"]

@@ -71,3 +71,32 @@ def test_a_stream_closed_before_its_end_takes_its_message_back(converse, scripte
     stream.close()
     assert [m.content for m in conversation.history] == ["hello there", "Hi there, friend."]
     assert conversation.send("again").turn == 2
+
+
+def test_a_stream_left_unfinished_is_taken_back_by_the_next_call(tiny_model, tiny_tok):
+    """A ``break`` out of a stream that stays referenced: the next call closes it and takes
+    its message back, so the context never shows two user messages in a row and nothing
+    is discarded later, when the abandoned generator is collected."""
+    import gc
+
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.engine import Engine
+    from clm_middleware.models import ScriptedReplies
+
+    replies = ["First reply is here.", "Second reply is here.", "Third reply."]
+    script = ScriptedReplies([[*tiny_tok.encode(r, add_special_tokens=False), tiny_tok.eos_token_id] for r in replies])
+    engine = Engine(tiny_model, tiny_tok, logits_processors=[script])
+    conversation = Conversation(engine, tagging="signals", max_new_tokens=40)
+    stream = conversation.stream("Hello, stream me something.")
+    for number, _ in enumerate(stream):
+        if number == 2:
+            break
+    reply = conversation.send("A second message.")
+    assert [(m.role, m.content) for m in conversation.history] == [
+        ("user", "A second message."),
+        ("assistant", reply.text),
+    ]
+    del stream
+    gc.collect()  # nothing left to undo, nothing raised
+    assert conversation.send("Third message.").turn == 2
+    assert conversation.context.count("<|im_start|>user") == 2
