@@ -137,7 +137,7 @@ def quality_totals(turns: list[TurnRecord]) -> dict[str, Any]:
     ``flagged_replies`` and ``generated_replies``."""
     scored = [t for t in turns if t.reply_nll is not None and t.forced_tokens]
     weight = sum(t.forced_tokens for t in scored)
-    generated = [t for t in turns if not t.forced_tokens and t.reply_nll is None]
+    generated = [t for t in turns if not t.forced_tokens and t.reply_nll is None and not t.extra.get("unanswered")]
     return {
         "reply_nll": sum(t.reply_nll * t.forced_tokens for t in scored) / weight if weight else None,
         "reply_flags": _count(flag for turn in generated for flag in turn.reply_flags),

@@ -189,6 +189,11 @@ def replay_interleaved(
                                 on_failure(mode, failure)
                             continue
                         record.turn = turn
+                        if teacher_force and answer is None:
+                            # the transcript leaves it unanswered: its prompt is computed and one
+                            # token decoded, but there is no reply to judge (not a generated one)
+                            record.reply_flags = []
+                            record.extra["unanswered"] = True
                         report.turns.append(record)
                         if on_turn is not None:
                             on_turn(mode, record)

@@ -199,3 +199,16 @@ def test_a_replay_stopped_by_a_failing_turn_says_why_in_its_report(tmp_path):
     assert failure["turn"] == 2 and "budget" in failure["error"]
     # the final context is the last answered turn's: the refused message is not in it
     assert "word word" not in report["final_context"] and TRANSCRIPT[0]["content"] in report["final_context"]
+
+
+@pytest.mark.parametrize("mode", ["prefix", "clm"])
+def test_a_teacher_forced_transcript_ending_on_a_user_message_reports_no_generated_reply(tmp_path, mode):
+    path = write_transcript(tmp_path / "t.jsonl", TRANSCRIPT[:4])  # ends on the user's question
+    report_path = tmp_path / "r.json"
+    code, _, err = replay(str(path), "--mode", mode, "--teacher-force", "--report", str(report_path))
+    assert code == 0, err
+    report = json.loads(report_path.read_text())
+    last = report["turns"][-1]
+    assert last["unanswered"] is True and last["reply_flags"] == [] and last["forced_tokens"] == 0
+    totals = report["totals"]
+    assert totals["generated_replies"] == 0 and totals["flagged_replies"] == 0 and totals["reply_flags"] == {}
