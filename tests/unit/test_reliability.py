@@ -84,10 +84,12 @@ def test_user_text_imitating_the_protocol_changes_no_decision(converse, scripted
 def test_segmenter_never_raises_and_loses_no_content(text, role):
     segmenter = Segmenter(normalize=False)
     pieces = segmenter.split(text, role)
-    joined = "".join(ch for p in pieces for ch in p.text if not ch.isspace())
-    original = "".join(ch for ch in text if not ch.isspace())
-    assert joined == original  # segments partition the message (up to whitespace)
-    assert all(p.text == p.text.strip() and p.text for p in pieces)
+    if not text.strip():
+        assert pieces == []
+        return
+    assert "".join(p.separator + p.text for p in pieces) == text  # the message back, exactly
+    assert all(p.text.strip() and p.text == p.text.lstrip() and not p.separator.strip() for p in pieces)
+    assert all(p.text == p.text.rstrip() for p in pieces[:-1])  # only the last ends with whitespace
 
 
 def test_memory_stays_flat_under_pool_pressure_and_nothing_is_lost(tmp_path):
