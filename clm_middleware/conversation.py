@@ -488,10 +488,11 @@ class Conversation:
         return target
 
     def forget(self, segment: SegmentId | str) -> Segment:
-        """Drop this segment from the context at the next turn (it stays in ``history``)."""
+        """Drop this segment from the context at the next turn (it stays in ``history``).
+        Forgetting overrides a pin (the system prompt's included): a forgotten segment that
+        a later message brings back is an ordinary one, not pinned again."""
         target = self.segment(segment)
-        if target.role == "system" and target.pinned:
-            target.pinned = False
+        target.pinned = False
         target.label, target.decided_by = Label.DROP, DecidedBy.RULES
         if target.visible:
             spans = self._last_render.spans if self._last_render else {}

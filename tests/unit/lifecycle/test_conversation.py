@@ -137,7 +137,7 @@ def test_under_a_budget_labels_wait_until_the_prompt_would_exceed_it(converse):
     assert all(t.text in conversation.context for t in acks)
 
 
-def test_pinned_segments_survive_budget_pressure_and_forget_removes(converse):
+def test_pinned_segments_survive_budget_pressure_and_forget_removes_them_and_their_pin(converse):
     conversation = converse(budget=360)
     conversation.send("Remember the code WX-5521 for the locker, it matters.")
     kept = conversation.pin(conversation.segments[0].id)
@@ -146,6 +146,7 @@ def test_pinned_segments_survive_budget_pressure_and_forget_removes(converse):
     assert kept.status is Status.ACTIVE and "WX-5521" in conversation.context
     forgotten = conversation.forget(kept.id)
     assert forgotten.status is Status.DROPPED and "WX-5521" not in conversation.context
+    assert not forgotten.pinned  # forgetting overrides the pin: brought back later, it is ordinary
     assert any("WX-5521" in m.content for m in conversation.history)
     with pytest.raises(ConfigError, match="no segment"):
         conversation.pin("seg_999")
