@@ -82,3 +82,19 @@ def scripted(tiny_model, tiny_tok):
         return Engine(tiny_model, tiny_tok, logits_processors=[script]), script
 
     return make
+
+
+@pytest.fixture
+def context_and_bare_template():
+    """``build(conversation, tokenizer, messages)`` adds ``messages`` ((role, content) pairs)
+    to a conversation whose system prompt is ``messages``' first and returns (the prompt ids
+    the context gives the next reply, the bare chat template's text of the same messages)."""
+
+    def build(conversation, tokenizer, messages: list[tuple[str, str]]) -> tuple[list[int], str]:
+        for role, content in messages[1:]:
+            conversation.add(role, content)
+        prompt = conversation.render_prompt(conversation.next_segment_id()).token_ids
+        bare = [{"role": role, "content": content} for role, content in messages]
+        return prompt, tokenizer.apply_chat_template(bare, tokenize=False, add_generation_prompt=True)
+
+    return build

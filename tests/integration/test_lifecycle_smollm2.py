@@ -63,23 +63,14 @@ def test_fact_from_turn_one_is_in_context_at_turn_fifteen_while_acks_are_dropped
         "Steps:\n \n- one\n\t- two",
     ],
 )
-def test_a_message_with_any_whitespace_has_the_bare_chat_templates_ids(smol_engine, text):
+def test_a_message_with_any_whitespace_has_the_bare_chat_templates_ids(smol_engine, context_and_bare_template, text):
     """SmolLM2's GPT-2-style tokenizer merges whitespace (``ĊĠĠ``, ``ĠĠĠ``): each segment's
     separator must be the ids the whole message gives it, or the context differs from the
     bare model's though its text is the same."""
     tok = smol_engine.tokenizer
     conversation = Conversation(smol_engine, tagging="signals", system_prompt="Be brief.\n")
-    conversation.add("user", text)
-    conversation.add("assistant", "Fine.  ")
-    conversation.add("user", "And?")
-    prompt = conversation.render_prompt(conversation.next_segment_id()).token_ids
-    bare = [
-        {"role": "system", "content": "Be brief.\n"},
-        {"role": "user", "content": text},
-        {"role": "assistant", "content": "Fine.  "},
-        {"role": "user", "content": "And?"},
-    ]
-    expected = tok.apply_chat_template(bare, tokenize=False, add_generation_prompt=True)
+    messages = [("system", "Be brief.\n"), ("user", text), ("assistant", "Fine.  "), ("user", "And?")]
+    prompt, expected = context_and_bare_template(conversation, tok, messages)
     assert prompt == tok.encode(expected, add_special_tokens=False)
 
 

@@ -295,20 +295,13 @@ def test_an_empty_assistant_or_tool_message_renders_as_the_chat_templates_empty_
         "Question here?\n\n\n",
     ],
 )
-def test_the_context_holds_a_message_as_written_whatever_its_whitespace(converse, tiny_tok, text):
+def test_the_context_holds_a_message_as_written_whatever_its_whitespace(
+    converse, tiny_tok, context_and_bare_template, text
+):
     """The bare chat template passes content through verbatim; so does the context."""
     conversation = converse(system_prompt="Be brief.\n")
-    conversation.add("user", text)
-    conversation.add("assistant", "  Fine.\n")
-    conversation.add("user", "And?")
-    prompt = conversation.render_prompt(conversation.next_segment_id()).token_ids
-    bare = [
-        {"role": "system", "content": "Be brief.\n"},
-        {"role": "user", "content": text},
-        {"role": "assistant", "content": "  Fine.\n"},
-        {"role": "user", "content": "And?"},
-    ]
-    expected = tiny_tok.apply_chat_template(bare, tokenize=False, add_generation_prompt=True)
+    messages = [("system", "Be brief.\n"), ("user", text), ("assistant", "  Fine.\n"), ("user", "And?")]
+    prompt, expected = context_and_bare_template(conversation, tiny_tok, messages)
     assert tiny_tok.decode(prompt) == expected
     assert prompt == tiny_tok.encode(expected, add_special_tokens=False)
 
