@@ -1,6 +1,7 @@
 """SmolLM2-135M end to end: a fact survives 15 turns while acknowledgements go; both protocol modes run."""
 
 import pytest
+from whitespace_cases import WHITESPACE_MESSAGES
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.lifecycle.segments import Status
@@ -52,17 +53,7 @@ def test_fact_from_turn_one_is_in_context_at_turn_fifteen_while_acks_are_dropped
     assert smol_engine.pool.stats().blocks_in_use == 0
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "1. Pack\n   - passport\n   - charger\n2. Travel\n   - taxi",
-        "First line.\r\nSecond line here.\r\n\r\nThird paragraph.",
-        "Title.\n\n\n\nBody of the note.",
-        "Hello   there.    How   are you doing today?",
-        "Question here?\n\n\n",
-        "Steps:\n \n- one\n\t- two",
-    ],
-)
+@pytest.mark.parametrize("text", [*WHITESPACE_MESSAGES, "Steps:\n \n- one\n\t- two"])
 def test_a_message_with_any_whitespace_has_the_bare_chat_templates_ids(smol_engine, context_and_bare_template, text):
     """SmolLM2's GPT-2-style tokenizer merges whitespace (``ĊĠĠ``, ``ĠĠĠ``): each segment's
     separator must be the ids the whole message gives it, or the context differs from the

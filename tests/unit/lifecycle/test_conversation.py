@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from whitespace_cases import WHITESPACE_MESSAGES
 
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.calibration import CALIBRATION_CHATS
@@ -284,17 +285,7 @@ def test_an_empty_assistant_or_tool_message_renders_as_the_chat_templates_empty_
     assert conversation.respond().turn == 1
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "1. Pack\n   - passport\n   - charger\n2. Travel\n   - taxi",
-        "First line.\r\nSecond line here.\r\n\r\nThird paragraph.",
-        "Title.\n\n\n\nBody of the note.",
-        "Hello   there.    How   are you doing today?",
-        "   leading spaces. Then another sentence.",
-        "Question here?\n\n\n",
-    ],
-)
+@pytest.mark.parametrize("text", [*WHITESPACE_MESSAGES, "   leading spaces. Then another sentence."])
 def test_the_context_holds_a_message_as_written_whatever_its_whitespace(
     converse, tiny_tok, context_and_bare_template, text
 ):

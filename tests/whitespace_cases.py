@@ -1,0 +1,11 @@
+"""Messages whose whitespace a byte-level tokenizer merges across what the segmenter
+splits (runs of spaces, blank lines, CRLF, indented lists): the context must hold them
+with the bare chat template's ids."""
+
+WHITESPACE_MESSAGES = [
+    "1. Pack\n   - passport\n   - charger\n2. Travel\n   - taxi",
+    "First line.\r\nSecond line here.\r\n\r\nThird paragraph.",
+    "Title.\n\n\n\nBody of the note.",
+    "Hello   there.    How   are you doing today?",
+    "Question here?\n\n\n",
+]
