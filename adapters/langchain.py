@@ -570,14 +570,19 @@ class ChatCLM(BaseChatModel):
             "pool": engine.pool.stats().as_dict(),
             "prefill_tokens": stats.prefill_tokens,
         }
-        return AIMessageChunk(
+        message = AIMessageChunk(
             content="",
             tool_calls=answer.tool_calls,
-            invalid_tool_calls=answer.invalid_tool_calls,
             usage_metadata=usage,
             response_metadata=metadata,
             chunk_position="last",
         )
+        # Invalid calls get no tool-call chunk: LangChain's chunk sum (``+``) re-derives the
+        # calls from the chunks, and its partial-JSON parse would turn an invalid one (an
+        # unknown tool, a missing argument, a call cut by max_tokens) into a valid call
+        # whose args are the whole payload. A summed stream carries the valid calls only.
+        message.invalid_tool_calls = list(answer.invalid_tool_calls)
+        return message
 
 
 _SCHEMA_KEYWORDS = ("type", "properties", "anyOf", "oneOf", "allOf", "$ref", "enum", "const")

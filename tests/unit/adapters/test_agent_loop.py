@@ -64,6 +64,28 @@ def test_malformed_or_unknown_calls_become_invalid_tool_calls_not_errors(scripte
     assert len(errors) == 2 and "not valid JSON" in errors[0] and "unknown tool 'launch'" in errors[1]
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        '<tool_call>{"name": "launch", "arguments": {"when": "now"}}</tool_call>',  # no such tool
+        '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>',  # missing a required argument
+        '<tool_call>{"name": "get_wea',  # cut by max_tokens
+    ],
+)
+def test_a_summed_stream_never_turns_an_invalid_call_into_a_valid_one(scripted_llm, call):
+    """LangChain sums stream chunks with ``+`` (agents, LangGraph's message stream), which
+    re-derives calls from tool-call chunks by partial JSON parsing: an invalid call must
+    not come out of that sum as a call to run."""
+    llm, _ = scripted_llm("Let me check. " + call, "Let me check. " + call)
+    agent = llm.bind_tools([get_weather])
+    invoked = agent.invoke("Weather?")
+    assert invoked.tool_calls == [] and len(invoked.invalid_tool_calls) == 1
+    full = None
+    for chunk in agent.stream("Weather?"):
+        full = chunk if full is None else full + chunk
+    assert full.tool_calls == [] and full.content == invoked.content
+
+
 def test_tool_choice_opens_the_reply_with_the_required_call(scripted_llm):
     llm, _ = scripted_llm('Faro"}}</tool_call>')  # the call head, the one key and its opening quote are forced
     message = llm.bind_tools([get_weather, add], tool_choice="get_weather").invoke("Tell me something.")
