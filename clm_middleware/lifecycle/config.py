@@ -55,7 +55,11 @@ class GenerationSettings:
         check_integers(self, "max_new_tokens", "block_tokens", "top_k", "seed", "no_repeat_ngram_size")
         for name in ("stop", "end_after"):  # one string is one stop string, never its characters
             value = getattr(self, name)
-            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+            value = (value,) if isinstance(value, str) else tuple(value)
+            for marker in value:  # "" is in every text: it would end each reply at its first token
+                if not isinstance(marker, str) or not marker:
+                    raise ConfigError(name, f"each stop string must be a non-empty string, got {marker!r}")
+            object.__setattr__(self, name, value)
         if self.response_format is not None and not isinstance(self.response_format, ResponseFormat):
             object.__setattr__(self, "response_format", ResponseFormat.parse(self.response_format))
         if self.max_new_tokens < 1:

@@ -56,6 +56,20 @@ def test_a_stop_string_is_one_stop_and_none_arguments_mean_the_defaults(scripted
     assert reply.content == "In the sea there are fish."
 
 
+@pytest.mark.parametrize("stop", [[""], ["", "zzz"], [None]])
+def test_an_empty_or_non_string_stop_is_refused_not_a_one_token_reply(scripted_llm, engine, stop):
+    """ "" is in every text: as a stop string it would end each reply at its first token."""
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.errors import ConfigError
+
+    llm, _ = scripted_llm("In the sea there are fish.")
+    with pytest.raises(ConfigError, match="stop: each stop string must be a non-empty string"):
+        llm.invoke("Tell me.", stop=stop)
+    with pytest.raises(ConfigError, match="stop: each stop string"):
+        Conversation(engine, stop=stop, tagging="rules")
+    assert llm.invoke("Tell me.").content == "In the sea there are fish."  # the refused call left nothing
+
+
 def test_a_setting_of_the_wrong_type_is_named_before_a_model_loads(engine, monkeypatch):
     from clm_middleware.conversation import Conversation
     from clm_middleware.engine import Engine
