@@ -587,12 +587,16 @@ class Conversation:
     def load(
         cls, store: Any, conversation_id: str, engine: ServingEngine | None = None, **settings: Any
     ) -> Conversation:
-        """Rebuild a stored conversation: same messages, segments, labels, context."""
+        """Rebuild a stored conversation: same messages, segments, labels, context.
+        Segments are stored as token ids, so the engine must tokenize as the one that
+        stored them: another model's engine is a ``ConfigError`` (its vocabulary would read
+        the ids as other text)."""
         store = store if isinstance(store, Store) else Store(store)
         stored = store.load(conversation_id)
         conversation = cls(engine, conversation_id=conversation_id, **{**stored.record.settings, **settings})
         conversation.store = store  # its row exists: saves continue it (no register)
         conversation._saved = True
+        _check_stored_ids(stored.record.model, stored.segments, conversation.engine)
         conversation.messages = stored.messages
         conversation._segments = {s.id: s for s in stored.segments}
         conversation.turn = stored.record.turn
@@ -793,3 +797,22 @@ def _open_store(store: Any) -> Store | None:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def _check_stored_ids(stored_model: str, segments: Sequence[Segment], engine: ServingEngine, sample: int = 32) -> None:
+    """Refuse stored segments whose token ids the engine's tokenizer does not read back as
+    their text (a conversation stored with another model). An engine of the model that
+    stored them is trusted; another model name passes when its tokenizer decodes the first
+    ``sample`` written segments (not replies: a generated reply's ids may end inside a
+    character its text leaves out) to their texts (a tokenizer shared by two models)."""
+    if stored_model == engine.model_name:
+        return
+    written = [s for s in segments if s.role != "assistant"]
+    for segment in written[:sample]:
+        if engine.tokenizer.decode(segment.token_ids) != segment.text:
+            raise ConfigError(
+                "engine",
+                f"this conversation was stored with model {stored_model!r}; its token ids do not read back "
+                f"as its text with the tokenizer of {engine.model_name!r}",
+                hint=f"load it with an engine of {stored_model!r}",
+            )

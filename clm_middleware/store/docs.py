@@ -24,7 +24,9 @@ A stored conversation is continued with `Conversation.load(store, id)`, never
 overwritten: a new `Conversation` given an id the store holds raises
 `ConversationExistsError`. `ChatCLM` and `clm serve`, whose callers re-send the whole
 history, then start the conversation under a suffixed id (`s1~1a2b3c4d`); `clm replay`
-suffixes `#2`, `#3`.
+suffixes `#2`, `#3`. Segments are stored as token ids, so a conversation loads only onto
+an engine whose tokenizer reads them back as their text: another model's engine is a
+`ConfigError` naming the model that stored it (a model sharing the tokenizer loads it).
 
 Generated from the schema by `python -m clm_middleware.store.docs docs/store.md`;
 do not edit by hand.

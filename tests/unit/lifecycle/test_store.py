@@ -187,3 +187,27 @@ def test_a_new_conversation_with_a_stored_id_is_refused_and_the_stored_one_is_un
     assert other.store is None  # nothing attached: its turns cannot reach the stored conversation
     other.send("hello")
     assert [(m.role, m.content) for m in Conversation.load(path, "maria", engine).history] == stored
+
+
+def test_a_conversation_loads_onto_another_model_only_if_its_tokenizer_reads_the_stored_ids(engine, tiny_tok, tmp_path):
+    """Segments are stored as token ids: another vocabulary would read them as other text
+    (SmolLM2 loading a tiny model's chat showed bytes as random subwords)."""
+    from clm_middleware.engine import Engine
+    from clm_middleware.errors import ConfigError
+    from clm_middleware.models import tiny_llama, tiny_tokenizer
+
+    path = tmp_path / "models.db"
+    merging = tiny_tokenizer(merges=[("t", "h"), ("th", "e"), ("Ġ", "the"), ("i", "n"), ("Ġ", "in")])
+    other_vocabulary = Engine(tiny_llama(seed=3, vocab_size=len(merging)), merging)
+    stored = Conversation(other_vocabulary, tagging="rules", store=path, conversation_id="merged", max_new_tokens=4)
+    stored.send("Then the thin thread ran in the inn.")
+    stored.close()
+    with pytest.raises(ConfigError, match=r"engine: this conversation was stored with model 'tiny-llama-seed3'"):
+        Conversation.load(path, "merged", engine)
+
+    same_tokenizer = Conversation(engine, tagging="rules", store=path, conversation_id="plain", max_new_tokens=4)
+    same_tokenizer.send("Then the thin thread ran in the inn.")
+    context = same_tokenizer.context
+    same_tokenizer.close()
+    other_weights = Engine(tiny_llama(seed=1), tiny_tok)  # another model name, the same tokenizer: loads
+    assert Conversation.load(path, "plain", other_weights).context == context
