@@ -605,6 +605,7 @@ class Conversation:
         conversation.protocol_context = stored.record.protocol_context
         conversation.renderer = conversation._make_renderer()
         conversation.tagger.parse_history.extend(stored.record.parse_history)
+        conversation._turn_log = [TurnStats.from_dict(values) for values in stored.turn_stats]
         conversation.journal = ChangeJournal()  # all of it is stored already
         return conversation
 

@@ -244,8 +244,7 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
             "summaries",
         ):
             value = stats[key]
-            label = "turns this run" if key == "turns" else key
-            console.print(f"{label:>18}: {value:.1%}" if key == "hit_rate" else f"{label:>18}: {value}")
+            console.print(f"{key:>18}: {value:.1%}" if key == "hit_rate" else f"{key:>18}: {value}")
         by_status = ", ".join(f"{status} {count}" for status, count in stats["segments_by_status"].items())
         console.print(f"{'segments':>18}: {by_status}")
     elif name == "/save":

@@ -68,6 +68,13 @@ class TurnStats:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TurnStats:
+        """Stats as ``as_dict`` gave them (a store's row); fields this version does not
+        know are left out, fields it added since take their defaults."""
+        known = cls.__dataclass_fields__
+        return cls(**{name: value for name, value in values.items() if name in known})
+
 
 @dataclass(slots=True)
 class Reply:

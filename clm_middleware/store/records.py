@@ -47,3 +47,4 @@ class StoredConversation:
     record: ConversationRecord
     messages: list[MessageRecord]
     segments: list[Segment]
+    turn_stats: list[dict[str, Any]] = field(default_factory=list)  # each turn's TurnStats.as_dict(), in order

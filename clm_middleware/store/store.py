@@ -148,7 +148,7 @@ class Store:
                 )
 
     def load(self, conversation_id: str) -> StoredConversation:
-        """Every message and segment of one conversation; a ``StoreError`` if it is not there."""
+        """Every message, segment and turn's stats of one conversation; a ``StoreError`` if it is not there."""
         row = self.conversation_row(conversation_id)
         record = ConversationRecord(
             id=row["id"],
@@ -162,7 +162,12 @@ class Store:
         )
         messages = [_message(m) for m in self.rows("messages", conversation_id, "idx")]
         segments = [_segment(s) for s in self.rows("segments", conversation_id, "idx")]
-        return StoredConversation(record, messages, segments)
+        turns = (
+            [json.loads(t["stats"]) for t in self.rows("turns", conversation_id, "turn")]
+            if self.db["turns"].exists()
+            else []
+        )
+        return StoredConversation(record, messages, segments, turns)
 
     # ---------------------------------------------------------------- reads
 

@@ -248,7 +248,7 @@ def test_chat_skips_a_line_that_is_not_utf8_and_survives_a_message_over_its_budg
     )
     assert result.exit_code == 0, result.output
     assert "not valid UTF-8" in result.output and "budget" in result.output
-    assert "turns this run: 2" in result.output  # hello and "still here?"; the oversize message left nothing
+    assert "turns: 2" in result.output  # hello and "still here?"; the oversize message left nothing
 
 
 def test_stats_lists_conversations_and_turns(tmp_path):
@@ -367,7 +367,7 @@ def test_chat_resume_applies_the_flags_given_and_save_exports_json_and_help_list
     resumed = run(*base, "--budget", "300", "--tagging", "signals", input=f"/stats\n/help\n/save {exported}\n/quit\n")
     assert resumed.exit_code == 0, resumed.output
     assert "applied to the resumed conversation: --budget 300, --tagging signals" in resumed.output
-    assert "turn: 2" in resumed.output and "turns this run: 0" in resumed.output
+    assert "turn: 2" in resumed.output and "turns: 2" in resumed.output  # the stored turns count too
     assert "/pin N" in resumed.output and "exports the conversation" in resumed.output
     saved = json.loads(exported.read_text())
     assert saved["settings"]["budget"] == 300 and saved["settings"]["tagging"] == "signals"
@@ -389,7 +389,7 @@ def test_chat_survives_a_save_that_cannot_be_written(tmp_path):
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())  # the console wraps long lines at 80 columns
     assert said.count("/save failed") == 2 and "not a usable SQLite store" in said
-    assert "turns this run: 2" in said  # the chat went on after both failed saves
+    assert "turns: 2" in said  # the chat went on after both failed saves
 
 
 def test_ctrl_c_during_a_reply_stops_that_reply_and_keeps_the_chat(monkeypatch, tiny_model, tiny_tok):
@@ -418,7 +418,7 @@ def test_ctrl_c_during_a_reply_stops_that_reply_and_keeps_the_chat(monkeypatch, 
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     assert "interrupted: that message and its reply were not kept" in said
-    assert "turns this run: 1" in said  # the second message, answered after the interrupted first
+    assert "turns: 1" in said  # the second message, answered after the interrupted first
 
 
 def test_segments_shows_every_id_whole_at_80_columns(monkeypatch):

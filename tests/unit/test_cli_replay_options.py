@@ -148,7 +148,7 @@ def test_chat_json_prints_one_object_per_turn_and_an_error_object_for_a_refused_
         assert field in first
     assert "budget" in refused["error"]
     assert last["turn"] == 2 and last["cached_tokens"] > 0
-    assert "turns this run" in result.stderr and "conversation" in result.stderr  # /stats and the banner
+    assert "turns: " in result.stderr and "conversation" in result.stderr  # /stats and the banner
 
 
 def test_an_output_path_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, monkeypatch):

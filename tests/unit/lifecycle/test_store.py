@@ -14,7 +14,9 @@ from clm_middleware.store import MIGRATIONS, Store, migrate
 from clm_middleware.store.migrations import MIGRATIONS_TABLE
 
 
-def test_a_reloaded_conversation_renders_the_same_context_and_continues(converse, engine, tmp_path):
+def test_a_reloaded_conversation_renders_the_same_context_keeps_its_turn_stats_and_continues(
+    converse, engine, tmp_path
+):
     path = tmp_path / "chats.db"
     conversation = converse(store=path, system_prompt="Be brief.", budget=400, conversation_id="trip")
     for text in (
@@ -28,6 +30,7 @@ def test_a_reloaded_conversation_renders_the_same_context_and_continues(converse
     expected_context = conversation.context
     expected_prompt = conversation.render_prompt(None).token_ids
     expected_statuses = [(s.id, s.status, s.label, s.turn) for s in conversation.segments]
+    expected_stats = conversation.stats()
     conversation.close()
 
     loaded = Conversation.load(path, "trip", engine)
@@ -36,8 +39,12 @@ def test_a_reloaded_conversation_renders_the_same_context_and_continues(converse
     assert [(s.id, s.status, s.label, s.turn) for s in loaded.segments] == expected_statuses
     assert [m.content for m in loaded.history] == [m.content for m in conversation.history]
     assert loaded.config.budget == 400 and loaded.turn == 4
+    for total in ("turns", "prompt_tokens", "cached_tokens", "prefill_tokens"):  # totals over every turn so far
+        assert loaded.stats()[total] == expected_stats[total]
+    assert [t.turn for t in loaded.turn_log] == [1, 2, 3, 4]
     reply = loaded.send("What was my booking code?")
     assert reply.turn == 5 and reply.segment_id == f"seg_{conversation._next_index + 1}"
+    assert loaded.stats()["turns"] == 5 and loaded.turn_log[-1] == reply.stats
     loaded.close()
 
 
