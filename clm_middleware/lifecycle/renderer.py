@@ -82,15 +82,17 @@ class ContextRenderer:
         ids: list[int] = []
         rendered = RenderedContext(token_ids=ids)
         system_first = bool(messages) and messages[0].role == "system"
-        if self.preamble_ids or system_first:
+        visible = [segments[s] for s in messages[0].segment_ids if segments[s].visible] if system_first else []
+        # a system message that left the context (forgotten) takes its turn with it, as any
+        # message does: the start is the chat template's own without a system message
+        if self.preamble_ids or visible:
             glue = self.format.glue["system"]
             ids.extend(glue.header_ids)
             ids.extend(self.preamble_ids)
-            if system_first:
-                visible = [segments[s] for s in messages[0].segment_ids if segments[s].visible]
-                if visible and self.preamble_ids:
+            if visible:
+                if self.preamble_ids:
                     ids.extend(self._encoded(SYSTEM_JOIN))
-                self._segments(ids, rendered, visible, messages[0].segment_ids[0] if visible else None)
+                self._segments(ids, rendered, visible, messages[0].segment_ids[0])
             ids.extend(glue.footer_ids)
         else:
             ids.extend(self.format.start_ids(None))

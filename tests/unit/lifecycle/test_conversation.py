@@ -153,6 +153,20 @@ def test_pinned_segments_survive_budget_pressure_and_forget_removes_them_and_the
         conversation.pin("seg_999")
 
 
+def test_a_forgotten_system_prompt_takes_its_turn_with_it(converse, tiny_tok):
+    """As any message that leaves the context: the prompt starts as the chat template's
+    does without a system message, not with an empty system turn."""
+    conversation = converse(system_prompt="Talk like a pirate.")
+    conversation.forget(conversation.segments[0].id)
+    conversation.add("user", "hello")
+    prompt = conversation.render_prompt(conversation.next_segment_id()).token_ids
+    bare = tiny_tok.apply_chat_template(
+        [{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True
+    )
+    assert tiny_tok.decode(prompt) == bare
+    assert conversation.respond().turn == 1
+
+
 def test_free_mode_parses_the_models_block_and_the_user_never_sees_it(converse, scripted):
     engine, _ = scripted("Noted.\n[LIFECYCLE]\nseg_1: drop\nseg_0: keep\n[/LIFECYCLE]", "Sure thing.")
     conversation = converse(engine=engine, tagging="free")
