@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import xxhash
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 
 from clm_middleware.errors import ConfigError
 from clm_middleware.render.content import join_text_parts
@@ -45,8 +45,29 @@ def message_text(message: BaseMessage) -> str:
     return join_text_parts(parts)
 
 
+# ChatMessage's free-form role, as OpenAI and LangChain spell the roles a chat template knows
+CHAT_MESSAGE_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "ai": "assistant",
+    "tool": "tool",
+}
+
+
 def to_turn(message: BaseMessage) -> Turn:
-    if isinstance(message, SystemMessage):
+    if isinstance(message, ChatMessage):
+        role = CHAT_MESSAGE_ROLES.get(str(message.role).strip().lower())
+        if role is None:
+            raise ConfigError(
+                "messages",
+                f"ChatMessage role {message.role!r} is not one a chat template knows",
+                hint=f"use one of {', '.join(CHAT_MESSAGE_ROLES)}",
+            )
+        text = message_text(message)
+    elif isinstance(message, SystemMessage):
         role, text = "system", message_text(message)
     elif isinstance(message, HumanMessage):
         role, text = "user", message_text(message)
@@ -63,7 +84,7 @@ def to_turn(message: BaseMessage) -> Turn:
         raise ConfigError(
             "messages",
             f"unsupported message type {type(message).__name__}",
-            hint="use SystemMessage, HumanMessage, AIMessage or ToolMessage",
+            hint="use SystemMessage, HumanMessage, AIMessage, ToolMessage or ChatMessage",
         )
     return Turn(role, text, turn_digest(role, text))
 

@@ -65,7 +65,10 @@ class SessionRouter:
         self.evicted = 0  # idle sessions closed to stay within max_sessions
 
     def route(self, turns: Sequence[Turn], session_id: str | None = None) -> Route:
-        """Pick (and mark busy) the conversation to answer ``turns`` with."""
+        """Pick (and mark busy) the conversation to answer ``turns`` with. A blank
+        ``session_id`` names nothing: the history alone routes the call."""
+        if session_id is not None and not session_id.strip():
+            session_id = None
         digests = [t.digest for t in turns]
         with self._lock:
             named_before = self._names.get(session_id) if session_id is not None else None

@@ -106,6 +106,7 @@ class Conversation:
     ) -> None:
         self.use_pool = use_pool  # False: every turn is computed from scratch (a stateless baseline)
         # settings are validated before a model loads: a bad one fails in milliseconds
+        conversation_id = uuid.uuid4().hex if conversation_id is None else _checked_id(conversation_id)
         self.config = config or LifecycleConfig(
             tagging=TaggingConfig(
                 mode=tagging,
@@ -136,7 +137,7 @@ class Conversation:
 
             engine = Engine.from_pretrained()
         self.engine = engine
-        self.id = conversation_id or uuid.uuid4().hex
+        self.id = conversation_id
         self.cache_salt = cache_salt
         self.chat_format = ChatFormat.from_tokenizer(self.engine.tokenizer)
         self.segmenter = segmenter or Segmenter()
@@ -407,7 +408,10 @@ class Conversation:
     def fork(self, messages: int, conversation_id: str | None = None) -> Conversation:
         """A new conversation sharing the first ``messages`` messages, with their segments,
         labels and statuses: it renders that prefix exactly as this one does, so the
-        prefix's blocks still hit. Used when a caller edits or branches a history."""
+        prefix's blocks still hit. Used when a caller edits or branches a history.
+        ``messages`` counts from the start: 0 to ``len(history)``."""
+        if isinstance(messages, bool) or not isinstance(messages, int) or not 0 <= messages <= len(self.messages):
+            raise ConfigError("messages", f"must be an integer from 0 to {len(self.messages)}, got {messages!r}")
         twin = Conversation(
             self.engine,
             config=self.config,
@@ -794,6 +798,16 @@ def _open_store(store: Any) -> Store | None:
     if isinstance(store, str | Path):
         return Store(store)
     raise ClmError(f"store must be a path or a Store, got {type(store).__name__}")
+
+
+def _checked_id(conversation_id: Any) -> str:
+    """A caller's conversation id: a string with something besides whitespace (it names
+    the conversation in a store, a report, a URL); None gives a fresh one."""
+    if not isinstance(conversation_id, str) or not conversation_id.strip():
+        raise ConfigError(
+            "conversation_id", f"must be a non-blank string (or None for a fresh id), got {conversation_id!r}"
+        )
+    return conversation_id
 
 
 def _mean(values: list[float]) -> float | None:

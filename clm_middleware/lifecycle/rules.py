@@ -34,9 +34,9 @@ class RuleConfig:
     old_after_turns: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("recent_turns", "compress_min_tokens", "old_after_turns"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, f"must be ≥ 0, got {getattr(self, name)}")
+        for name, least in (("recent_turns", 0), ("compress_min_tokens", 1), ("old_after_turns", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(name, f"must be ≥ {least}, got {getattr(self, name)}")
 
 
 def rule_label(segment: Segment, current_turn: int, config: RuleConfig) -> tuple[Label, str]:

@@ -306,7 +306,8 @@ def _langchain(data: Any, path: str, skipped: list[TranscriptError] | None = Non
     by the file: nothing to skip past, so ``skipped`` is unused."""
     name = Path(path).stem
     if isinstance(data, dict):
-        name = str(data.get("id", data.get("conversation_id", name)))
+        given = [data.get(key) for key in ("id", "conversation_id")]
+        name = next((str(value) for value in given if value is not None and str(value).strip()), name)
         data = data.get("messages")
     if not isinstance(data, list):
         raise TranscriptError(path, None, 'expected a list of {"type", "data"} message dicts')

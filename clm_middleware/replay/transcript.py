@@ -98,6 +98,8 @@ def _jsonl_line(raw: str, path: Path, number: int) -> tuple[str, Message]:
     if not isinstance(conversation, str | int) or isinstance(conversation, bool):
         kind = type(conversation).__name__
         raise TranscriptError(str(path), number, f'"conversation_id" must be a string or a number, got {kind}')
+    if not str(conversation).strip():
+        raise TranscriptError(str(path), number, '"conversation_id" must not be blank')
     return str(conversation), message
 
 

@@ -119,6 +119,11 @@ def test_a_message_without_a_role_says_so(tmp_path):
         ("what.json", {"hello": "world"}, "cannot tell the format"),
         ("none.json", [], "holds no messages|cannot tell"),
         ("blank.json", "   ", "empty"),
+        (
+            "ids.jsonl",
+            '{"role": "user", "content": "hi", "conversation_id": "  "}\n',
+            r'ids\.jsonl:1: "conversation_id" must not be blank',
+        ),
     ],
 )
 def test_errors_say_where_and_what(tmp_path, name, data, message):
@@ -249,3 +254,5 @@ def test_langchain_conversations_one_per_line_keep_their_ids(tmp_path):
     ]
     path = write(tmp_path, "lc.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
     assert [t.conversation_id for t in read_transcripts(path)] == ["a", "b"]
+    unnamed = write(tmp_path, "unnamed.json", {"id": "", "messages": lines[0]["messages"]})
+    assert [t.conversation_id for t in read_transcripts(unnamed)] == ["unnamed"]  # a blank id names nothing

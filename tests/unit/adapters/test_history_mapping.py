@@ -59,6 +59,14 @@ def test_a_named_session_follows_its_latest_branch(scripted_llm):
     assert conversation_of(a2) == conversation_of(b1)
 
 
+def test_a_blank_session_id_names_nothing_and_the_history_routes_the_call(scripted_llm):
+    llm, _ = scripted_llm("A1.", "A2.")
+    a1 = llm.invoke([HumanMessage("Hello there.")], config={"configurable": {"session_id": "   "}})
+    assert conversation_of(a1).strip()  # a fresh id, not the blank name
+    a2 = llm.invoke([HumanMessage("Hello there."), a1, HumanMessage("And?")], session_id="")
+    assert conversation_of(a2) == conversation_of(a1)  # extended, as an unnamed call is
+
+
 def test_a_named_session_goes_back_to_an_earlier_branch_it_matches(scripted_llm):
     """A chat UI regenerates an answer, then the user goes back to the first one: the
     history matches the first branch exactly, which is extended (no fork of a fork)."""
@@ -148,3 +156,19 @@ def test_a_failed_call_leaves_every_conversation_and_name_as_it_was(scripted_llm
     assert retry.response_metadata["conversation_id"] == "s1" and retry.content == "Still here."
     assert retry.usage_metadata["input_token_details"]["cache_read"] > 0
     assert [m.content for m in Conversation.load(path, "s1", llm.engine).history][-1] == "Still here."
+
+
+def test_chat_messages_with_a_known_role_read_as_that_role_and_others_are_refused(scripted_llm):
+    from langchain_core.messages import ChatMessage, SystemMessage
+
+    from clm_middleware.errors import ConfigError
+
+    llm, _ = scripted_llm("A1.", "A2.")
+    typed = llm.invoke([SystemMessage("Be brief."), HumanMessage("Hello there.")])
+    loose = llm.invoke(
+        [ChatMessage(role="system", content="Be brief."), ChatMessage(role="User", content="Hello there.")]
+    )
+    assert loose.usage_metadata["input_tokens"] == typed.usage_metadata["input_tokens"]  # the same prompt
+    assert loose.usage_metadata["input_token_details"]["cache_read"] > 0  # served from the first call's blocks
+    with pytest.raises(ConfigError, match="ChatMessage role 'narrator'"):
+        llm.invoke([ChatMessage(role="narrator", content="Once upon a time.")])

@@ -81,6 +81,12 @@ def test_a_setting_of_the_wrong_type_is_named_before_a_model_loads(engine, monke
         Conversation(budget="256")
     with pytest.raises(ConfigError, match="max_new_tokens: must be an integer, got float"):
         GenerationSettings(max_new_tokens=1.5)
+    for blank in ("", "   "):  # an id names the conversation in a store, a report, a URL
+        with pytest.raises(ConfigError, match="conversation_id: must be a non-blank string"):
+            Conversation(conversation_id=blank)
+    for size in (0, -5):  # one bound, whichever check sees it first
+        with pytest.raises(ConfigError, match=f"compress_min_tokens: must be ≥ 1, got {size}"):
+            Conversation(compress_min_tokens=size)
     assert GenerationSettings(stop="sea").stop == ("sea",)
     assert Conversation(engine, stop="sea", tagging="rules").generation.stop == ("sea",)
 

@@ -167,6 +167,19 @@ def test_a_forgotten_system_prompt_takes_its_turn_with_it(converse, tiny_tok):
     assert conversation.respond().turn == 1
 
 
+def test_fork_shares_a_prefix_of_the_history_and_refuses_a_count_outside_it(converse):
+    conversation = converse(system_prompt="Be brief.")
+    conversation.send("My order number is 88412.")
+    conversation.send("Where is it now?")
+    twin = conversation.fork(3)  # system, the first question and its reply
+    assert [m.content for m in twin.history] == [m.content for m in conversation.history[:3]]
+    assert conversation.context.startswith(twin.context)  # that prefix renders as it does here
+    assert twin.send("Thanks.").turn == 2
+    for bad in (-1, len(conversation.history) + 1, True, 1.0):
+        with pytest.raises(ConfigError, match=r"messages: must be an integer from 0 to 5"):
+            conversation.fork(bad)
+
+
 def test_free_mode_parses_the_models_block_and_the_user_never_sees_it(converse, scripted):
     engine, _ = scripted("Noted.\n[LIFECYCLE]\nseg_1: drop\nseg_0: keep\n[/LIFECYCLE]", "Sure thing.")
     conversation = converse(engine=engine, tagging="free")
