@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -38,7 +39,7 @@ class ArenaLayer(DynamicLayer):
 
     def __init__(self, arena: ArenaCache, layer: int) -> None:
         super().__init__()
-        self._arena = arena
+        self._arena: ArenaCache = weakref.proxy(arena)  # the arena owns its layers: no cycle to collect
         self._layer = layer
         self.is_initialized = True
         self.device = arena.keys.device

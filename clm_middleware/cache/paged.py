@@ -27,6 +27,7 @@ Invariants:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -41,7 +42,7 @@ class PagedLayer(DynamicLayer):
 
     def __init__(self, cache: PagedCache, layer: int) -> None:
         super().__init__()
-        self._cache = cache
+        self._cache: PagedCache = weakref.proxy(cache)  # the cache owns its layers: no cycle to collect
         self._layer = layer
         self.is_initialized = True
         self.device = cache.device

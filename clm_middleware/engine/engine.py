@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -255,7 +256,8 @@ class Engine:
             logits_processors=self.logits_processors + tuple(logits_processors),
             forced=forced,
         )
-        return Generation(request, self.tokenizer, self.runner.run)
+        # the generation holds its engine (not the runner): a temporary engine lives while its generation runs
+        return Generation(request, self.tokenizer, functools.partial(self.runner.run, self))
 
     def choose(
         self,

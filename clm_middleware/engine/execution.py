@@ -43,19 +43,21 @@ if TYPE_CHECKING:
 
 class RequestRunner:
     """Runs the requests of one :class:`Engine`; thread-safe as the engine is (the pool
-    and the arena recycler lock; a request's arena is its own while it runs)."""
+    and the arena recycler lock; a request's arena is its own while it runs).
+
+    The engine owns its runner and the runner keeps no reference back (each call is given
+    its engine): a dropped engine (pool, arenas, disk tier) is freed at once, not at some
+    later cycle collection, so a process making engine after engine stays flat."""
 
     def __init__(self, engine: Engine, blend: BlendConfig | None) -> None:
-        self.engine = engine
         self.arenas = ArenaRecycler(engine.layout, engine.pool.block_size)
         # opt-in approximate reuse after a compaction; None: token-exact only
         self.blender = Blender(engine.model, blend) if blend is not None else None
 
     def _prefill(
-        self, request: Request, result: Generation, arena: WorkingCache, start: int, hit: PrefixHit
+        self, engine: Engine, request: Request, result: Generation, arena: WorkingCache, start: int, hit: PrefixHit
     ) -> torch.Tensor:
         """Compute the prompt from ``start`` on (engine/prefill.py); the last position's logits."""
-        engine = self.engine
         done = prefill(
             engine.forward,
             engine.model,
@@ -74,9 +76,9 @@ class RequestRunner:
         result.stats.observe_s += done.observe_s
         return done.last_logits
 
-    def run(self, request: Request, result: Generation) -> Iterator[int]:
-        """Execute ``request`` (see the module docstring); yields each token as it is chosen."""
-        engine = self.engine
+    def run(self, engine: Engine, request: Request, result: Generation) -> Iterator[int]:
+        """Execute ``request`` on ``engine``, the one owning this runner (see the module
+        docstring); yields each token as it is chosen."""
         started = time.perf_counter()
         stats, pool, size = result.stats, engine.pool, engine.pool.block_size
         prompt, sampling = request.prompt, request.sampling
@@ -140,7 +142,7 @@ class RequestRunner:
             stats.cached_tokens = start - computed
             stats.prefill_tokens = len(prompt) - stats.cached_tokens
             store = request.use_pool
-            logits = self._prefill(request, result, arena, start, hit)
+            logits = self._prefill(engine, request, result, arena, start, hit)
             generator = sampling.generator(engine.device)
             first_token_at = None
             if request.forced is not None:
@@ -167,7 +169,7 @@ class RequestRunner:
                     stats.ttft_s = first_token_at - started
                 stats.generated_tokens = len(result.token_ids)
                 yield token
-                if token in request.stop_ids or self._hit_stop_string(result.token_ids, request.stop):
+                if token in request.stop_ids or _hit_stop_string(engine, result.token_ids, request.stop):
                     result.finish_reason = "stop"
                     break
                 if len(result.token_ids) >= sampling.max_new_tokens:
@@ -208,11 +210,12 @@ class RequestRunner:
             stats.total_s = time.perf_counter() - started
             engine.stats.add(stats)
 
-    def _hit_stop_string(self, token_ids: list[int], stop: tuple[str, ...]) -> bool:
-        if not stop:
-            return False
-        text = self.engine.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return any(marker in text for marker in stop)
+
+def _hit_stop_string(engine: Engine, token_ids: list[int], stop: tuple[str, ...]) -> bool:
+    if not stop:
+        return False
+    text = engine.tokenizer.decode(token_ids, skip_special_tokens=True)
+    return any(marker in text for marker in stop)
 
 
 def _paged_cache(pool: BlockPool, hit: PrefixHit, reserved: list[int]) -> PagedCache:

@@ -260,3 +260,22 @@ def test_a_cache_hit_serves_the_log_probs_the_computing_call_measured(make_engin
     assert [v is None for v in second.prompt_logprobs] == [v is None for v in first.prompt_logprobs]
     for a, b in zip(first.prompt_logprobs, second.prompt_logprobs, strict=True):
         assert a is None or abs(a - b) < 1e-4
+
+
+def test_a_dropped_engine_is_freed_without_a_cycle_collection(make_either_engine):
+    """Engine, runner, arena and cache layers refer back weakly: dropping the last reference
+    frees the pool and arenas at once (a process making sibling engines stays flat)."""
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        engine = make_either_engine(max_blocks=64)
+        engine.generate(prompt_of(40), max_new_tokens=3).result()
+        engine.generate(prompt_of(60), max_new_tokens=3).result()
+        alive = [weakref.ref(engine), weakref.ref(engine.pool)]
+        del engine
+        assert [ref() for ref in alive] == [None, None]
+    finally:
+        gc.enable()
