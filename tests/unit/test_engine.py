@@ -263,8 +263,9 @@ def test_a_cache_hit_serves_the_log_probs_the_computing_call_measured(make_engin
 
 
 def test_a_dropped_engine_is_freed_without_a_cycle_collection(make_either_engine):
-    """Engine, runner, arena and cache layers refer back weakly: dropping the last reference
-    frees the pool and arenas at once (a process making sibling engines stays flat)."""
+    """Nothing an engine owns refers back to it strongly (its runner, arenas, cache layers):
+    dropping the last reference frees the pool and arenas at once, without the cycle
+    collector (a process making sibling engines stays flat)."""
     import gc
     import weakref
 
