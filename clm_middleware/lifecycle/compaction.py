@@ -3,8 +3,10 @@
 A compaction changes what the context shows, which costs a re-prefill from the first
 changed segment on, so it runs only when needed (see ``LifecycleConfig``):
 
-1. every pending label takes effect (with a budget, only once the prompt is over it;
-   without one, once the pending labels would free ``min_reclaim_tokens``): drop → DROPPED; compress → the compressor's
+1. every pending label takes effect (with a budget, only once the prompt is over it,
+   and only on messages already folded into the digest: the messages after the fold
+   stay as said; without one, once the pending labels would free
+   ``min_reclaim_tokens``): drop → DROPPED; compress → the compressor's
    result replaces the segment (COMPRESSED), or, if compression fails, the segment is
    kept and the failure recorded. Fact guard: a drop label on a segment that holds
    distinctive tokens (numbers, codes, names) is applied as a compression, which
@@ -18,18 +20,24 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    order, into the digest (see renderer.py): a segment with facts (distinctive
    tokens), or a request of the user or a tool in plain words ("a cheap place in the
    north"), is condensed by a faithful compression;
-   any other segment is dropped, and so is one the digest already says word for
-   word, a condensed request left with no content word ("perfect, that works"), and a
-   reply whose facts the digest already holds (unless the user accepted that reply,
-   see acceptance.py), until the prompt is under the low-water mark; if that is not
-   enough, a segment all of whose facts segments of no lower eviction value state is
-   dropped (no fact is lost), then condensed segments are tightened to their facts
+   any other segment is dropped, and so is one every word of substance of which the
+   digest already says, a condensed request left with no content word ("perfect,
+   that works"), and a reply whose facts the digest already holds (unless the user
+   accepted that reply, see acceptance.py), until the prompt is under the low-water
+   mark or the messages after the fold hold ``recent_share`` of the budget. The
+   messages after the fold are never touched: room comes from the digest, where a
+   segment all of whose facts segments of no lower eviction value state is dropped
+   (no fact is lost), then condensed segments are tightened to their facts
    (distinctive tokens and words the model found rare; the model's replies first,
-   oldest first), and then segments are dropped lowest eviction value first (replies
-   rank below what the user and tools said, and the replies the user did not accept
-   below those they did), oldest first among equals; a segment with facts, or a
-   condensed request, is dropped only down to halfway between the low-water mark and
-   the budget;
+   oldest first), and then segments without facts are dropped lowest eviction value
+   first (replies rank below what the user and tools said, and the replies the user
+   did not accept below those they did), oldest first among equals. If that is not
+   enough, folding goes on until the messages after the fold hold half of
+   ``recent_share``, the digest makes room again, and then gives up facts too, down to
+   halfway between the low-water mark and the budget; only then does folding go on
+   to the protected exchange. A reply dropped from between two user messages would
+   show the model another conversation than the one it is in, and the next reply
+   depends most on the last turns as they were said;
 3. if the newest exchange alone still outgrows the budget, its own long segments are
    condensed (faithfully) as a last resort; if even that cannot fit the budget,
    ``ContextBudgetError`` says by how much. A newest exchange over ``budget ×
@@ -44,10 +52,16 @@ from dataclasses import dataclass, field
 
 from clm_middleware.errors import ClmError
 from clm_middleware.lifecycle.acceptance import accepted_replies
-from clm_middleware.lifecycle.compressor import TIGHTENED, CompressionResult, Compressor, has_content_words
+from clm_middleware.lifecycle.compressor import (
+    TIGHTENED,
+    CompressionResult,
+    Compressor,
+    content_words,
+    has_content_words,
+)
 from clm_middleware.lifecycle.config import LifecycleConfig
 from clm_middleware.lifecycle.distinctive import distinctive_tokens, has_distinctive, missing_from
-from clm_middleware.lifecycle.rules import eviction_value, is_condensed_request
+from clm_middleware.lifecycle.rules import eviction_value
 from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Segment, SegmentId, Status
 
 OVERHEAD_TOKENS_PER_SEGMENT = 8  # a marker, a separator, a share of message glue
@@ -120,6 +134,8 @@ class Compactor:
         pending = [s for s in ordered if s.pending and not s.pinned]
         if not over:  # question guard (module docstring): only budget pressure drops one
             pending = [s for s in pending if not (s.label is Label.DROP and asks(s))]
+        else:  # the verbatim messages stay as said: their labels wait until they are folded
+            pending = [s for s in pending if s.message_index < fold]
         # what applying them would free: their ids plus marker / separator / glue (estimate)
         pending_saving = sum(len(s.visible_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in pending)
         result = CompactionResult(fold=fold)
@@ -177,20 +193,40 @@ class Compactor:
         protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
         body = messages[1:] if messages and messages[0].role == "system" else messages
         accepted = accepted_replies(self._history, among=messages)
-        # facts and condensed requests are dropped only down to halfway between the
-        # configured mark and the budget, wherever the pace puts the target
+        # facts are dropped only down to halfway between the configured mark and the
+        # budget, wherever the pace puts the target
         fact_target = (int(budget * self.config.low_water) + budget) // 2
-        # the newest messages keep recent_share of the budget (or all of the target, if
-        # that is less) verbatim while dropping what is worth least (passes 2-4) can make
-        # room; past that, folding (which condenses facts) still comes before dropping more
-        for floor in (min(int(budget * self.config.recent_share), target), 0):
+        # the messages after the fold stay verbatim, whole and in order (a reply dropped
+        # from between two user messages reads as another conversation): room comes from
+        # the digest (passes 2-4 over what is folded) while the verbatim messages hold
+        # recent_share of the budget (or all of the target, if that is less), then half
+        # of that, without losing a fact; then facts in the digest go, down to
+        # fact_target; only then does folding go on to the protected exchange
+        wide = self._recent_floor(budget, segments, turn)
+        no_fact_lost = budget * 2  # a prompt length never reached: pass 4 keeps every fact
+        for floor, keep_facts_under in (
+            (wide, no_fact_lost),
+            (wide // 2, no_fact_lost),
+            (wide // 2, fact_target),
+            (0, fact_target),
+        ):
             self._fold_oldest(body, segments, accepted, protected_from, target, floor, turn, result)
             if self.prompt_length() <= target:
                 return
-            older = self._older(body, segments, protected_from)
-            self._reduce(messages, segments, older, protected_from, accepted, target, fact_target, turn, result)
+            folded = self._older(body, segments, min(protected_from, self._fold))
+            self._reduce(messages, segments, folded, protected_from, accepted, target, keep_facts_under, turn, result)
             if self.prompt_length() <= target:
                 return
+
+    def _recent_floor(self, budget: int, segments: Mapping[SegmentId, Segment], turn: int) -> int:
+        """Tokens the verbatim window holds at least while the digest can make room."""
+        return min(int(budget * self.config.recent_share), self.low_water_mark(budget, segments, turn))
+
+    @staticmethod
+    def _verbatim_tokens(message: MessageRecord, segments: Mapping[SegmentId, Segment]) -> int:
+        """What ``message`` shows, plus its glue (estimate)."""
+        shown = sum(len(segments[s].visible_ids) for s in message.segment_ids if segments[s].visible)
+        return shown + OVERHEAD_TOKENS_PER_SEGMENT
 
     def low_water_mark(self, budget: int, segments: Mapping[SegmentId, Segment], turn: int) -> int:
         """Where a budget compaction brings the prompt: room for ``room_turns`` turns at
@@ -263,7 +299,7 @@ class Compactor:
         result: CompactionResult,
     ) -> None:
         """Passes 2-4 over ``candidates``, until the prompt is under ``target``; what
-        carries facts, and condensed requests, only until it is under ``fact_target``."""
+        carries facts only until it is under ``fact_target``."""
         visible = [segments[s] for m in messages for s in m.segment_ids if segments[s].visible]
         values = {
             s.id: (
@@ -283,14 +319,14 @@ class Compactor:
             if segment.status is Status.COMPRESSED and segment.summary_method != TIGHTENED:
                 self._tighten(segment, result)
         # Pass 4: real loss. Lowest eviction value first, oldest first among equals. A
-        # segment that carries facts, or a condensed request, is dropped only down to
-        # fact_target: some slack is kept, so the re-prefill after a compaction does not
-        # come back every turn, but not at the price of every fact the mark would cost.
+        # segment that carries facts is dropped only down to fact_target: some slack is
+        # kept, so the re-prefill after a compaction does not come back every turn, but
+        # not at the price of every fact the mark would cost.
         for segment in sorted(candidates, key=lambda s: (values[s.id], s.turn, s.index)):
             length = self.prompt_length()
             if length <= target:
                 return
-            if length <= fact_target and (_carries_facts(segment) or is_condensed_request(segment)):
+            if length <= fact_target and _carries_facts(segment):
                 continue
             self._drop(segment, result, turn)
 
@@ -317,8 +353,7 @@ class Compactor:
         tail_tokens = {}  # message index → verbatim tokens of it and every later message
         running = 0
         for message in reversed(unfolded):
-            running += sum(len(segments[s].visible_ids) for s in message.segment_ids if segments[s].visible)
-            running += OVERHEAD_TOKENS_PER_SEGMENT  # its glue
+            running += self._verbatim_tokens(message, segments)
             tail_tokens[message.index] = running
         digest_text = " ".join(
             segments[s].visible_text.casefold()
@@ -327,6 +362,7 @@ class Compactor:
             for s in m.segment_ids
             if segments[s].visible
         )
+        digest_words = content_words(digest_text)
         for message in unfolded:
             if message.index >= protected_from or self.prompt_length() <= target:
                 break
@@ -345,7 +381,9 @@ class Compactor:
                 condensed = segment.visible_text.casefold()
                 if segment.message_index in accepted:
                     digest_text += " " + condensed  # the agreed state: what it restates goes first
-                elif condensed in digest_text:
+                    digest_words |= content_words(condensed)
+                elif condensed in digest_text or not content_words(condensed) - digest_words:
+                    # word for word, or every word of substance of it, the digest says already
                     self._drop(segment, result, turn, reason="duplicate of the digest")
                 elif not facts and not has_content_words(segment.visible_text):
                     self._drop(segment, result, turn, reason="no content words")
@@ -356,6 +394,7 @@ class Compactor:
                     self._drop(segment, result, turn, reason="facts already in the digest")
                 else:
                     digest_text += " " + condensed
+                    digest_words |= content_words(condensed)
             self._fold = result.fold = message.index + 1
 
     def _drop_restated(

@@ -58,9 +58,15 @@ _FUNCTION_WORDS_TEXT = """a about above after again all also am an and any are a
 _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 
 
+def content_words(text: str) -> set[str]:
+    """The words of ``text`` beyond function and filler words, bare and case-folded."""
+    words = (_bare(w).casefold() for w in _WORD.findall(text) if any(c.isalnum() for c in w))
+    return {w for w in words if w and w not in _FUNCTION_WORDS}
+
+
 def has_content_words(text: str) -> bool:
     """Whether ``text`` says anything beyond function and filler words ("perfect, that works")."""
-    return any(_bare(w) not in _FUNCTION_WORDS for w in _WORD.findall(text) if any(c.isalnum() for c in w))
+    return bool(content_words(text))
 
 
 _FACT_WORD = regex.compile(r"[\p{L}\p{N}][\p{L}\p{N}:.,'@/-]*[\p{L}\p{N}]|[\p{L}\p{N}]")

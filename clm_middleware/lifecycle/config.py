@@ -102,9 +102,11 @@ class LifecycleConfig:
     ``min_reclaim_tokens`` (each application re-prefills from the first changed segment
     on, so they are batched).
 
-    ``recent_share`` of the budget is kept for the newest messages verbatim: old
-    messages are folded into the digest only while the verbatim tail stays above it,
-    and further room comes from the digest first. The next reply depends most on the
+    ``recent_share`` of the budget is kept for the newest messages verbatim, whole and
+    in order: old messages are folded into the digest only while the messages after
+    the fold stay above it, and further room comes from the digest first (what has no
+    fact, then, with the verbatim messages down to half of it, facts down to halfway
+    between the low-water mark and the budget). The next reply depends most on the
     last few turns as they were said (teacher-forced ``reply_nll`` measures it); the
     digest keeps the facts of the rest. 0 lets the digest take everything but the
     newest turn.

@@ -1,5 +1,7 @@
 """Conversation mechanics on the tiny model: reuse, budget, reclamation, restore, tagging modes."""
 
+import itertools
+
 import pytest
 import torch
 from whitespace_cases import WHITESPACE_MESSAGES
@@ -379,14 +381,21 @@ def _forced_turns(conversation, pairs):
         conversation.respond(reply)
 
 
-def test_a_plain_word_request_is_condensed_into_the_digest_not_dropped(converse):
+def test_a_plain_word_request_is_folded_condensed_and_leaves_before_the_verbatim_messages(converse):
+    """Folded, a request in plain words is condensed to its content words (chatter is
+    dropped); with no fact in it, it is not kept at the cost of the verbatim messages."""
     conversation = converse(budget=420, tagging="rules")
     request = "Okay then, can you look for it in the north instead then, please?"
-    _forced_turns(conversation, [(request, "Sure.")] + [(text, "we talked about that.") for text in FILLER])
+    decisions = []
+    for user, reply in [(request, "Sure.")] + [(text, "we talked about that.") for text in FILLER]:
+        conversation.add("user", user)
+        decisions += conversation.respond(reply).decisions
     folded = next(s for s in conversation.segments if s.text == request)
-    assert folded.status is Status.COMPRESSED
-    assert "north" in folded.visible_text  # its one content word
-    assert "north" in conversation.context
+    labels = [d.label for d in decisions if d.segment_id == folded.id and d.reason == "budget"]
+    assert labels == [Label.COMPRESS, Label.DROP]  # condensed when folded, then dropped for room
+    assert "north" in folded.summary  # its one content word
+    window = conversation.history[conversation.fold :]
+    assert all(conversation.segment(s).status is Status.ACTIVE for m in window for s in m.segment_ids)
 
 
 def test_a_reply_that_repeats_facts_already_in_the_digest_is_dropped(converse):
@@ -429,6 +438,48 @@ def _verbatim_tail_tokens(recent_share: float, converse) -> int:
 def test_budget_pressure_keeps_the_newest_messages_verbatim_for_recent_share_of_the_budget(converse):
     kept, legacy = _verbatim_tail_tokens(0.5, converse), _verbatim_tail_tokens(0.0, converse)
     assert kept > legacy  # passes 2-4 may still drop chatter from the tail, by value
+
+
+def _exchanges(count: int) -> list[tuple[str, str]]:
+    """Chit-chat with a fact in every user message and none in the replies."""
+    return [
+        (f"I walked {index} km along the river to the bakery on Elm Street today.", "That sounds lovely, go on.")
+        for index in range(count)
+    ]
+
+
+def test_budget_pressure_keeps_the_newest_messages_whole_and_in_order(converse):
+    """The verbatim messages after the digest are the newest ones, every one of them: a
+    reply is never dropped from between two user messages to make room (the context
+    would read as another conversation), whatever the labels or eviction values say."""
+    config = LifecycleConfig(tagging=TaggingConfig(mode="signals"), budget=600)
+    conversation = converse(config=config)
+    for turn, (user, reply) in enumerate(_exchanges(30), start=1):
+        conversation.add("user", user)
+        conversation.respond(reply)
+        if conversation.fold:
+            window = conversation.history[conversation.fold :]
+            shown = [all(conversation.segment(s).status is Status.ACTIVE for s in m.segment_ids) for m in window]
+            assert all(shown), (turn, shown)
+    assert conversation.turn_log[-1].prompt_tokens <= 600 and conversation.fold > 0
+    roles = [m.role for m in conversation.history[conversation.fold :]]
+    assert all(a != b for a, b in itertools.pairwise(roles)), roles  # still alternating
+
+
+def test_a_folded_message_whose_words_the_digest_holds_already_is_dropped(converse):
+    conversation = converse(budget=420, tagging="rules")
+    first, again = "The water and the heating are off.", "The heating and the water are off."
+    pairs = [(first, "Sure."), (again, "Sure.")]  # condensed: "water heating", "heating water"
+    decisions = []
+    for user, reply in pairs + [(text, "we talked about that.") for text in FILLER]:
+        conversation.add("user", user)
+        decisions += conversation.respond(reply).decisions
+    repeat = next(s for s in conversation.segments if s.text == again)
+    assert repeat.status is Status.DROPPED
+    assert any(d.reason == "duplicate of the digest" and d.segment_id == repeat.id for d in decisions)
+    told = next(s for s in conversation.segments if s.text == first)
+    assert told.summary == "water heating"  # the first telling was condensed into the digest
+    assert not any(d.reason == "duplicate of the digest" and d.segment_id == told.id for d in decisions)
 
 
 def test_a_turns_render_work_depends_on_the_context_not_on_the_history(converse, monkeypatch):
