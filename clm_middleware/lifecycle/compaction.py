@@ -46,6 +46,7 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -203,7 +204,7 @@ class Compactor:
         # of that, without losing a fact; then facts in the digest go, down to
         # fact_target; only then does folding go on to the protected exchange
         wide = self._recent_floor(budget, segments, turn)
-        no_fact_lost = budget * 2  # a prompt length never reached: pass 4 keeps every fact
+        no_fact_lost = sys.maxsize  # a prompt length never reached: pass 4 keeps every fact
         for floor, keep_facts_under in (
             (wide, no_fact_lost),
             (wide // 2, no_fact_lost),
