@@ -205,15 +205,16 @@ class Compactor:
         # fact_target; only then does folding go on to the protected exchange
         wide = self._recent_floor(budget, segments, turn)
         no_fact_lost = sys.maxsize  # a prompt length never reached: pass 4 keeps every fact
-        for floor, keep_facts_under in (
+        for floor, keep_facts_under in (  # floor None: no further folding this round
             (wide, no_fact_lost),
             (wide // 2, no_fact_lost),
-            (wide // 2, fact_target),
+            (None, fact_target),
             (0, fact_target),
         ):
-            self._fold_oldest(body, segments, accepted, protected_from, target, floor, turn, result)
-            if self.prompt_length() <= target:
-                return
+            if floor is not None:
+                self._fold_oldest(body, segments, accepted, protected_from, target, floor, turn, result)
+                if self.prompt_length() <= target:
+                    return
             folded = self._older(body, segments, min(protected_from, self._fold))
             self._reduce(messages, segments, folded, protected_from, accepted, target, keep_facts_under, turn, result)
             if self.prompt_length() <= target:
