@@ -224,14 +224,15 @@ class Conversation:
             raise
 
     def add(self, role: str, content: str) -> list[Segment]:
-        """Put a message into the conversation without answering it (system, user or tool)."""
+        """Put a message into the conversation without answering it (system, user or tool).
+
+        An empty message, or one of whitespace only, is an empty turn, as the chat template
+        renders ``""`` (histories hold them: a chat UI's stray Enter, an export's blank turn)."""
         if role not in MESSAGE_ROLES:
             raise ConfigError("role", f"unknown role {role!r}; use one of {MESSAGE_ROLES}")
         self._close_open_stream()
         if not isinstance(content, str):
             raise ConfigError("content", f"must be a string, got {type(content).__name__}")
-        if role in ("user", "system") and not content.strip():
-            raise ConfigError("content", f"a {role} message must not be empty or only whitespace")
         if lone_surrogate(content) is not None:
             raise ConfigError("content", "holds a lone surrogate (e.g. \\ud800): not Unicode text")
         text = self.segmenter.normalise_text(content)

@@ -84,8 +84,10 @@ class ContextRenderer:
         system_first = bool(messages) and messages[0].role == "system"
         visible = [segments[s] for s in messages[0].segment_ids if segments[s].visible] if system_first else []
         # a system message that left the context (forgotten) takes its turn with it, as any
-        # message does: the start is the chat template's own without a system message
-        if self.preamble_ids or visible:
+        # message does: the start is the chat template's own without a system message; one
+        # sent empty is an empty system turn, as the template renders it
+        sent_empty = system_first and not messages[0].segment_ids
+        if self.preamble_ids or visible or sent_empty:
             glue = self.format.glue["system"]
             ids.extend(glue.header_ids)
             ids.extend(self.preamble_ids)

@@ -120,6 +120,8 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
         raise TranscriptError(
             path, line, f"unknown role {role!r}; expected one of {sorted(ROLES | {'developer', 'function'})}"
         )
+    if role in ("user", "system") and "content" not in record:  # "" is a message; no key is a misnamed field
+        raise TranscriptError(path, line, f'a {role} message needs a "content"; got keys {sorted(record)}')
     content = _content_text(record.get("content"), path, line)
     tool_calls = record.get("tool_calls") or ()
     if record.get("tool_call"):
@@ -135,9 +137,6 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
             raise TranscriptError(path, line, f'"{where}" must be an object with a string "name"')
     if role != "assistant" and tool_calls:
         raise TranscriptError(path, line, f"a {role} message cannot carry tool calls")
-    if not content.strip() and not tool_calls and role in ("user", "system"):
-        # Conversation.add refuses it too: caught here, every mode fails at FILE:LINE alike
-        raise TranscriptError(path, line, f'a {role} message needs a "content" that is not empty or only whitespace')
     return Message(
         role=role,
         content=content,

@@ -72,6 +72,8 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
 
 def to_turn(message: ChatMessage, index: int) -> Turn:
     role = "system" if message.role == "developer" else message.role
+    if role in ("user", "system") and message.content is None:  # "" is a message (an empty turn); none is not
+        raise _bad_message(index, "content", f"a {message.role} message needs one")
     text = _content_text(message, index)
     if role == "assistant":
         calls = [
@@ -82,8 +84,6 @@ def to_turn(message: ChatMessage, index: int) -> Turn:
         raise _bad_message(index, "tool_calls", "only assistant messages carry tool calls")
     if role == "tool" and not message.tool_call_id:
         raise _bad_message(index, "tool_call_id", "a tool message needs one")
-    if not text.strip() and role in ("user", "system"):
-        raise _bad_message(index, "content", "must not be empty")
     return Turn(role, text, turn_digest(role, text))
 
 

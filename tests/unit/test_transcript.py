@@ -90,13 +90,18 @@ def test_turns_are_the_assistant_positions_plus_a_trailing_question(tmp_path):
             '"content\\[0\\]" is not a text part',
         ),
         ("[" * 100_000 + "]" * 100_000, "nested too deeply|expected an object"),
-        ('{"role": "user", "content": "   \\n\\t "}', "not empty or only whitespace"),
-        ('{"role": "system", "content": "  "}', "not empty or only whitespace"),
+        ('{"role": "user", "text": "hello"}', 'a user message needs a "content"; got keys'),
     ],
 )
 def test_hostile_records_are_errors_naming_the_line_and_field(tmp_path, line, problem):
     with pytest.raises(TranscriptError, match=r"h\.jsonl:1: .*(" + problem + ")"):
         read_jsonl(write_lines(tmp_path / "h.jsonl", [line]))
+
+
+def test_empty_and_whitespace_messages_are_read_as_sent(tmp_path):
+    lines = ['{"role": "system", "content": ""}', '{"role": "user", "content": "   \\n\\t "}']
+    messages = read_jsonl(write_lines(tmp_path / "e.jsonl", lines))[0].messages
+    assert [(m.role, m.content) for m in messages] == [("system", ""), ("user", "   \n\t ")]
 
 
 def test_content_parts_may_be_plain_strings(tmp_path):

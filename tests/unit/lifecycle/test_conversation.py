@@ -302,9 +302,9 @@ def test_an_assistant_greeting_and_two_user_messages_in_a_row_are_answered(conve
     assert "booking bot" in conversation.context and "8 pm" in conversation.context
 
 
-def test_an_empty_assistant_or_tool_message_renders_as_the_chat_templates_empty_turn(converse, tiny_tok):
+def test_an_empty_message_of_any_role_renders_as_the_chat_templates_empty_turn(converse, tiny_tok):
     conversation = converse(system_prompt="Be brief.")
-    messages = [("user", "hi"), ("assistant", ""), ("user", "and now?"), ("tool", ""), ("user", "well?")]
+    messages = [("user", ""), ("assistant", ""), ("user", "and now?"), ("tool", ""), ("system", ""), ("user", "")]
     for role, content in messages:
         conversation.add(role, content)
     prompt = conversation.render_prompt(conversation.next_segment_id()).token_ids
@@ -312,6 +312,15 @@ def test_an_empty_assistant_or_tool_message_renders_as_the_chat_templates_empty_
     expected = tiny_tok.apply_chat_template(bare, tokenize=False, add_generation_prompt=True)
     assert tiny_tok.decode(prompt) == expected  # no user, user where the caller sent user, assistant, user
     assert conversation.respond().turn == 1
+
+
+def test_an_empty_system_message_first_is_an_empty_system_turn_not_the_templates_default(converse, tiny_tok):
+    conversation = converse()
+    conversation.add("system", "")
+    conversation.add("user", "hello")
+    prompt = conversation.render_prompt(conversation.next_segment_id()).token_ids
+    bare = [{"role": "system", "content": ""}, {"role": "user", "content": "hello"}]
+    assert tiny_tok.decode(prompt) == tiny_tok.apply_chat_template(bare, tokenize=False, add_generation_prompt=True)
 
 
 @pytest.mark.parametrize("text", [*WHITESPACE_MESSAGES, "   leading spaces. Then another sentence."])

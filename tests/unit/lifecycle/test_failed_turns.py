@@ -37,16 +37,16 @@ def test_discard_refuses_to_remove_an_answered_message(converse):
 
 
 @pytest.mark.parametrize("text", ["", "   \n\t"])
-def test_an_empty_message_is_a_clear_error_and_generates_nothing(converse, engine, scripted, text):
+def test_an_empty_message_is_answered_as_an_empty_user_turn(converse, scripted, text):
+    """As the chat template renders it and an OpenAI-compatible server answers it."""
     from clm_middleware.adapters import ChatCLM
 
     conversation = converse()
-    with pytest.raises(ConfigError, match="must not be empty"):
-        conversation.send(text)
-    assert conversation.history == [] and engine.stats.prefill_tokens == 0
-    llm = ChatCLM(engine=scripted("unused")[0], tagging="signals")
-    with pytest.raises(ConfigError, match="must not be empty"):
-        llm.invoke(text)
+    reply = conversation.send(text)
+    assert [m.role for m in conversation.history] == ["user", "assistant"] and reply.turn == 1
+    assert conversation.history[0].segment_ids == []
+    llm = ChatCLM(engine=scripted("Did you mean to write something?")[0], tagging="signals")
+    assert llm.invoke(text).content == "Did you mean to write something?"
 
 
 def test_a_send_over_the_budget_takes_its_message_back_so_the_next_send_works(converse):

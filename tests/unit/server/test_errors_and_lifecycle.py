@@ -46,7 +46,8 @@ def _hello(model_id: str, **extra) -> dict:
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
         ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id"),
-        ({"messages": [{"role": "user", "content": "   "}]}, "messages[0].content"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]}, "messages[0].content"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         (

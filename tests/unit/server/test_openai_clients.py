@@ -167,6 +167,14 @@ def test_histories_as_people_have_them_are_answered(client, model_id):
         {"role": "tool", "tool_call_id": "call_from_elsewhere", "content": "table 12 is free"},
     ]
     assert _chat(client, model_id, with_tool, session="people").model_extra["clm"]["route"] == "extend"
+    blank_turns = [  # a chat UI's stray Enter, an empty system prompt: answered, as other servers do
+        {"role": "system", "content": ""},
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": "Did you mean to write something?"},
+        {"role": "user", "content": "   "},
+    ]
+    blank = _chat(client, model_id, blank_turns, session="blank")
+    assert blank.choices[0].finish_reason in ("stop", "length") and blank.usage.prompt_tokens > 0
 
 
 def test_more_streams_than_turn_slots_all_finish_and_no_slot_is_lost(client, model_id, server):
