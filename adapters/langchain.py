@@ -126,6 +126,9 @@ class ChatCLM(BaseChatModel):
     """Who labels segments: auto, free, constrained, signals or rules."""
     compression: str = "auto"
     """How compress-labelled segments are shortened: auto, extractive or abstractive."""
+    compact_ahead: bool = False
+    """Under a budget, compact after a reply when the next message would not fit, so
+    the next call does not wait for the re-prefill (docs/lifecycle.md)."""
     block_size: int = 16
     """Tokens per KV block."""
     max_kv_bytes: int | None = None
@@ -230,6 +233,7 @@ class ChatCLM(BaseChatModel):
             "budget": self.budget,
             "k": self.k,
             "compression": self.compression,
+            "compact_ahead": self.compact_ahead,
             "block_size": self.block_size,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
@@ -505,6 +509,7 @@ class ChatCLM(BaseChatModel):
             budget=self.budget,
             k=self.k,
             compression=self.compression,
+            compact_ahead=self.compact_ahead,
             max_new_tokens=self.max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,

@@ -117,6 +117,7 @@ def check_settings(model: Any) -> None:
         budget=model.budget,
         k=model.k,
         compression=model.compression,
+        compact_ahead=model.compact_ahead,
     )
     chat_settings(
         max_new_tokens=model.max_tokens,

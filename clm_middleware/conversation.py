@@ -81,6 +81,7 @@ class Conversation:
         k: int = 2,
         compression: str = "auto",
         compress_min_tokens: int = 48,
+        compact_ahead: bool = False,
         max_new_tokens: int = 256,
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -117,6 +118,7 @@ class Conversation:
             k=k,
             compression=compression,
             compress_min_tokens=compress_min_tokens,
+            compact_ahead=compact_ahead,
         )
         self.generation = generation or GenerationSettings(
             max_new_tokens=max_new_tokens,
@@ -510,14 +512,16 @@ class Conversation:
     def stats(self) -> dict[str, Any]:
         """Totals over every turn so far, and where the pool stands."""
         log = self._turn_log
-        prompt = sum(t.prompt_tokens for t in log)
-        cached = sum(t.cached_tokens for t in log)
+        ahead = sum(t.ahead_tokens for t in log)  # compacted contexts computed ahead count too
+        ahead_prefill = sum(t.ahead_prefill_tokens for t in log)
+        prompt = sum(t.prompt_tokens for t in log) + ahead
+        cached = sum(t.cached_tokens for t in log) + ahead - ahead_prefill
         return {
             "conversation_id": self.id,
             "turns": len(log),
             "prompt_tokens": prompt,
             "cached_tokens": cached,
-            "prefill_tokens": sum(t.prefill_tokens for t in log),
+            "prefill_tokens": sum(t.prefill_tokens for t in log) + ahead_prefill,
             "hit_rate": cached / prompt if prompt else 0.0,
             "context_tokens": self.context_tokens,
             "segments": len(self._segments),

@@ -74,6 +74,7 @@ def bench(
     k: int,
     tagging: str,
     compression: str,
+    compact_ahead: bool,
     db: Path | None,
     tenant: str | None,
     summarizer: str | None,
@@ -143,6 +144,7 @@ def bench(
             k=k,
             tagging=tagging,
             compression=compression,
+            compact_ahead=compact_ahead,
             db=str(db) if db and mode == "clm" else None,
             tenant=tenant,
         )

@@ -274,7 +274,8 @@ def generation_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--budget, --k, --tagging, --compression, --db, --tenant, --summarizer (used by the clm mode)."""
+    """--budget, --k, --tagging, --compression, --compact-ahead, --db, --tenant, --summarizer
+    (used by the clm mode)."""
     from clm_middleware.lifecycle.modes import TAGGING_MODES
 
     for option in reversed(
@@ -305,6 +306,12 @@ def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 default="auto",
                 show_default=True,
                 help="clm: how compress-labelled segments are shortened.",
+            ),
+            click.option(
+                "--compact-ahead",
+                is_flag=True,
+                help="clm: under --budget, compact after a reply when the next message would not fit, "
+                "so the next turn does not wait for the re-prefill.",
             ),
             click.option(
                 "--db",

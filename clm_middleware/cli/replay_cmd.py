@@ -83,6 +83,7 @@ def replay(
     k: int,
     tagging: str,
     compression: str,
+    compact_ahead: bool,
     db: Path | None,
     tenant: str | None,
     summarizer: str | None,
@@ -144,7 +145,13 @@ def replay(
         no_repeat_ngram_size=no_repeat_ngram_size,
     )
     lifecycle = LifecycleOptions(
-        budget=budget, k=k, tagging=tagging, compression=compression, db=str(db) if db else None, tenant=tenant
+        budget=budget,
+        k=k,
+        tagging=tagging,
+        compression=compression,
+        compact_ahead=compact_ahead,
+        db=str(db) if db else None,
+        tenant=tenant,
     )
     engine = build_engine(**engine_options)
     if summarizer and mode == "clm":

@@ -36,6 +36,11 @@ API_KEY_ENV = "CLM_API_KEY"
 @click.option(
     "--tagging", type=click.Choice(TAGGING_MODES), default="auto", show_default=True, help="Who labels segments."
 )
+@click.option(
+    "--compact-ahead",
+    is_flag=True,
+    help="Under --budget, compact after a reply when the next message would not fit (docs/lifecycle.md).",
+)
 @click.option("--db", type=OutputPath(), default=None, help="SQLite store for the conversations.")
 @click.option(
     "--api-key",
@@ -80,6 +85,7 @@ def serve(
     budget: int | None,
     k: int,
     tagging: str,
+    compact_ahead: bool,
     db: Path | None,
     api_keys: tuple[str, ...],
     max_sessions: int,
@@ -121,6 +127,7 @@ def serve(
         budget=budget,
         k=k,
         tagging=tagging,
+        compact_ahead=compact_ahead,
         db=str(db) if db else None,
         api_keys=keys,
         max_sessions=max_sessions,

@@ -139,6 +139,7 @@ class LifecycleOptions:
     k: int = 2
     tagging: str = "auto"
     compression: str = "auto"
+    compact_ahead: bool = False
     db: str | None = None
     tenant: str | None = None
     summarizer: ServingEngine | None = None
@@ -154,6 +155,7 @@ class LifecycleOptions:
             "k": self.k,
             "tagging": self.tagging,
             "compression": self.compression,
+            "compact_ahead": self.compact_ahead,
             "db": self.db,
         }
 
@@ -207,6 +209,7 @@ def _mode_factory(
             budget=lifecycle.budget,
             k=lifecycle.k,
             compression=lifecycle.compression,
+            compact_ahead=lifecycle.compact_ahead,
             # teacher-forced, a turn with no transcript reply computes one token, as in every mode
             max_new_tokens=options.tokens_to_generate,
             **options.sampling,

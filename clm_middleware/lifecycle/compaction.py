@@ -117,21 +117,28 @@ class Compactor:
         turn: int,
         fold: int,
         history: Sequence[MessageRecord] | None = None,
+        headroom: int = 0,
     ) -> CompactionResult:
         """``messages``: the live messages, in order (``Conversation.live_messages``): a
         message with nothing shown, pending or removed within K rounds cannot change a
         compaction, so over a long history the work follows the context. ``history``:
         every message (whose ``index`` is its position), for what depends on neighbours
-        (which reply the next message accepts); ``messages`` when None."""
+        (which reply the next message accepts); ``messages`` when None.
+
+        ``headroom`` > 0: a compaction ahead of the next turn, run after a reply (see
+        ``LifecycleConfig.compact_ahead``): the prompt counts as over the budget once it
+        and ``headroom`` tokens are; it never condenses the newest exchange and never
+        raises, since the next turn's own compaction still can."""
         self._fold = fold
         self._history = messages if history is None else history
         budget = self.config.budget
         ordered = [segments[s] for m in messages for s in m.segment_ids]
         newest = self._exchange_start(1, turn)
-        if budget is not None:
+        ahead = headroom > 0
+        if budget is not None and not ahead:
             self._check_condensable(ordered, newest, budget)
         length = self.prompt_length()
-        over = budget is not None and length > budget
+        over = budget is not None and length + headroom > budget
         pending = [s for s in ordered if s.pending and not s.pinned]
         if not over:  # question guard (module docstring): only budget pressure drops one
             pending = [s for s in pending if not (s.label is Label.DROP and asks(s))]
@@ -145,7 +152,7 @@ class Compactor:
         # the only way the context shrinks, so they apply once they free enough
         if not over and (budget is not None or not pending or pending_saving < self.config.min_reclaim_tokens):
             return result
-        result.ran, result.reason = True, "budget" if over else "pending"
+        result.ran, result.reason = True, ("ahead" if ahead else "budget") if over else "pending"
         for segment in pending:
             if segment.label is Label.DROP and not has_distinctive(segment.text):
                 self._drop(segment, result)
@@ -157,6 +164,8 @@ class Compactor:
                 segment.label = Label.KEEP  # already compressed: keep the faithful summary
         if over:  # budget pressure: go down to the low-water mark, so the next turns fit too
             self._fit_budget(messages, segments, turn, budget, result)
+            if ahead:
+                return result
             if self.prompt_length() > budget:
                 self._condense_newest(ordered, newest, turn, budget, result)
             length = self.prompt_length()
@@ -240,6 +249,22 @@ class Compactor:
             return high
         low = int(budget * min(self.config.min_low_water, self.config.low_water))
         return max(low, min(high, budget - self.config.room_turns * self._pace(segments, turn)))
+
+    @staticmethod
+    def next_messages_tokens(history: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment], turn: int) -> int:
+        """What the next turn will likely add before its reply: the most tokens the user
+        and tools said in one of the last ``PACE_TURNS`` turns up to ``turn`` (plus
+        glue). Reads the newest messages only."""
+        first = max(1, turn - PACE_TURNS + 1)
+        per_turn: dict[int, int] = {}
+        for message in reversed(history):
+            if message.turn < first:
+                break
+            if message.turn > turn or message.role not in ("user", "tool"):
+                continue
+            said = sum(len(segments[s].token_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in message.segment_ids)
+            per_turn[message.turn] = per_turn.get(message.turn, 0) + said + OVERHEAD_TOKENS_PER_SEGMENT
+        return max(per_turn.values(), default=0)
 
     def _pace(self, segments: Mapping[SegmentId, Segment], turn: int) -> int:
         """Tokens per turn said in the last ``PACE_TURNS`` complete turns (before

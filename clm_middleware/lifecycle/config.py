@@ -110,6 +110,14 @@ class LifecycleConfig:
     last few turns as they were said (teacher-forced ``reply_nll`` measures it); the
     digest keeps the facts of the rest. 0 lets the digest take everything but the
     newest turn.
+
+    ``compact_ahead`` (opt-in): after a reply, when the next turn's messages (as long
+    as the longest of the last few turns') would take the prompt over the budget, the
+    compaction runs then and the compacted context is computed into the pool, so the
+    next turn prefills only its new message: the re-prefill leaves the next turn's time
+    to first token for the end of this one (a user reading the reply does not wait for
+    it). It compacts a turn early, and somewhat more often (docs/lifecycle.md measures
+    the trade). Local engines only; a serving engine keeps its own cache.
     """
 
     tagging: TaggingConfig = field(default_factory=TaggingConfig)
@@ -124,6 +132,7 @@ class LifecycleConfig:
     min_reclaim_tokens: int = 64
     protect_turns: int = 1
     recent_share: float = 0.75
+    compact_ahead: bool = False
 
     def __post_init__(self) -> None:
         check_integers(self, "budget", "k", "compress_min_tokens", "room_turns", "min_reclaim_tokens", "protect_turns")
@@ -143,5 +152,7 @@ class LifecycleConfig:
             raise ConfigError("compress_min_tokens", f"must be ≥ 1, got {self.compress_min_tokens}")
         if not 0.0 <= self.recent_share <= 0.9:
             raise ConfigError("recent_share", f"must be in [0, 0.9], got {self.recent_share}")
+        if not isinstance(self.compact_ahead, bool):
+            raise ConfigError("compact_ahead", f"must be true or false, got {self.compact_ahead!r}")
         if self.protect_turns < 1:
             raise ConfigError("protect_turns", f"must be ≥ 1, got {self.protect_turns}")

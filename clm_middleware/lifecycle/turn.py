@@ -55,7 +55,12 @@ class TurnStats:
     compressed_tokens: int = 0
     summaries: list[dict[str, Any]] = field(default_factory=list)
     restored: list[SegmentId] = field(default_factory=list)
-    compaction: str = ""  # "" | "pending" | "budget"
+    compaction: str = ""  # "" | "pending" | "budget" | "ahead" | "budget+ahead"
+    # compact_ahead: the compacted context this turn computed into the pool after its
+    # reply (tokens, and of those computed rather than served); not in prompt_tokens,
+    # which stay the reply's prompt; totals and hit rates count them
+    ahead_tokens: int = 0
+    ahead_prefill_tokens: int = 0
     lifecycle_s: float = 0.0
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     pool_blocks_in_use: int = 0

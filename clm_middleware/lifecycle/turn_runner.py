@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
-from clm_middleware.engine import Generation, penalty_processors
+from clm_middleware.engine import CallStats, Engine, Generation, penalty_processors
 from clm_middleware.engine.penalties import LogitBias, check_logit_bias
 from clm_middleware.errors import ConfigError, ContextWindowError, TurnCancelled
 from clm_middleware.lifecycle.calibration import record_runtime_failure
@@ -166,7 +166,8 @@ class TurnRunner:
         stats.phases["observation_s"] = time.perf_counter() - tick + generation.stats.observe_s
         decisions += self._tag(turn, rendered, answer_ids, model_written if asks_block else None, generation, stats)
         c.reclaimer.release_due(turn)
-        self._finish_stats(stats, rendered, generation, decisions, started)
+        warm = self._compact_ahead(turn, stats, decisions)
+        self._finish_stats(stats, rendered, generation, decisions, started, warm)
         c.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)
         c.journal.decisions(decisions)
         c.persist(stats)
@@ -453,6 +454,43 @@ class TurnRunner:
             )
         return decisions
 
+    def _compact_ahead(self, turn: int, stats: TurnStats, decisions: list[Decision]) -> CallStats | None:
+        """With ``compact_ahead``, after the reply: when the next turn's messages (as many
+        tokens as the most said in one of the last few turns) would take the prompt over
+        the budget, compact now and compute the compacted context into the pool, so the
+        next turn prefills only what it adds. The re-prefill moves from the next turn's
+        time to first token to the end of this one. The stats of the computing call."""
+        c = self.conversation
+        if not c.config.compact_ahead or c.config.budget is None or not c.use_pool or not isinstance(c.engine, Engine):
+            return None
+        tick = time.perf_counter()
+        headroom = c.compactor.next_messages_tokens(c.messages, c.segment_map(), turn)
+        compaction = c.compactor.run(
+            c.live_messages(), c.segment_map(), turn, c.fold, history=c.messages, headroom=max(1, headroom)
+        )
+        if not compaction.ran:
+            return None
+        c.fold = compaction.fold
+        earlier = (
+            stats.compaction,
+            stats.dropped_tokens,
+            stats.compressed_tokens,
+            stats.phases.get("compression_s", 0.0),
+        )
+        self._after_compaction(compaction, turn, stats, decisions)
+        stats.compaction = "+".join(reason for reason in (earlier[0], compaction.reason) if reason)
+        stats.dropped_tokens += earlier[1]
+        stats.compressed_tokens += earlier[2]
+        stats.phases["compression_s"] += earlier[3]
+        spent = time.perf_counter() - tick - compaction.compression_s
+        stats.phases["compaction_s"] = stats.phases.get("compaction_s", 0.0) + spent
+        context = c.render_prompt(None, for_generation=False).token_ids
+        warm = c.engine.generate(
+            context, max_new_tokens=0, hold_blocks=True, use_pool=True, cache_salt=c.cache_salt
+        ).result()
+        self._hand_over_chain(warm)
+        return warm.stats
+
     def _hand_over_chain(self, generation: Generation) -> None:
         """Hold the new prompt + reply chain, then let the previous one go (tail first)."""
         c = self.conversation
@@ -466,11 +504,17 @@ class TurnRunner:
         generation: Generation,
         decisions: list[Decision],
         started: float,
+        warm: CallStats | None = None,
     ) -> None:
+        """``warm``: the call that computed the context compacted ahead (``ahead_tokens``);
+        the context is then the compacted one."""
         c = self.conversation
         call = generation.stats
         stats.prompt_tokens, stats.context_tokens = call.prompt_tokens, call.prompt_tokens
         stats.cached_tokens, stats.prefill_tokens = call.cached_tokens, call.prefill_tokens
+        if warm is not None:
+            stats.context_tokens = stats.ahead_tokens = warm.prompt_tokens
+            stats.ahead_prefill_tokens = warm.prefill_tokens
         stats.approximate_tokens = call.approximate_tokens
         stats.forced_tokens = call.forced_tokens
         stats.generated_tokens, stats.ttft_s, stats.bookkeeping_s, stats.arena_s = (

@@ -41,6 +41,8 @@ class ClmDriver:
             cached_tokens=stats.cached_tokens,
             approximate_tokens=stats.approximate_tokens,
             prefill_tokens=stats.prefill_tokens,
+            ahead_tokens=stats.ahead_tokens,
+            ahead_prefill_tokens=stats.ahead_prefill_tokens,
             context_tokens=stats.context_tokens,
             generated_tokens=stats.generated_tokens,
             ttft_s=stats.ttft_s,

@@ -24,7 +24,7 @@ class TurnRecord:
     prompt_tokens: int  # tokens in the prompt of this turn
     cached_tokens: int  # served from the block pool
     prefill_tokens: int  # computed this turn (prompt_tokens - cached_tokens)
-    context_tokens: int  # what the model sees this turn (the prompt)
+    context_tokens: int  # what the model sees this turn (the prompt; after a compaction ahead, the compacted context)
     generated_tokens: int
     ttft_s: float
     turn_s: float
@@ -37,6 +37,8 @@ class TurnRecord:
     live_kv_bytes: int = 0  # pool bytes the conversation needs to continue at full speed
     forced_tokens: int = 0  # teacher-forced: the transcript's reply, computed after the prompt
     approximate_tokens: int = 0  # of cached_tokens, reused approximately (--approximate-reuse)
+    ahead_tokens: int = 0  # --compact-ahead: the compacted context computed after the reply
+    ahead_prefill_tokens: int = 0  # of ahead_tokens, computed (the rest served from the pool)
     reply_nll: float | None = None  # teacher-forced: mean -log p per token of the reply given this prompt
     reply_flags: list[str] = field(default_factory=list)  # generated: protocol_artifact | repetition_loop | empty
     extra: dict[str, Any] = field(default_factory=dict)  # fields added by other modes
@@ -75,9 +77,14 @@ class ReplayReport:
     failures: list[Failure] = field(default_factory=list)
 
     def totals(self) -> dict[str, Any]:
+        """Token totals count every call of a turn: its prompt, and a compacted context
+        computed ahead (``ahead_tokens``), so the hit rate is what the pool served of all
+        the tokens the turns needed."""
         turns = self.turns
-        prompt = sum(t.prompt_tokens for t in turns)
-        cached = sum(t.cached_tokens for t in turns)
+        ahead = sum(t.ahead_tokens for t in turns)
+        ahead_prefill = sum(t.ahead_prefill_tokens for t in turns)
+        prompt = sum(t.prompt_tokens for t in turns) + ahead
+        cached = sum(t.cached_tokens for t in turns) + ahead - ahead_prefill
         turn_s = sum(t.turn_s for t in turns)
         bookkeeping = sum(t.bookkeeping_s for t in turns)
         arena = sum(t.arena_s for t in turns)
@@ -88,7 +95,7 @@ class ReplayReport:
             "prompt_tokens": prompt,
             "cached_tokens": cached,
             "approximate_tokens": sum(t.approximate_tokens for t in turns),
-            "prefill_tokens": sum(t.prefill_tokens for t in turns),
+            "prefill_tokens": sum(t.prefill_tokens for t in turns) + ahead_prefill,
             "generated_tokens": sum(t.generated_tokens for t in turns),
             "forced_tokens": sum(t.forced_tokens for t in turns),
             **quality_totals(turns),

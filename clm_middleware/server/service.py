@@ -38,6 +38,7 @@ class ServerConfig:
     budget: int | None = None
     k: int = 2
     tagging: str = "auto"
+    compact_ahead: bool = False
     db: str | None = None
     api_keys: tuple[str, ...] = ()
     max_sessions: int = MAX_SESSIONS
@@ -143,6 +144,7 @@ class ChatService:
             tagging="rules" if stateless else self.config.tagging,
             budget=None if stateless else self.config.budget,
             k=self.config.k,
+            compact_ahead=self.config.compact_ahead and not stateless,
             generation=self.config.generation,
             store=None if stateless else self.config.db,
             cache_salt=tenant,

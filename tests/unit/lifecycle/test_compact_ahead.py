@@ -1,0 +1,94 @@
+"""``compact_ahead``: the compaction the next message would need runs after the reply, and
+the next turn prefills only what it adds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from clm_middleware.cli.main import cli
+from clm_middleware.errors import ConfigError
+from clm_middleware.lifecycle.config import LifecycleConfig
+from clm_middleware.lifecycle.tagging import TaggingConfig
+
+BUDGET = 1200
+REPLY = "Noted, that sounds like a good day."
+
+
+def _hiking_days(count: int) -> list[str]:
+    """Messages of one length, each with its own facts: the pressure comes at a steady pace."""
+    return [
+        f"Day {day}: we hiked {day + 3} km to the lake near Hallstatt and ate at Gasthof {day}." for day in range(count)
+    ]
+
+
+def _replayed(converse, **config):
+    conversation = converse(config=LifecycleConfig(tagging=TaggingConfig(mode="signals"), **config))
+    for message in _hiking_days(24):
+        conversation.add("user", message)
+        conversation.respond(REPLY)
+    return conversation
+
+
+def test_the_compaction_runs_after_the_reply_and_the_next_turn_prefills_only_its_message(converse):
+    log = _replayed(converse, budget=BUDGET, compact_ahead=True).turn_log
+    ahead = [i for i, turn in enumerate(log) if turn.compaction == "ahead"]
+    assert ahead and all(turn.compaction in ("", "ahead") for turn in log)  # none waits at a turn's start
+    followed = [(log[i], log[i + 1]) for i in ahead if i + 1 < len(log) and not log[i + 1].compaction]
+    assert followed
+    for before, after in followed:
+        # the compacted context, computed ahead (the engine recomputes the last cached
+        # token where it scores the first new one)
+        assert before.context_tokens - 1 <= after.cached_tokens <= before.context_tokens
+    assert max(turn.context_tokens for turn in log) <= BUDGET
+
+
+def test_a_turn_that_compacts_ahead_reports_its_prompt_and_counts_the_context_it_computed(converse):
+    conversation = _replayed(converse, budget=BUDGET, compact_ahead=True)
+    log = conversation.turn_log
+    turn = next(t for t in log if t.compaction == "ahead")
+    assert turn.prompt_tokens == turn.cached_tokens + turn.prefill_tokens <= BUDGET  # the reply's own prompt
+    assert turn.ahead_tokens == turn.context_tokens <= BUDGET * 0.75 + 16
+    assert 0 < turn.ahead_prefill_tokens <= turn.ahead_tokens
+    totals = conversation.stats()  # the hit rate counts what the pool served of both calls
+    assert totals["prompt_tokens"] == sum(t.prompt_tokens + t.ahead_tokens for t in log)
+    assert totals["prefill_tokens"] == sum(t.prefill_tokens + t.ahead_prefill_tokens for t in log)
+
+
+def test_without_it_the_same_chat_compacts_at_the_start_of_a_turn(converse):
+    log = _replayed(converse, budget=BUDGET).turn_log
+    assert {turn.compaction for turn in log} == {"", "budget"}
+
+
+def test_without_a_budget_nothing_is_compacted_ahead(converse):
+    conversation = converse(compact_ahead=True)
+    for message in _hiking_days(6):
+        conversation.add("user", message)
+        conversation.respond(REPLY)
+    assert all(turn.compaction != "ahead" for turn in conversation.turn_log)
+
+
+def test_a_non_boolean_setting_is_refused_naming_it():
+    with pytest.raises(ConfigError, match="compact_ahead: must be true or false"):
+        LifecycleConfig(budget=BUDGET, compact_ahead="yes")
+
+
+def test_the_cli_flag_reaches_the_report(tmp_path):
+    lines = [{"role": "system", "content": "You are terse."}]
+    for message in _hiking_days(16):
+        lines += [{"role": "user", "content": message}, {"role": "assistant", "content": REPLY}]
+    path = tmp_path / "days.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    args = ["replay", str(path), "--mode", "clm", "--budget", "400", "--teacher-force", "--compact-ahead"]
+    result = CliRunner().invoke(
+        cli, [*args, "--tagging", "signals", "--model", "tiny", "--report", str(tmp_path / "r.json")]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["settings"]["compact_ahead"] is True
+    ahead = [turn for turn in report["turns"] if turn["compaction"] == "ahead"]
+    assert ahead and all(turn["ahead_tokens"] == turn["context_tokens"] for turn in ahead)
+    computed = sum(turn["prefill_tokens"] + turn["ahead_prefill_tokens"] for turn in report["turns"])
+    assert report["totals"]["prefill_tokens"] == computed
