@@ -485,9 +485,12 @@ class TurnRunner:
         spent = time.perf_counter() - tick - compaction.compression_s
         stats.phases["compaction_s"] = stats.phases.get("compaction_s", 0.0) + spent
         context = c.render_prompt(None, for_generation=False).token_ids
-        warm = c.engine.generate(
-            context, max_new_tokens=0, hold_blocks=True, use_pool=True, cache_salt=c.cache_salt
-        ).result()
+        try:
+            warm = c.engine.generate(
+                context, max_new_tokens=0, hold_blocks=True, use_pool=True, cache_salt=c.cache_salt
+            ).result()
+        except Exception:  # the pool is full, the engine failed: the next turn computes it instead
+            return None
         self._hand_over_chain(warm)
         return warm.stats
 

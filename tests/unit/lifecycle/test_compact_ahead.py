@@ -92,3 +92,26 @@ def test_the_cli_flag_reaches_the_report(tmp_path):
     assert ahead and all(turn["ahead_tokens"] == turn["context_tokens"] for turn in ahead)
     computed = sum(turn["prefill_tokens"] + turn["ahead_prefill_tokens"] for turn in report["turns"])
     assert report["totals"]["prefill_tokens"] == computed
+
+
+def test_a_failed_computation_ahead_leaves_the_turn_answered_and_the_next_computes_it(converse, monkeypatch):
+    conversation = converse(
+        config=LifecycleConfig(tagging=TaggingConfig(mode="signals"), budget=BUDGET, compact_ahead=True)
+    )
+    generate = conversation.engine.generate
+
+    def failing_ahead(prompt, max_new_tokens=128, **kwargs):
+        if max_new_tokens == 0 and kwargs.get("hold_blocks"):
+            raise RuntimeError("pool exhausted")
+        return generate(prompt, max_new_tokens=max_new_tokens, **kwargs)
+
+    monkeypatch.setattr(conversation.engine, "generate", failing_ahead)
+    for message in _hiking_days(24):
+        conversation.add("user", message)
+        conversation.respond(REPLY)
+    log = conversation.turn_log
+    ahead = [i for i, turn in enumerate(log) if turn.compaction == "ahead"]
+    assert ahead and all(log[i].ahead_tokens == 0 for i in ahead)  # compacted, nothing computed ahead
+    after = [log[i + 1] for i in ahead if i + 1 < len(log) and not log[i + 1].compaction]
+    assert after and all(turn.prefill_tokens > turn.prompt_tokens // 2 for turn in after)  # computed there
+    assert len(log) == 24 and max(turn.prompt_tokens for turn in log) <= BUDGET
