@@ -9,6 +9,7 @@ TTFT (to the first content delta of a stream) and wall time.
 
     python docs/bench_serve.py --turns 20 --out docs/bench/serve            # clm serve as it starts
     python docs/bench_serve.py --turns 20 --budget 1024 --out docs/bench/serve_budget
+    python docs/bench_serve.py --turns 20 --budget 1024 --compact-ahead --out docs/bench/serve_ahead
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def _call(client: OpenAI, model: str, messages: list[dict], max_tokens: int) -> 
         "prompt_tokens": usage.prompt_tokens,
         "cached_tokens": usage.prompt_tokens_details.cached_tokens,
         "prefill_tokens": extension.get("prefill_tokens"),
+        "ahead_prefill_tokens": extension.get("ahead_prefill_tokens") or 0,  # --compact-ahead, after the reply
         "context_tokens": extension.get("context_tokens"),
         "server_turn_s": extension.get("turn_s"),
         "ttft_s": ttft if ttft is not None else wall,
@@ -64,13 +66,14 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--budget", type=int, default=None, help="clm serve --budget [default: none, as clm serve]")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--compact-ahead", action="store_true", help="clm serve --compact-ahead")
     parser.add_argument("--out", type=Path, default=Path("docs/bench/serve"))
     args = parser.parse_args()
     system, users = _messages(args.turns)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         servers = {
-            "clm": start_server(Path(scratch), *(["--budget", str(args.budget)] if args.budget else []), model=None),
+            "clm": start_server(Path(scratch), *_clm_flags(args), model=None),
             "stateless": start_server(Path(scratch), "--mode", "stateless", model=None),
         }
         try:
@@ -98,6 +101,10 @@ def main() -> None:
     print(_summary(rows, args))
 
 
+def _clm_flags(args: argparse.Namespace) -> list[str]:
+    return (["--budget", str(args.budget)] if args.budget else []) + (["--compact-ahead"] if args.compact_ahead else [])
+
+
 def _summary(rows: dict[str, list[dict]], args: argparse.Namespace) -> str:
     clm, base = rows["clm"], rows["stateless"]
 
@@ -109,11 +116,11 @@ def _summary(rows: dict[str, list[dict]], args: argparse.Namespace) -> str:
         return f"{ours:.2f} | {theirs:.2f} | {theirs / ours:.1f}×"
 
     base_prefill = total(base, "prompt_tokens")  # stateless computes every prompt token
-    clm_prefill = total(clm, "prefill_tokens")
+    clm_prefill = total(clm, "prefill_tokens") + total(clm, "ahead_prefill_tokens")  # every token computed
     shares = [c["cached_tokens"] / c["prompt_tokens"] for c in clm]
     overhead = [(c["wall_s"] - c["server_turn_s"]) / c["wall_s"] for c in clm if c["server_turn_s"]]
     lines = [
-        f"`python docs/bench_serve.py --turns {args.turns}{f' --budget {args.budget}' if args.budget else ''} "
+        f"`python docs/bench_serve.py {' '.join(['--turns', str(args.turns), *_clm_flags(args)])} "
         f"--max-tokens {args.max_tokens} --out {args.out}`",
         "",
         "| metric | clm serve | stateless | stateless ÷ clm |",

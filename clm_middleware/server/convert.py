@@ -174,6 +174,8 @@ def extension(answer: ChatAnswer, session_id: str | None) -> dict[str, Any]:
         "tagging_mode": stats.tagging_mode,
         "context_tokens": stats.context_tokens,
         "prefill_tokens": stats.prefill_tokens,
+        "ahead_tokens": stats.ahead_tokens,
+        "ahead_prefill_tokens": stats.ahead_prefill_tokens,
         "compaction": stats.compaction,
         "dropped_tokens": stats.dropped_tokens,
         "compressed_tokens": stats.compressed_tokens,

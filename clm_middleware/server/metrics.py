@@ -61,9 +61,11 @@ class ServerMetrics:
         self.registry.register(_Live(pool_stats, sessions))
 
     def turn(self, stats: TurnStats) -> None:
-        self.prompt_tokens.inc(stats.prompt_tokens)
-        self.cached_tokens.inc(stats.cached_tokens)
-        self.prefill_tokens.inc(stats.prefill_tokens)
+        """A turn's tokens, with the compacted context it computed ahead (``--compact-ahead``)."""
+        ahead_cached = stats.ahead_tokens - stats.ahead_prefill_tokens
+        self.prompt_tokens.inc(stats.prompt_tokens + stats.ahead_tokens)
+        self.cached_tokens.inc(stats.cached_tokens + ahead_cached)
+        self.prefill_tokens.inc(stats.prefill_tokens + stats.ahead_prefill_tokens)
         self.generated_tokens.inc(stats.generated_tokens)
         if stats.compaction:
             self.compactions.labels(reason=stats.compaction).inc()
