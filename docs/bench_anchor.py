@@ -11,10 +11,11 @@ The order of the two sides swaps every turn (the machine is shared and noisy).
 
 Per transcript: prefill tokens (prompt tokens computed, the forced replies not counted:
 they are the same on both sides), TTFT sum, peak KV (ours: the stored chain plus the
-working arena, as ``clm replay`` reports it; llama.cpp: the cells in use × K+V bytes per
-cell at its default f16) and one copy of the final context at our KV dtype. Then decode
-(64 greedy tokens at ~1k tokens of context, EOS not honoured) and a 1,024-token prefill
-from scratch, 3 rounds alternating, medians; peak RSS of each process at the end.
+working arena, or with ``--paged-kv`` its one-layer scratch, as ``clm replay`` reports
+it; llama.cpp: the cells in use × K+V bytes per cell at its default f16) and one copy
+of the final context at our KV dtype. Then decode (64 greedy tokens at ~1k tokens of
+context, EOS not honoured) and a 1,024-token prefill from scratch, 3 rounds alternating,
+medians; peak RSS of each process at the end.
 
 Run: ``make bench-anchor`` (or ``python docs/bench_anchor.py --llama-python VENV/bin/python``).
 """
@@ -172,10 +173,13 @@ def main() -> None:
     parser.add_argument("--llama-python", required=True, help="python of the venv that has llama-cpp-python")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--kv-dtype", default="fp16", help="our pool's KV dtype (llama.cpp's cache is f16)")
+    parser.add_argument(
+        "--paged-kv", action="store_true", help="ours attends over the pool's blocks (no working arena)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs/bench/anchor")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = build_engine(None, kv_dtype=args.kv_dtype)
+    engine = build_engine(None, kv_dtype=args.kv_dtype, paged_kv=args.paged_kv)
     gguf = str(resolve_model_source(None).path)
     llama = LlamaWorker(args.llama_python, gguf, args.threads, 8192)
     results = {name: replay(engine, llama, path, limit) for name, (path, limit) in TRANSCRIPTS.items()}
@@ -184,7 +188,8 @@ def main() -> None:
     llama.close()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "anchor.json").write_text(json.dumps(results, indent=1))
-    command = f"python docs/bench_anchor.py --llama-python VENV/bin/python --threads {args.threads}"
+    paged = " --paged-kv" if args.paged_kv else ""
+    command = f"python docs/bench_anchor.py --llama-python VENV/bin/python --threads {args.threads}{paged}"
     lines = [
         f"`{command} --kv-dtype {args.kv_dtype}` (llama-cpp-python {llama.version}, `{Path(gguf).name}`;"
         f" ours: fp32 weights, {args.kv_dtype} KV)",

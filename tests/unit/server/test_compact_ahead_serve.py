@@ -8,7 +8,22 @@ BUDGET = 600
 CALLS = 14  # bounded: one request per call, each with its own timeout
 # no distinctive token (number, name): no message refers back to a segment a compaction
 # dropped, which would bring it back and re-prefill from there
-PLACES = "river lake forest hill meadow village bridge harbour garden valley orchard canyon market island".split()
+PLACES = [
+    "river",
+    "lake",
+    "forest",
+    "hill",
+    "meadow",
+    "village",
+    "bridge",
+    "harbour",
+    "garden",
+    "valley",
+    "orchard",
+    "canyon",
+    "market",
+    "island",
+]
 
 
 def test_the_call_after_a_compaction_ahead_reads_the_compacted_context_from_the_pool(launch, tmp_path):
