@@ -554,6 +554,7 @@ class Conversation:
             "k": config.k,
             "compression": config.compression,
             "compress_min_tokens": config.compress_min_tokens,
+            "compact_ahead": config.compact_ahead,
             "max_new_tokens": generation.max_new_tokens,
             "temperature": generation.temperature,
             "top_p": generation.top_p,

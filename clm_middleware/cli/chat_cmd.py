@@ -52,6 +52,12 @@ PREVIEW_CHARS = 60
 @click.option(
     "--tagging", type=click.Choice(TAGGING_MODES), default="auto", show_default=True, help="Who labels segments."
 )
+@click.option(
+    "--compact-ahead",
+    is_flag=True,
+    help="Under --budget, compact after a reply when the next message would not fit, "
+    "so you do not wait for it when you send (docs/lifecycle.md).",
+)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Reply length cap.")
 @sampling_options
 @penalty_options
@@ -72,6 +78,7 @@ def chat(
     budget: int | None,
     k: int,
     tagging: str,
+    compact_ahead: bool,
     max_new_tokens: int,
     temperature: float,
     top_p: float,
@@ -102,6 +109,7 @@ def chat(
                 ("budget", budget),
                 ("k", k),
                 ("tagging", tagging),
+                ("compact_ahead", compact_ahead),
                 ("max_new_tokens", max_new_tokens),
                 ("temperature", temperature),
                 ("top_p", top_p),
@@ -130,6 +138,7 @@ def chat(
             tagging=tagging,
             budget=budget,
             k=k,
+            compact_ahead=compact_ahead,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_p=top_p,

@@ -115,3 +115,12 @@ def test_a_failed_computation_ahead_leaves_the_turn_answered_and_the_next_comput
     after = [log[i + 1] for i in ahead if i + 1 < len(log) and not log[i + 1].compaction]
     assert after and all(turn.prefill_tokens > turn.prompt_tokens // 2 for turn in after)  # computed there
     assert len(log) == 24 and max(turn.prompt_tokens for turn in log) <= BUDGET
+
+
+def test_a_stored_conversation_reloads_with_it(converse, engine, tmp_path):
+    from clm_middleware.conversation import Conversation
+
+    conversation = converse(budget=BUDGET, compact_ahead=True, store=str(tmp_path / "c.db"))
+    conversation.send("hello there")
+    reloaded = Conversation.load(str(tmp_path / "c.db"), conversation.id, engine)
+    assert reloaded.config.compact_ahead is True and reloaded.config.budget == BUDGET
