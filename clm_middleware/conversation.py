@@ -58,7 +58,7 @@ from clm_middleware.lifecycle.segments import (
 )
 from clm_middleware.lifecycle.signals import SignalThresholds
 from clm_middleware.lifecycle.tagging import Tagger, TaggingConfig
-from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts
+from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts, token_totals
 from clm_middleware.lifecycle.turn_runner import TurnRunner
 from clm_middleware.render import ChatFormat
 from clm_middleware.render.chat_format import lone_surrogate
@@ -512,16 +512,13 @@ class Conversation:
     def stats(self) -> dict[str, Any]:
         """Totals over every turn so far, and where the pool stands."""
         log = self._turn_log
-        ahead = sum(t.ahead_tokens for t in log)  # compacted contexts computed ahead count too
-        ahead_prefill = sum(t.ahead_prefill_tokens for t in log)
-        prompt = sum(t.prompt_tokens for t in log) + ahead
-        cached = sum(t.cached_tokens for t in log) + ahead - ahead_prefill
+        prompt, cached, prefill = token_totals(log)  # compacted contexts computed ahead count too
         return {
             "conversation_id": self.id,
             "turns": len(log),
             "prompt_tokens": prompt,
             "cached_tokens": cached,
-            "prefill_tokens": sum(t.prefill_tokens for t in log) + ahead_prefill,
+            "prefill_tokens": prefill,
             "hit_rate": cached / prompt if prompt else 0.0,
             "context_tokens": self.context_tokens,
             "segments": len(self._segments),

@@ -82,6 +82,29 @@ def _states_a_request(segment: Segment) -> bool:
     return segment.role in ("user", "tool") and segment.kind != "ack" and segment.label is not Label.DROP
 
 
+def _said_per_turn(
+    history: Sequence[MessageRecord],
+    segments: Mapping[SegmentId, Segment],
+    first: int,
+    last: int,
+    roles: tuple[str, ...] | None = None,
+) -> dict[int, tuple[int, int]]:
+    """Turn → (tokens said in it as first said, each segment with its glue; messages),
+    over turns ``first``..``last`` (from turn 1), of ``roles`` (None: every role).
+    Walks back from the newest message and stops at the first older turn."""
+    first = max(1, first)
+    said: dict[int, tuple[int, int]] = {}
+    for message in reversed(history):
+        if message.turn < first:
+            break
+        if message.turn > last or (roles is not None and message.role not in roles):
+            continue
+        tokens, messages = said.get(message.turn, (0, 0))
+        tokens += sum(len(segments[s].token_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in message.segment_ids)
+        said[message.turn] = (tokens, messages + 1)
+    return said
+
+
 class ContextBudgetError(ClmError, ValueError):
     """The newest turn alone does not fit the context budget."""
 
@@ -255,31 +278,15 @@ class Compactor:
         """What the next turn will likely add before its reply: the most tokens the user
         and tools said in one of the last ``PACE_TURNS`` turns up to ``turn`` (plus
         glue). Reads the newest messages only."""
-        first = max(1, turn - PACE_TURNS + 1)
-        per_turn: dict[int, int] = {}
-        for message in reversed(history):
-            if message.turn < first:
-                break
-            if message.turn > turn or message.role not in ("user", "tool"):
-                continue
-            said = sum(len(segments[s].token_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in message.segment_ids)
-            per_turn[message.turn] = per_turn.get(message.turn, 0) + said + OVERHEAD_TOKENS_PER_SEGMENT
-        return max(per_turn.values(), default=0)
+        said = _said_per_turn(history, segments, turn - PACE_TURNS + 1, turn, roles=("user", "tool"))
+        return max((tokens + messages * OVERHEAD_TOKENS_PER_SEGMENT for tokens, messages in said.values()), default=0)
 
     def _pace(self, segments: Mapping[SegmentId, Segment], turn: int) -> int:
         """Tokens per turn said in the last ``PACE_TURNS`` complete turns (before
         ``turn``), as first said: what the next turns will likely add. Reads the newest
         messages only."""
-        first = max(1, turn - PACE_TURNS)
-        tokens, turns = 0, set()
-        for message in reversed(self._history):
-            if message.turn < first:
-                break
-            if message.turn >= turn:
-                continue
-            turns.add(message.turn)
-            tokens += sum(len(segments[s].token_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in message.segment_ids)
-        return tokens // len(turns) if turns else 0
+        said = _said_per_turn(self._history, segments, turn - PACE_TURNS, turn - 1)
+        return sum(tokens for tokens, _ in said.values()) // len(said) if said else 0
 
     def _exchange_start(self, exchanges: int, first_turn: int) -> int:
         """Index of the first message of the ``exchanges`` newest exchanges, the messages

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +20,19 @@ def decision_counts(decisions: list[Decision]) -> dict[str, Any]:
         by_source[decision.decided_by.value][decision.label.value] += 1
     counts["by_source"] = by_source
     return counts
+
+
+def token_totals(turns: Iterable[Any]) -> tuple[int, int, int]:
+    """Prompt, cached and prefill tokens over ``turns`` (``TurnStats``, or the replay
+    report's records): each turn's prompt and the compacted context it computed ahead
+    (``ahead_tokens``), so cached ÷ prompt is what the pool served of every token the
+    turns needed."""
+    prompt = cached = prefill = 0
+    for turn in turns:
+        prompt += turn.prompt_tokens + turn.ahead_tokens
+        cached += turn.cached_tokens + turn.ahead_tokens - turn.ahead_prefill_tokens
+        prefill += turn.prefill_tokens + turn.ahead_prefill_tokens
+    return prompt, cached, prefill
 
 
 def sum_decision_counts(counts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -383,13 +383,13 @@ class TurnRunner:
     def _after_compaction(
         self, compaction: CompactionResult, turn: int, stats: TurnStats, decisions: list[Decision]
     ) -> None:
+        """Record ``compaction`` in the turn's stats, added to what an earlier compaction
+        of the same turn recorded (one at its start, one ahead after its reply)."""
         c = self.conversation
-        stats.compaction = compaction.reason
-        stats.dropped_tokens, stats.compressed_tokens = (
-            compaction.dropped_tokens,
-            compaction.compressed_tokens,
-        )
-        stats.phases["compression_s"] = compaction.compression_s
+        stats.compaction = "+".join(reason for reason in (stats.compaction, compaction.reason) if reason)
+        stats.dropped_tokens += compaction.dropped_tokens
+        stats.compressed_tokens += compaction.compressed_tokens
+        stats.phases["compression_s"] += compaction.compression_s
         for segment in compaction.removed:
             c.reclaimer.hold(segment.id, c.blocks_of(segment.id), turn)
             segment.removed_round = turn
@@ -471,19 +471,8 @@ class TurnRunner:
         if not compaction.ran:
             return None
         c.fold = compaction.fold
-        earlier = (
-            stats.compaction,
-            stats.dropped_tokens,
-            stats.compressed_tokens,
-            stats.phases.get("compression_s", 0.0),
-        )
         self._after_compaction(compaction, turn, stats, decisions)
-        stats.compaction = "+".join(reason for reason in (earlier[0], compaction.reason) if reason)
-        stats.dropped_tokens += earlier[1]
-        stats.compressed_tokens += earlier[2]
-        stats.phases["compression_s"] += earlier[3]
-        spent = time.perf_counter() - tick - compaction.compression_s
-        stats.phases["compaction_s"] = stats.phases.get("compaction_s", 0.0) + spent
+        stats.phases["compaction_s"] += time.perf_counter() - tick - compaction.compression_s
         context = c.render_prompt(None, for_generation=False).token_ids
         try:
             warm = c.engine.generate(

@@ -80,11 +80,10 @@ class ReplayReport:
         """Token totals count every call of a turn: its prompt, and a compacted context
         computed ahead (``ahead_tokens``), so the hit rate is what the pool served of all
         the tokens the turns needed."""
+        from clm_middleware.lifecycle.turn import token_totals
+
         turns = self.turns
-        ahead = sum(t.ahead_tokens for t in turns)
-        ahead_prefill = sum(t.ahead_prefill_tokens for t in turns)
-        prompt = sum(t.prompt_tokens for t in turns) + ahead
-        cached = sum(t.cached_tokens for t in turns) + ahead - ahead_prefill
+        prompt, cached, prefill = token_totals(turns)
         turn_s = sum(t.turn_s for t in turns)
         bookkeeping = sum(t.bookkeeping_s for t in turns)
         arena = sum(t.arena_s for t in turns)
@@ -95,7 +94,7 @@ class ReplayReport:
             "prompt_tokens": prompt,
             "cached_tokens": cached,
             "approximate_tokens": sum(t.approximate_tokens for t in turns),
-            "prefill_tokens": sum(t.prefill_tokens for t in turns) + ahead_prefill,
+            "prefill_tokens": prefill,
             "generated_tokens": sum(t.generated_tokens for t in turns),
             "forced_tokens": sum(t.forced_tokens for t in turns),
             **quality_totals(turns),

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from clm_middleware.cache.block_pool import PoolStats
-from clm_middleware.lifecycle.turn import TurnStats
+from clm_middleware.lifecycle.turn import TurnStats, token_totals
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -62,10 +62,10 @@ class ServerMetrics:
 
     def turn(self, stats: TurnStats) -> None:
         """A turn's tokens, with the compacted context it computed ahead (``--compact-ahead``)."""
-        ahead_cached = stats.ahead_tokens - stats.ahead_prefill_tokens
-        self.prompt_tokens.inc(stats.prompt_tokens + stats.ahead_tokens)
-        self.cached_tokens.inc(stats.cached_tokens + ahead_cached)
-        self.prefill_tokens.inc(stats.prefill_tokens + stats.ahead_prefill_tokens)
+        prompt, cached, prefill = token_totals([stats])
+        self.prompt_tokens.inc(prompt)
+        self.cached_tokens.inc(cached)
+        self.prefill_tokens.inc(prefill)
         self.generated_tokens.inc(stats.generated_tokens)
         if stats.compaction:
             self.compactions.labels(reason=stats.compaction).inc()
