@@ -24,7 +24,9 @@ or clause (split at ``, ; :`` and closing brackets too), that repeats an earlier
 add up the total, and you can add up the total``), and generation stops there (flag
 ``repetition_cut``): a repeated sentence tells the user nothing, and a small greedy
 model that repeats one rarely stops on its own. Clauses of fewer than
-``REPEAT_MIN_WORDS`` words never count, nor does punctuation.
+``REPEAT_MIN_WORDS`` words count only in a run: the same one ``REPEAT_RUN`` times in a
+row (``very, very, very, very, ...``) is cut before its last; said twice or three
+times ("No, no, no!") it stays. Punctuation never counts.
 
 The patterns are also usable on partial text (``could_become_artifact``), so a stream
 holds back a suffix that may still turn into a marker instead of showing half of one.
@@ -42,6 +44,7 @@ LOOP_SHARE = 0.5  # half the n-grams are repeats: the text says the same thing t
 LOOP_MIN_TOKENS = 12  # shorter replies ("Yes. Yes.") are not judged
 
 REPEAT_MIN_WORDS = 3  # "Yes. Yes." or "OK." twice is not a loop worth cutting
+REPEAT_RUN = 4  # ...but a short clause four times in a row is ("very, very, very, very, ...")
 
 _MARKER = r"\[\s*seg(?:ment)?[\s_#-]*\d{1,9}\s*\]"
 _TAG = r"\[\s*/?\s*lifecycle\s*\]"
@@ -143,8 +146,12 @@ def reply_flags(answer: str, delivered: str, earlier: Iterable[str] = (), *, mac
     return flags
 
 
+def _clause_words(sentence: str) -> list[str]:
+    return [w for w in _words(sentence) if w[0].isalnum()]  # "the total," repeats "the total."
+
+
 def _sentence_key(sentence: str) -> str | None:
-    words = [w for w in _words(sentence) if w[0].isalnum()]  # "the total," repeats "the total."
+    words = _clause_words(sentence)
     return " ".join(words) if len(words) >= REPEAT_MIN_WORDS else None
 
 
@@ -172,16 +179,18 @@ class RepeatWatch:
     appending cannot move: its terminator is already followed by whitespace), or through
     the repeated one once there is a ``cut``; ``_keys`` holds the keys of the sentences
     before it, sorted, for prefix look-ups. A text that does not start with
-    ``_complete`` (a stop string cut it) starts over."""
+    ``_complete`` (a stop string cut it) starts over; ``_run`` is the last short clause
+    of ``_complete`` and how many times in a row it ends it."""
 
     def __init__(self) -> None:
         self._complete = ""
         self._keys: list[str] = []
+        self._run: tuple[str, int] = ("", 0)
         self.cut: int | None = None  # where the first repeated sentence starts, once there is one
 
     def update(self, text: str) -> None:
         if not text.startswith(self._complete):
-            self._complete, self._keys, self.cut = "", [], None
+            self._complete, self._keys, self._run, self.cut = "", [], ("", 0), None
         if self.cut is not None:
             return
         scanned = start = len(self._complete)
@@ -189,7 +198,11 @@ class RepeatWatch:
             sentence, start = text[start : end.end()], end.end()
             key = _sentence_key(sentence)
             if key is None:
+                if self._short_run(" ".join(_clause_words(sentence))) >= REPEAT_RUN:
+                    self.cut = start - len(sentence.lstrip())
+                    break
                 continue
+            self._run = ("", 0)
             at = bisect.bisect_left(self._keys, key)
             if at < len(self._keys) and self._keys[at] == key:
                 self.cut = start - len(sentence.lstrip())
@@ -197,6 +210,14 @@ class RepeatWatch:
             self._keys.insert(at, key)
         if start != scanned:  # copied only when a sentence ended, not on every token
             self._complete = text[:start]
+
+    def _short_run(self, clause: str) -> int:
+        """Count ``clause`` (a short one; "" for punctuation or a line break) into the run of
+        equal clauses in a row; a line break or punctuation alone neither ends nor extends it."""
+        if clause:
+            last, count = self._run
+            self._run = (clause, count + 1 if clause == last else 1)
+        return self._run[1] if clause else 0
 
     def in_progress(self, text: str) -> int:
         """``repeat_in_progress`` of ``text``, the text of the last ``update``."""
@@ -206,4 +227,7 @@ class RepeatWatch:
             return 0
         begun = " ".join(said)  # an earlier key that starts with it: its words, the last one begun
         at = bisect.bisect_left(self._keys, begun)
-        return len(tail) if at < len(self._keys) and self._keys[at].startswith(begun) else 0
+        if at < len(self._keys) and self._keys[at].startswith(begun):
+            return len(tail)
+        clause, count = self._run  # or the clause that would complete a run
+        return len(tail) if count == REPEAT_RUN - 1 and clause.startswith(begun) else 0

@@ -75,14 +75,16 @@ def test_reply_flags_name_what_went_wrong():
     assert reply_flags("Hello there.", "Hello there.") == []
 
 
-def test_a_looping_reply_leaves_the_context_at_once_and_stays_in_history(converse, scripted):
+def test_a_looping_reply_leaves_the_context_at_once_and_stays_in_history_as_delivered(converse, scripted):
     loop = "10:30am: " * 12
     engine, _ = scripted(loop.strip(), "A fine answer.")
     conversation = converse(engine=engine, max_new_tokens=200)
     first = conversation.send("When does it open?")
     assert "repetition_loop" in first.stats.reply_flags
     assert "10:30am" not in conversation.context
-    assert conversation.history[-1].content == loop.strip()
+    # a short clause four times in a row is cut before the fourth: the user gets three
+    assert conversation.history[-1].content == ("10:30am: " * 3).strip()
+    assert "repetition_cut" in first.stats.reply_flags
     assert any(d.reason == "repetition loop" for d in first.decisions)
     second = conversation.send("And at 10:30am?")  # sharing its token does not bring the loop back
     assert "10:30am: 10:30am" not in conversation.context and second.stats.reply_flags == []
@@ -187,6 +189,24 @@ def test_a_clause_that_repeats_inside_a_sentence_is_cut_too():
     assert visible_answer(listed, stops=(), cut_repeats=True) == listed  # no clause repeats
 
 
+@pytest.mark.parametrize(
+    ("raw", "delivered"),
+    [
+        ("The pickpockets are very, very, very, very, very, very, very", "The pickpockets are very, very, very, very,"),
+        ("Yes. Yes. Yes. Yes. Yes.", "Yes. Yes. Yes."),
+        ("No, no, no! I said it twice, no, no.", "No, no, no! I said it twice, no, no."),  # emphasis stays
+        ("It is very, very good, very, very good.", "It is very, very good, very, very good."),  # not in a row
+    ],
+)
+def test_a_short_clause_four_times_in_a_row_is_cut_before_the_fourth(raw, delivered):
+    """SmolLM2 with int4 weights on the bundled chat: 'very, very, very, ...' to the token
+    limit, one word a clause, under the 3-word floor of the repeat cut."""
+    assert visible_answer(raw, stops=(), cut_repeats=True) == delivered
+    stream = ReplyFilter(stops=(), cut_repeats=True)
+    shown = "".join(stream.delta(raw[:end]) for end in range(1, len(raw) + 1))
+    assert shown + stream.finish(delivered) == delivered
+
+
 def test_a_run_of_bracketed_placeholders_that_repeats_is_cut():
     raw = "The options are: [Your Name] [Your Phone Number] [Your Email Address] [Your Phone Number] [Your Email"
     assert visible_answer(raw, stops=(), cut_repeats=True) == (
@@ -229,30 +249,45 @@ def test_a_reply_cut_inside_a_character_ends_before_it_and_equals_its_stream(tin
 
 def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
     """The whole-text scan the watch replaces, kept plain as the oracle: every complete
-    sentence in order, the first repeated key's start, and the unfinished tail's hold."""
-    from clm_middleware.lifecycle.reply_quality import _SENTENCE_END, _sentence_key, _words
+    sentence in order, the first repeated key's start (or the last of a run of
+    REPEAT_RUN equal short clauses), and the unfinished tail's hold."""
+    from clm_middleware.lifecycle.reply_quality import _SENTENCE_END, REPEAT_RUN, _sentence_key, _words
 
     sentences, start = [], 0
     for end in _SENTENCE_END.finditer(text):
         sentences.append((start, text[start : end.end()]))
         start = end.end()
-    cut, seen = None, set()
+    cut, seen, run = None, set(), ("", 0)
     for at, sentence in sentences:
         key = _sentence_key(sentence)
-        if key is not None and key in seen:
+        short = " ".join(w for w in _words(sentence) if w[0].isalnum())
+        if key is None and short:
+            run = (short, run[1] + 1 if run[0] == short else 1)
+        elif key is not None:
+            run = ("", 0)
+        if (key is not None and key in seen) or (key is None and short and run[1] >= REPEAT_RUN):
             cut = at + len(sentence) - len(sentence.lstrip())
             break
         seen.add(key)
     tail = text[start:]
     said = [w for w in _words(tail) if w[0].isalnum()]
     keys = [k.split() for _, s in sentences if (k := _sentence_key(s)) is not None]
+    if run[1] == REPEAT_RUN - 1:
+        keys.append(run[0].split())  # the clause that would complete the run
     hold = any(
         len(said) <= len(w) and w[: len(said) - 1] == said[:-1] and w[len(said) - 1].startswith(said[-1]) for w in keys
     )
     return cut, len(tail) if said and hold else 0
 
 
-SENTENCES = ["We book the room.", "we book the rooms,", "The room is 1,200 euros!", "e.g. the room", "Book it\n"]
+SENTENCES = [
+    "We book the room.",
+    "we book the rooms,",
+    "The room is 1,200 euros!",
+    "e.g. the room",
+    "Book it\n",
+    "very,",
+]
 
 
 @settings(max_examples=80, deadline=None)
