@@ -145,6 +145,9 @@ class ChatCLM(BaseChatModel):
     """Attend over the pool's KV blocks in place instead of a working copy of the
     context: the context is held once, for a gather of one layer per layer per forward
     (exact; not with ``approximate_reuse``)."""
+    quantization: str | None = None
+    """``"int4"``: 4-bit linear layers and an 8-bit LM head for CPU decode speed
+    (approximate, its own cache keys; ``docs/lifecycle.md``); None keeps the weights as loaded."""
     store_path: str | None = None
     """SQLite file for conversations; None keeps them in memory only."""
     session_id: str | None = None
@@ -486,6 +489,7 @@ class ChatCLM(BaseChatModel):
             self.kv_dtype,
             self.approximate_reuse,
             self.paged_kv,
+            self.quantization,
         )
 
     def _router(self, model: str | None, engine: ServingEngine) -> SessionRouter:
@@ -660,6 +664,7 @@ def _shared_engine(
     kv_dtype: str | None = None,
     approximate_reuse: float | None = None,
     paged_kv: bool = False,
+    quantization: str | None = None,
 ) -> Engine:
     """One engine (weights + pool) per model setting, shared by every ChatCLM in the process:
     constructing ChatCLM stays cheap, and conversations of different instances share blocks."""
@@ -674,6 +679,7 @@ def _shared_engine(
         kv_dtype=kv_dtype,
         approximate_reuse=approximate_reuse,
         paged_kv=paged_kv,
+        quantization=quantization,
     )
 
 

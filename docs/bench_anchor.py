@@ -15,7 +15,9 @@ working arena, or with ``--paged-kv`` its one-layer scratch, as ``clm replay`` r
 it; llama.cpp: the cells in use × K+V bytes per cell at its default f16) and one copy
 of the final context at our KV dtype. Then decode (64 greedy tokens at ~1k tokens of
 context, EOS not honoured) and a 1,024-token prefill from scratch, 3 rounds alternating,
-medians; peak RSS of each process at the end.
+medians; peak RSS of each process after the replays. ``--quantization int4`` runs ours
+with 4-bit weights (``models/quantization.py``) throughout and adds the fp32 weights'
+decode and prefill rates to the speed rounds (loaded after the RSS is read).
 
 Run: ``make bench-anchor`` (or ``python docs/bench_anchor.py --llama-python VENV/bin/python``).
 """
@@ -134,29 +136,33 @@ def no_eos(stop_ids):
     return ban
 
 
-def speeds(engine, llama: LlamaWorker) -> dict:
+def speeds(engines: dict[str, object], llama: LlamaWorker) -> dict:
+    """Decode and prefill rates of each of our engines and llama.cpp's, rounds alternating the order."""
+    first = next(iter(engines.values()))
     text = (ROOT / "examples/transcripts/lisbon_trip.jsonl").read_text()
-    ids = engine.tokenizer(text).input_ids
+    ids = first.tokenizer(text).input_ids
     decode_prompt, prefill_prompt = ids[:1000], ids[:PREFILL_TOKENS]
-    rows = {"ours_decode": [], "llama_decode": [], "ours_prefill": [], "llama_prefill": []}
+    sides = [*engines, "llama"]
+    rows = {f"{side}_{kind}": [] for side in sides for kind in ("decode", "prefill")}
     for round_ in range(ROUNDS):
-        for side in ("ours", "llama") if round_ % 2 == 0 else ("llama", "ours"):
-            if side == "ours":
-                generation = engine.generate(
-                    decode_prompt,
-                    max_new_tokens=DECODE_TOKENS,
-                    use_pool=False,
-                    logits_processors=(no_eos(engine.default_stop_ids),),
-                ).result()
-                rows["ours_decode"].append(generation.stats.decode_tokens_per_s)
-                started = time.perf_counter()
-                engine.generate(prefill_prompt, max_new_tokens=1, use_pool=False).result()
-                rows["ours_prefill"].append(len(prefill_prompt) / (time.perf_counter() - started))
-            else:
+        for side in sides if round_ % 2 == 0 else reversed(sides):
+            if side == "llama":
                 rows["llama_decode"].append(
                     llama.ask(op="decode", prompt=decode_prompt, tokens=DECODE_TOKENS)["tokens_per_s"]
                 )
                 rows["llama_prefill"].append(llama.ask(op="prefill", prompt=prefill_prompt)["tokens_per_s"])
+                continue
+            engine = engines[side]
+            generation = engine.generate(
+                decode_prompt,
+                max_new_tokens=DECODE_TOKENS,
+                use_pool=False,
+                logits_processors=(no_eos(engine.default_stop_ids),),
+            ).result()
+            rows[f"{side}_decode"].append(generation.stats.decode_tokens_per_s)
+            started = time.perf_counter()
+            engine.generate(prefill_prompt, max_new_tokens=1, use_pool=False).result()
+            rows[f"{side}_prefill"].append(len(prefill_prompt) / (time.perf_counter() - started))
     return {name: statistics.median(values) for name, values in rows.items()} | {"rounds": rows}
 
 
@@ -176,23 +182,35 @@ def main() -> None:
     parser.add_argument(
         "--paged-kv", action="store_true", help="ours attends over the pool's blocks (no working arena)"
     )
+    parser.add_argument(
+        "--quantization",
+        choices=["int4"],
+        default=None,
+        help="ours runs quantized weights; the speed rows also show the default fp32 weights beside",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs/bench/anchor")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = build_engine(None, kv_dtype=args.kv_dtype, paged_kv=args.paged_kv)
+    engine = build_engine(None, kv_dtype=args.kv_dtype, paged_kv=args.paged_kv, quantization=args.quantization)
     gguf = str(resolve_model_source(None).path)
     llama = LlamaWorker(args.llama_python, gguf, args.threads, 8192)
     results = {name: replay(engine, llama, path, limit) for name, (path, limit) in TRANSCRIPTS.items()}
-    results["speeds"] = speeds(engine, llama)
+    # peak RSS before a second model loads for the speed rows
     results["peak_rss_bytes"] = {"ours": peak_rss(), "llama": llama.ask(op="memory")["peak_rss_bytes"]}
+    engines = {"ours": engine}
+    if args.quantization:
+        engines["ours_fp32"] = build_engine(None, kv_dtype=args.kv_dtype, paged_kv=args.paged_kv)
+    results["speeds"] = speeds(engines, llama)
     llama.close()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "anchor.json").write_text(json.dumps(results, indent=1))
     paged = " --paged-kv" if args.paged_kv else ""
-    command = f"python docs/bench_anchor.py --llama-python VENV/bin/python --threads {args.threads}{paged}"
+    quantized = f" --quantization {args.quantization}" if args.quantization else ""
+    command = f"python docs/bench_anchor.py --llama-python VENV/bin/python --threads {args.threads}{paged}{quantized}"
+    weights = f"{args.quantization} weights (4-bit layers, 8-bit head)" if args.quantization else "fp32 weights"
     lines = [
         f"`{command} --kv-dtype {args.kv_dtype}` (llama-cpp-python {llama.version}, `{Path(gguf).name}`;"
-        f" ours: fp32 weights, {args.kv_dtype} KV)",
+        f" ours: {weights}, {args.kv_dtype} KV)",
         "",
         "| transcript | metric | ours `prefix` | llama.cpp | ours ÷ llama.cpp |",
         "| --- | --- | --- | --- | --- |",
@@ -227,8 +245,21 @@ def main() -> None:
             speed["llama_prefill"],
             "{:.1f}",
         ),
-        _row("process", "peak RSS (MiB)", rss["ours"] / MIB, rss["llama"] / MIB, "{:.0f}"),
     ]
+    if "ours_fp32_decode" in speed:
+        lines += [
+            _row(
+                "", "decode, ours with fp32 weights (tok/s)", speed["ours_fp32_decode"], speed["llama_decode"], "{:.1f}"
+            ),
+            _row(
+                "",
+                "prefill, ours with fp32 weights (tok/s)",
+                speed["ours_fp32_prefill"],
+                speed["llama_prefill"],
+                "{:.1f}",
+            ),
+        ]
+    lines += [_row("process", "peak RSS (MiB)", rss["ours"] / MIB, rss["llama"] / MIB, "{:.0f}")]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -41,7 +41,7 @@ MODEL_HELP = (
 
 def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--model, --device, --dtype, --block-size, --max-kv-bytes, --kv-dtype, --approximate-reuse,
-    --paged-kv, --disk-cache-dir, --min-free-disk-mb."""
+    --paged-kv, --quantization, --disk-cache-dir, --min-free-disk-mb."""
     for option in reversed(
         [
             click.option("--model", default=None, help=MODEL_HELP),
@@ -88,6 +88,14 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 help="Attend over the pool's KV blocks in place instead of a working copy of the "
                 "context: the context is held once, for a gather of one layer per layer per "
                 "forward (exact; not with --approximate-reuse) [default: off].",
+            ),
+            click.option(
+                "--quantization",
+                type=click.Choice(["int4"]),
+                default=None,
+                help="Weight-only quantization for CPU decode: 4-bit linear layers (a scale and a minimum "
+                "per 32 weights, as GGUF's Q4_1) and an 8-bit LM head, computed in bf16. Approximate: "
+                "its own cache keys [default: off, the weights as loaded].",
             ),
             click.option(
                 "--disk-cache-dir",

@@ -10,6 +10,7 @@ from clm_middleware.cache import PoolConfig
 from clm_middleware.engine import Engine
 from clm_middleware.engine.protocol import ServingEngine, signals_source
 from clm_middleware.errors import ConfigError
+from clm_middleware.models.quantization import model_quantization
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.plain import PlainChatDriver
 from clm_middleware.replay.runner import ReplayOptions, TurnDriver
@@ -29,6 +30,7 @@ def build_engine(
     kv_dtype: str | None = None,
     approximate_reuse: float | None = None,
     paged_kv: bool = False,
+    quantization: str | None = None,
     disk_cache_dir: str | None = None,
     min_free_disk_mb: int = 512,
     engine_url: str | None = None,
@@ -40,7 +42,12 @@ def build_engine(
     """The local engine for ``model``; with ``engine_url``, a ``RemoteEngine`` on that server,
     with ``model``'s tokenizer and, for signals, ``engine_scorer`` as a local scorer."""
     if engine_url is not None:
-        for name, value in (("approximate_reuse", approximate_reuse), ("paged_kv", paged_kv or None)):
+        local_only = (
+            ("approximate_reuse", approximate_reuse),
+            ("paged_kv", paged_kv or None),
+            ("quantization", quantization),
+        )
+        for name, value in local_only:
             if value is not None:
                 raise ConfigError(name, "applies to the local engine; a serving engine keeps its own KV cache")
         return build_remote_engine(
@@ -64,13 +71,16 @@ def build_engine(
         extra["blend"] = BlendConfig(recompute_share=approximate_reuse)
     if model == TINY_MODEL:
         from clm_middleware.models import tiny_llama, tiny_tokenizer
+        from clm_middleware.models.quantization import quantize_model
 
-        return Engine(tiny_llama(), tiny_tokenizer(), pool_config=pool_config, **extra)
+        tiny = tiny_llama()
+        if quantization is not None:
+            quantize_model(tiny, quantization)
+        return Engine(tiny, tiny_tokenizer(), pool_config=pool_config, **extra)
     from clm_middleware.models.loading import load_model, load_tokenizer
 
-    return Engine(
-        load_model(model, device=device, dtype=dtype), load_tokenizer(model), pool_config=pool_config, **extra
-    )
+    loaded = load_model(model, device=device, dtype=dtype, quantization=quantization)
+    return Engine(loaded, load_tokenizer(model), pool_config=pool_config, **extra)
 
 
 def build_remote_engine(
@@ -128,7 +138,9 @@ def engine_description(engine: ServingEngine) -> dict[str, Any]:
     blend = getattr(engine, "blend", None)
     approximate = {"approximate_reuse": blend.recompute_share} if blend is not None else {}
     paged = {"paged_kv": True} if getattr(engine, "paged_kv", False) else {}
-    return {"signals_source": signals_source(engine), **approximate, **paged}
+    model = getattr(engine, "model", None)
+    quantized = {"quantization": model_quantization(model)} if model is not None and model_quantization(model) else {}
+    return {"signals_source": signals_source(engine), **approximate, **paged, **quantized}
 
 
 @dataclass(slots=True)

@@ -45,6 +45,7 @@ from clm_middleware.engine.sampling import SamplingParams, check_sampling_filter
 from clm_middleware.engine.stats import EngineStats
 from clm_middleware.errors import ConfigError, ContextWindowError
 from clm_middleware.models.fingerprint import model_fingerprint
+from clm_middleware.models.quantization import parameter_count
 
 _NO_OBSERVATION = Observe()
 
@@ -118,12 +119,13 @@ class Engine:
         pool_config: PoolConfig | None = None,
         blend: BlendConfig | None = None,
         paged_kv: bool = False,
+        quantization: str | None = None,
     ) -> Engine:
         """Load a model and tokenizer (see :func:`load_model`) and wrap them."""
         from clm_middleware.models.loading import load_model, load_tokenizer
 
         return cls(
-            load_model(model, device=device, dtype=dtype),
+            load_model(model, device=device, dtype=dtype, quantization=quantization),
             load_tokenizer(model),
             pool_config=pool_config,
             blend=blend,
@@ -162,7 +164,7 @@ class Engine:
 
     @property
     def num_parameters(self) -> int:
-        return sum(parameter.numel() for parameter in self.model.parameters())
+        return parameter_count(self.model)
 
     @property
     def sees_logits(self) -> bool:

