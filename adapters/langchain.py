@@ -145,7 +145,7 @@ class ChatCLM(BaseChatModel):
     """Attend over the pool's KV blocks in place instead of a working copy of the
     context: the context is held once, for a gather of one layer per layer per forward
     (exact; not with ``approximate_reuse``)."""
-    quantization: str | None = None
+    quantization: Literal["int4"] | None = None
     """``"int4"``: 4-bit linear layers and an 8-bit LM head for CPU decode speed
     (approximate, its own cache keys; ``docs/lifecycle.md``); None keeps the weights as loaded."""
     store_path: str | None = None

@@ -19,11 +19,25 @@ from clm_middleware.errors import ModelNotFoundError
         ({"frequency_penalty": 5}, "frequency_penalty"),
         ({"seed": 2**70}, "seed: must be an integer in"),
         ({"max_tokens": 0}, "max_tokens: "),  # ChatCLM's name, not the library's max_new_tokens
+        ({"quantization": "int3"}, "quantization"),
     ],
 )
 def test_an_unknown_argument_or_a_bad_setting_fails_at_construction(arguments, message):
     with pytest.raises(ValidationError, match=message):
         ChatCLM(model="tiny", **arguments)
+
+
+def test_quantized_weights_get_their_own_shared_engine():
+    from clm_middleware.models.quantization import model_quantization
+
+    def model_of(chat: ChatCLM):
+        reply = chat.invoke("hi")
+        assert reply.response_metadata["turn"] == 1
+        return chat.conversation(reply.response_metadata["conversation_id"]).engine.model
+
+    quantized, plain = ChatCLM(model="tiny", max_tokens=4, quantization="int4"), ChatCLM(model="tiny", max_tokens=4)
+    assert model_quantization(model_of(quantized)) == "int4"
+    assert model_quantization(model_of(plain)) is None
 
 
 def test_a_model_path_that_is_not_there_fails_at_construction(tmp_path):
