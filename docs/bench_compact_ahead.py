@@ -9,6 +9,11 @@ prefill tokens). Writes ``OUT/summary.md`` and ``OUT/totals.json``; the full rep
 to ``OUT/reports/`` (not committed: ~2 MB).
 
     python docs/bench_compact_ahead.py --out docs/bench/compact_ahead
+    python docs/bench_compact_ahead.py --variants default ahead_approx \
+        --sessions lisbon_trip chitchat_200 --out docs/bench/compact_ahead_approx
+
+``--variants`` picks the settings (``ahead_approx``: ``--compact-ahead --approximate-reuse
+0.15``), ``--sessions`` the sessions by file name.
 """
 
 from __future__ import annotations
@@ -27,7 +32,12 @@ SESSIONS = {
     "MultiWOZ session (92 turns)": "examples/retention/multiwoz_session_10.jsonl",
     "200-turn long-message session": "examples/retention/heldout/long/chitchat_200.jsonl",
 }
-VARIANTS = {"at the turn (default)": [], "ahead": ["--compact-ahead"]}
+VARIANTS = {
+    "at the turn (default)": [],
+    "ahead": ["--compact-ahead"],
+    "ahead + approximate reuse": ["--compact-ahead", "--approximate-reuse", "0.15"],
+}
+SLUGS = {"at the turn (default)": "default", "ahead": "ahead", "ahead + approximate reuse": "ahead_approx"}
 
 
 def replay(path: str, flags: list[str], report: Path) -> dict:
@@ -44,14 +54,22 @@ def replay(path: str, flags: list[str], report: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs/bench/compact_ahead")
+    parser.add_argument(
+        "--variants", nargs="+", choices=list(SLUGS.values()), default=["default", "ahead"], help="which settings"
+    )
+    parser.add_argument(
+        "--sessions", nargs="+", choices=[Path(p).stem for p in SESSIONS.values()], help="which sessions [all]"
+    )
     args = parser.parse_args()
     reports = args.out / "reports"
     reports.mkdir(parents=True, exist_ok=True)
+    variants = [(name, flags) for name, flags in VARIANTS.items() if SLUGS[name] in args.variants]
+    sessions = [(name, p) for name, p in SESSIONS.items() if not args.sessions or Path(p).stem in args.sessions]
     totals: dict[str, dict] = {}
-    for number, (name, path) in enumerate(SESSIONS.items()):
-        order = list(VARIANTS.items()) if number % 2 == 0 else list(reversed(VARIANTS.items()))
+    for number, (name, path) in enumerate(sessions):
+        order = variants if number % 2 == 0 else list(reversed(variants))
         for variant, flags in order:
-            report = replay(path, flags, reports / f"{Path(path).stem}_{'ahead' if flags else 'default'}.json")
+            report = replay(path, flags, reports / f"{Path(path).stem}_{SLUGS[variant]}.json")
             totals[f"{name} | {variant}"] = report["totals"] | {"retention": report.get("retention")}
     prefix = replay(SESSIONS["bundled chat (34 turns)"], ["prefix"], reports / "lisbon_trip_prefix.json")
     totals["bundled chat (34 turns) | prefix"] = prefix["totals"]
