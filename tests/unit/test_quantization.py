@@ -29,7 +29,7 @@ def quantized(tiny_model):
     return model, report
 
 
-def q4_1_linear(out_features: int, in_features: int) -> torch.nn.Linear:
+def q4_1_linear(out_features: int, in_features: int, bias: bool = False) -> torch.nn.Linear:
     """A linear layer whose weights are GGUF Q4_1 blocks de-quantized: code * d + m, d and m in fp16."""
     generator = torch.Generator().manual_seed(0)
     groups = in_features // GROUP_SIZE
@@ -37,13 +37,14 @@ def q4_1_linear(out_features: int, in_features: int) -> torch.nn.Linear:
     codes[..., 0], codes[..., 1] = 0, 15  # Q4_1 spans its block: the minimum is code 0, the maximum 15
     scale = (torch.rand(out_features, groups, 1, generator=generator) * 0.01 + 1e-3).half().float()
     low = (-torch.rand(out_features, groups, 1, generator=generator) * 0.08).half().float()
-    linear = torch.nn.Linear(in_features, out_features, bias=False)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias)
     linear.weight.data = (codes * scale + low).reshape(out_features, in_features)
     return linear
 
 
-def test_a_q4_1_layer_gets_its_own_codes_back_and_computes_within_bf16_of_fp32():
-    linear = q4_1_linear(64, 96)
+@pytest.mark.parametrize("bias", [False, True])  # Qwen-style q/k/v carry a bias
+def test_a_q4_1_layer_gets_its_own_codes_back_and_computes_within_bf16_of_fp32(bias):
+    linear = q4_1_linear(64, 96, bias)
     layer = Int4Linear(linear)
     assert layer.max_weight_error < 1e-7  # the file's codes, scales and minimums, recovered
     hidden = torch.randn(3, 5, 96)
