@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from clm_middleware.engine import CallStats, Engine, Generation, penalty_processors
@@ -42,6 +43,16 @@ if TYPE_CHECKING:
     from clm_middleware.conversation import Conversation
     from clm_middleware.structured.constraint import GrammarConstraint
     from clm_middleware.structured.grammar import GrammarCompiler
+
+
+@dataclass(frozen=True, slots=True)
+class WorkAhead:
+    """The call ``compact_ahead`` ran after a reply: its stats, the context it computed
+    (before the next message's opening) and whether a compaction ran first."""
+
+    stats: CallStats
+    context_tokens: int
+    compacted: bool
 
 
 class TurnRunner:
@@ -454,34 +465,40 @@ class TurnRunner:
             )
         return decisions
 
-    def _compact_ahead(self, turn: int, stats: TurnStats, decisions: list[Decision]) -> CallStats | None:
-        """With ``compact_ahead``, after the reply: when the next turn's messages (as many
-        tokens as the most said in one of the last few turns) would take the prompt over
-        the budget, compact now and compute the compacted context into the pool, so the
-        next turn prefills only what it adds. The re-prefill moves from the next turn's
-        time to first token to the end of this one. The stats of the computing call."""
+    def _compact_ahead(self, turn: int, stats: TurnStats, decisions: list[Decision]) -> WorkAhead | None:
+        """With ``compact_ahead``, after the reply, compute now what the next turn would
+        wait for: under a budget, when the next turn's messages (as many tokens as the
+        most said in one of the last few turns) would take the prompt over it, compact
+        and compute the compacted context into the pool; in any case the opening of the
+        next message (the template's user header, and the end of the reply before it),
+        so the next turn prefills only what its messages say. The computing call's stats,
+        or None if none ran (or it failed: the next turn computes it instead)."""
         c = self.conversation
-        if not c.config.compact_ahead or c.config.budget is None or not c.use_pool or not isinstance(c.engine, Engine):
+        if not c.config.compact_ahead or not c.use_pool or not isinstance(c.engine, Engine):
             return None
-        tick = time.perf_counter()
-        headroom = c.compactor.next_messages_tokens(c.messages, c.segment_map(), turn)
-        compaction = c.compactor.run(
-            c.live_messages(), c.segment_map(), turn, c.fold, history=c.messages, headroom=max(1, headroom)
-        )
-        if not compaction.ran:
-            return None
-        c.fold = compaction.fold
-        self._after_compaction(compaction, turn, stats, decisions)
-        stats.phases["compaction_s"] += time.perf_counter() - tick - compaction.compression_s
+        compacted = False
+        if c.config.budget is not None:
+            tick = time.perf_counter()
+            headroom = c.compactor.next_messages_tokens(c.messages, c.segment_map(), turn)
+            compaction = c.compactor.run(
+                c.live_messages(), c.segment_map(), turn, c.fold, history=c.messages, headroom=max(1, headroom)
+            )
+            if compaction.ran:
+                compacted = True
+                c.fold = compaction.fold
+                self._after_compaction(compaction, turn, stats, decisions)
+                stats.phases["compaction_s"] += time.perf_counter() - tick - compaction.compression_s
         context = c.render_prompt(None, for_generation=False).token_ids
+        # a user message is what usually comes next; a tool message shares all but its role name
+        opening = c.renderer.format.header_ids("user")
         try:
             warm = c.engine.generate(
-                context, max_new_tokens=0, hold_blocks=True, use_pool=True, cache_salt=c.cache_salt
+                context + opening, max_new_tokens=0, hold_blocks=True, use_pool=True, cache_salt=c.cache_salt
             ).result()
         except Exception:  # the pool is full, the engine failed: the next turn computes it instead
             return None
         self._hand_over_chain(warm)
-        return warm.stats
+        return WorkAhead(warm.stats, len(context), compacted)
 
     def _hand_over_chain(self, generation: Generation) -> None:
         """Hold the new prompt + reply chain, then let the previous one go (tail first)."""
@@ -496,17 +513,21 @@ class TurnRunner:
         generation: Generation,
         decisions: list[Decision],
         started: float,
-        warm: CallStats | None = None,
+        warm: WorkAhead | None = None,
     ) -> None:
-        """``warm``: the call that computed the context compacted ahead (``ahead_tokens``);
-        the context is then the compacted one."""
+        """``warm``: the work done ahead (``ahead_tokens``); after a compaction ahead the
+        context is the compacted one."""
         c = self.conversation
         call = generation.stats
         stats.prompt_tokens, stats.context_tokens = call.prompt_tokens, call.prompt_tokens
         stats.cached_tokens, stats.prefill_tokens = call.cached_tokens, call.prefill_tokens
         if warm is not None:
-            stats.context_tokens = stats.ahead_tokens = warm.prompt_tokens
-            stats.ahead_prefill_tokens = warm.prefill_tokens
+            # a compacted context counts whole (the next turn reads it back); otherwise
+            # only what was computed ahead, the next message's opening
+            stats.ahead_tokens = warm.stats.prompt_tokens if warm.compacted else warm.stats.prefill_tokens
+            stats.ahead_prefill_tokens = warm.stats.prefill_tokens
+            if warm.compacted:
+                stats.context_tokens = warm.context_tokens
         stats.approximate_tokens = call.approximate_tokens
         stats.forced_tokens = call.forced_tokens
         stats.generated_tokens, stats.ttft_s, stats.bookkeeping_s, stats.arena_s = (

@@ -184,6 +184,10 @@ class ChatFormat:
             ) from None
         return [*glue.header_ids, *content_ids, *glue.footer_ids]
 
+    def header_ids(self, role: str) -> list[int]:
+        """What opens a ``role`` message, before its content (SmolLM2's user: ``<|im_start|>user\\n``)."""
+        return list(self.glue[role].header_ids) if role in self.glue else []
+
     def start_ids(self, first_role: str | None) -> list[int]:
         """What precedes the first message: the template's default preamble unless it is a system message."""
         return [] if first_role == "system" else list(self.preamble_ids)

@@ -32,16 +32,22 @@ def _replayed(converse, **config):
     return conversation
 
 
+def _opening(conversation) -> int:
+    """Tokens that open the next user message (the template's header), computed ahead too."""
+    return len(conversation.renderer.format.header_ids("user"))
+
+
 def test_the_compaction_runs_after_the_reply_and_the_next_turn_prefills_only_its_message(converse):
-    log = _replayed(converse, budget=BUDGET, compact_ahead=True).turn_log
+    conversation = _replayed(converse, budget=BUDGET, compact_ahead=True)
+    log, opening = conversation.turn_log, _opening(conversation)
     ahead = [i for i, turn in enumerate(log) if turn.compaction == "ahead"]
     assert ahead and all(turn.compaction in ("", "ahead") for turn in log)  # none waits at a turn's start
     followed = [(log[i], log[i + 1]) for i in ahead if i + 1 < len(log) and not log[i + 1].compaction]
     assert followed
     for before, after in followed:
-        # the compacted context, computed ahead (the engine recomputes the last cached
-        # token where it scores the first new one)
-        assert before.context_tokens - 1 <= after.cached_tokens <= before.context_tokens
+        # the compacted context and the next message's opening, computed ahead (the engine
+        # recomputes the last cached token where it scores the first new one)
+        assert before.context_tokens + opening - 1 <= after.cached_tokens <= before.context_tokens + opening
     assert max(turn.context_tokens for turn in log) <= BUDGET
 
 
@@ -50,7 +56,8 @@ def test_a_turn_that_compacts_ahead_reports_its_prompt_and_counts_the_context_it
     log = conversation.turn_log
     turn = next(t for t in log if t.compaction == "ahead")
     assert turn.prompt_tokens == turn.cached_tokens + turn.prefill_tokens <= BUDGET  # the reply's own prompt
-    assert turn.ahead_tokens == turn.context_tokens <= BUDGET * 0.75 + 16
+    assert turn.ahead_tokens == turn.context_tokens + _opening(conversation)
+    assert turn.context_tokens <= BUDGET * 0.75 + 16
     assert 0 < turn.ahead_prefill_tokens <= turn.ahead_tokens
     totals = conversation.stats()  # the hit rate counts what the pool served of both calls
     assert totals["prompt_tokens"] == sum(t.prompt_tokens + t.ahead_tokens for t in log)
@@ -62,12 +69,24 @@ def test_without_it_the_same_chat_compacts_at_the_start_of_a_turn(converse):
     assert {turn.compaction for turn in log} == {"", "budget"}
 
 
-def test_without_a_budget_nothing_is_compacted_ahead(converse):
-    conversation = converse(compact_ahead=True)
-    for message in _hiking_days(6):
-        conversation.add("user", message)
-        conversation.respond(REPLY)
-    assert all(turn.compaction != "ahead" for turn in conversation.turn_log)
+def test_without_a_budget_nothing_is_compacted_ahead_but_the_next_messages_opening_is_computed(converse, make_engine):
+    logs = {}
+    for ahead in (False, True):  # each on its own pool: one would serve the other's prompts
+        conversation = converse(engine=make_engine(), compact_ahead=ahead)
+        for message in _hiking_days(6):
+            conversation.add("user", message)
+            conversation.respond(REPLY)
+        logs[ahead] = conversation.turn_log
+    footer = len(conversation.renderer.format.glue["assistant"].footer_ids)  # the reply's end, never fed
+    assert all(turn.compaction != "ahead" for turn in logs[True])
+    # only what was computed ahead is counted: the reply's last token (never fed), its end
+    # and the next message's opening
+    computed = footer + _opening(conversation) + 1
+    assert all(turn.ahead_tokens == turn.ahead_prefill_tokens == computed for turn in logs[True])
+    for plain, early in zip(logs[False][1:], logs[True][1:], strict=True):
+        assert early.prompt_tokens == plain.prompt_tokens
+        # the next turn recomputes the last cached token anyway, to score the first new one
+        assert early.prefill_tokens == plain.prefill_tokens - computed + 1
 
 
 def test_a_non_boolean_setting_is_refused_naming_it():
@@ -89,7 +108,7 @@ def test_the_cli_flag_reaches_the_report(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["settings"]["compact_ahead"] is True
     ahead = [turn for turn in report["turns"] if turn["compaction"] == "ahead"]
-    assert ahead and all(turn["ahead_tokens"] == turn["context_tokens"] for turn in ahead)
+    assert ahead and all(turn["ahead_tokens"] > turn["context_tokens"] for turn in ahead)  # + the next opening
     computed = sum(turn["prefill_tokens"] + turn["ahead_prefill_tokens"] for turn in report["turns"])
     assert report["totals"]["prefill_tokens"] == computed
 

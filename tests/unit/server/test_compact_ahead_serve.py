@@ -41,7 +41,8 @@ def test_the_call_after_a_compaction_ahead_reads_the_compacted_context_from_the_
             messages.append({"role": "assistant", "content": reply.choices[0].message.content})
             calls.append((reply.usage, reply.model_extra["clm"]))
         ahead = [i for i, (_, clm) in enumerate(calls) if clm["compaction"] == "ahead"]
-        assert ahead and all(calls[i][1]["ahead_tokens"] == calls[i][1]["context_tokens"] > 0 for i in ahead)
+        # the compacted context and the opening of the next message
+        assert ahead and all(calls[i][1]["ahead_tokens"] > calls[i][1]["context_tokens"] > 0 for i in ahead)
         assert all(usage.prompt_tokens <= BUDGET for usage, _ in calls)  # usage is the reply's own prompt
         # a next call that did not compact at its start (its own compaction ahead comes after its reply)
         followed = [i for i in ahead if i + 1 < len(calls) and calls[i + 1][1]["compaction"] in ("", "ahead")]
