@@ -184,7 +184,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--quantization",
-        choices=["int4"],
+        choices=["int4", "int4-bf16"],
         default=None,
         help="ours runs quantized weights; the speed rows also show the default fp32 weights beside",
     )
@@ -207,7 +207,7 @@ def main() -> None:
     paged = " --paged-kv" if args.paged_kv else ""
     quantized = f" --quantization {args.quantization}" if args.quantization else ""
     command = f"python docs/bench_anchor.py --llama-python VENV/bin/python --threads {args.threads}{paged}{quantized}"
-    weights = f"{args.quantization} weights (4-bit layers, 8-bit head)" if args.quantization else "fp32 weights"
+    weights = f"{args.quantization} weights" if args.quantization else "fp32 weights"
     lines = [
         f"`{command} --kv-dtype {args.kv_dtype}` (llama-cpp-python {llama.version}, `{Path(gguf).name}`;"
         f" ours: {weights}, {args.kv_dtype} KV)",

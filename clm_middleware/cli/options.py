@@ -91,10 +91,11 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
             click.option(
                 "--quantization",
-                type=click.Choice(["int4"]),
+                type=click.Choice(["int4", "int4-bf16"]),
                 default=None,
                 help="Weight-only quantization for CPU decode: 4-bit linear layers (a scale and a minimum "
-                "per 32 weights, as GGUF's Q4_1) and an 8-bit LM head, computed in bf16. Approximate: "
+                "per 32 weights, as GGUF's Q4_1) and an 8-bit LM head, computed in bf16; int4-bf16 also "
+                "keeps the weights in bf16 for prefill chunks (faster prefill, more memory). Approximate: "
                 "its own cache keys [default: off, the weights as loaded].",
             ),
             click.option(

@@ -9,6 +9,7 @@ from clm_middleware.cli.setup import build_engine, engine_description
 from clm_middleware.engine import Engine
 from clm_middleware.errors import ConfigError
 from clm_middleware.models.quantization import (
+    DENSE_FROM_ROWS,
     GROUP_SIZE,
     Int4Linear,
     Int8Linear,
@@ -98,6 +99,32 @@ def test_quantized_logits_are_close_to_exact_and_a_pool_hit_equals_a_recompute_w
     assert hit.stats.cached_tokens == 70
     # the kernels compute each row on its own: reuse stays token-exact against the same weights
     assert torch.allclose(hit.logits[0], fresh.logits[0], atol=1e-4)
+
+
+def test_int4_bf16_computes_prefill_chunks_densely_and_decode_from_the_codes():
+    layer = Int4Linear(q4_1_linear(64, 96), dense_prefill=True)
+    dense = layer.dense_weight
+    chunk, step = torch.randn(DENSE_FROM_ROWS, 96), torch.randn(1, 96)
+    assert torch.equal(layer(chunk), torch.nn.functional.linear(chunk.bfloat16(), dense).float())
+    plain = Int4Linear(q4_1_linear(64, 96))
+    assert plain.dense_weight is None
+    assert torch.equal(layer(step), plain(step))  # one row: the 4-bit kernel, as int4
+
+
+def test_int4_bf16_hits_are_close_to_a_recompute_and_prefill_is_dense(tiny_model, tiny_tok):
+    model = copy.deepcopy(tiny_model)
+    report = quantize_model(model, "int4-bf16")
+    assert report.int4_layers == 7 * tiny_model.config.num_hidden_layers and model_quantization(model) == "int4-bf16"
+    assert model.lm_head.dense_weight is not None
+    engine = Engine(model, tiny_tok)
+    prompt, tail = prompt_of(70), prompt_of(9, offset=3)
+    fresh = engine.generate(prompt + tail, max_new_tokens=1, use_pool=False, return_logits=True).result()
+    engine.generate(prompt, max_new_tokens=0).result()
+    hit = engine.generate(prompt + tail, max_new_tokens=1, return_logits=True).result()
+    assert hit.stats.cached_tokens == 70
+    # the tail's 9 rows take the 4-bit kernel here, the dense product in the fresh run
+    spread = float(fresh.logits[0].abs().max())
+    assert torch.allclose(hit.logits[0], fresh.logits[0], atol=0.05 * spread)
 
 
 def test_quantized_and_exact_weights_never_share_blocks_in_memory_or_on_disk(tiny_model, tiny_tok, quantized, tmp_path):
