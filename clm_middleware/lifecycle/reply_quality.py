@@ -150,9 +150,13 @@ def _clause_words(sentence: str) -> list[str]:
     return [w for w in _words(sentence) if w[0].isalnum()]  # "the total," repeats "the total."
 
 
-def _sentence_key(sentence: str) -> str | None:
-    words = _clause_words(sentence)
+def _key(words: list[str]) -> str | None:
+    """A clause's words as the cut compares them; None under ``REPEAT_MIN_WORDS`` words."""
     return " ".join(words) if len(words) >= REPEAT_MIN_WORDS else None
+
+
+def _sentence_key(sentence: str) -> str | None:
+    return _key(_clause_words(sentence))
 
 
 def first_repeated_sentence(text: str) -> int | None:
@@ -196,9 +200,10 @@ class RepeatWatch:
         scanned = start = len(self._complete)
         for end in _SENTENCE_END.finditer(text, pos=start):
             sentence, start = text[start : end.end()], end.end()
-            key = _sentence_key(sentence)
+            words = _clause_words(sentence)
+            key = _key(words)
             if key is None:
-                if self._short_run(" ".join(_clause_words(sentence))) >= REPEAT_RUN:
+                if self._short_run(" ".join(words)) >= REPEAT_RUN:
                     self.cut = start - len(sentence.lstrip())
                     break
                 continue

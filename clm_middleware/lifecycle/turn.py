@@ -24,7 +24,7 @@ def decision_counts(decisions: list[Decision]) -> dict[str, Any]:
 
 def token_totals(turns: Iterable[Any]) -> tuple[int, int, int]:
     """Prompt, cached and prefill tokens over ``turns`` (``TurnStats``, or the replay
-    report's records): each turn's prompt and the compacted context it computed ahead
+    report's records): each turn's prompt and what it computed ahead for the next turn
     (``ahead_tokens``), so cached ÷ prompt is what the pool served of every token the
     turns needed."""
     prompt = cached = prefill = 0
@@ -70,9 +70,10 @@ class TurnStats:
     summaries: list[dict[str, Any]] = field(default_factory=list)
     restored: list[SegmentId] = field(default_factory=list)
     compaction: str = ""  # "" | "pending" | "budget" | "ahead" | "budget+ahead"
-    # compact_ahead: the compacted context this turn computed into the pool after its
-    # reply (tokens, and of those computed rather than served); not in prompt_tokens,
-    # which stay the reply's prompt; totals and hit rates count them
+    # compact_ahead: what this turn computed into the pool after its reply for the next
+    # one (the compacted context and the next message's opening after a compaction ahead,
+    # else the opening alone; tokens, and of those computed rather than served); not in
+    # prompt_tokens, which stay the reply's prompt; totals and hit rates count them
     ahead_tokens: int = 0
     ahead_prefill_tokens: int = 0
     lifecycle_s: float = 0.0

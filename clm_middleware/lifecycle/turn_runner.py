@@ -177,7 +177,7 @@ class TurnRunner:
         stats.phases["observation_s"] = time.perf_counter() - tick + generation.stats.observe_s
         decisions += self._tag(turn, rendered, answer_ids, model_written if asks_block else None, generation, stats)
         c.reclaimer.release_due(turn)
-        warm = self._compact_ahead(turn, stats, decisions)
+        warm = self._work_ahead(turn, stats, decisions)
         self._finish_stats(stats, rendered, generation, decisions, started, warm)
         c.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)
         c.journal.decisions(decisions)
@@ -465,7 +465,7 @@ class TurnRunner:
             )
         return decisions
 
-    def _compact_ahead(self, turn: int, stats: TurnStats, decisions: list[Decision]) -> WorkAhead | None:
+    def _work_ahead(self, turn: int, stats: TurnStats, decisions: list[Decision]) -> WorkAhead | None:
         """With ``compact_ahead``, after the reply, compute now what the next turn would
         wait for: under a budget, when the next turn's messages (as many tokens as the
         most said in one of the last few turns) would take the prompt over it, compact

@@ -54,84 +54,85 @@ _ATTR_FORMAT = "_clm_quantization"
 _ATTR_PARAMETERS = "_clm_parameter_count"
 
 
-class Int4Linear(torch.nn.Module):
+class _QuantizedLinear(torch.nn.Module):
+    """What both formats share: the layer's shapes and bias, the optional dense bf16 copy
+    (``dense_weight``, used from ``DENSE_FROM_ROWS`` rows), and a forward that computes
+    in bf16 and returns the input's dtype. A subclass stores its codes and computes
+    ``_quantized(flat)``."""
+
+    def __init__(self, linear: torch.nn.Linear, restored: torch.Tensor, dense: torch.Tensor | None) -> None:
+        super().__init__()
+        weight = linear.weight.detach().float()
+        self.out_features, self.in_features = weight.shape
+        self.max_weight_error = float((restored - weight).abs().max())
+        self.register_buffer("dense_weight", None if dense is None else dense.to(_COMPUTE_DTYPE))
+        self.bias = linear.bias
+
+    def _quantized(self, flat: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        flat = hidden.reshape(-1, self.in_features).to(_COMPUTE_DTYPE)
+        if self.dense_weight is not None and flat.shape[0] >= DENSE_FROM_ROWS:
+            out = torch.nn.functional.linear(flat, self.dense_weight)
+        else:
+            out = self._quantized(flat)
+        out = out.to(hidden.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*hidden.shape[:-1], self.out_features)
+
+
+class Int4Linear(_QuantizedLinear):
     """A linear layer of 4-bit codes, one bf16 scale and minimum per ``GROUP_SIZE`` inputs;
     with ``dense_prefill``, also the same weights in bf16 for inputs of ``DENSE_FROM_ROWS``
     rows or more."""
 
     def __init__(self, linear: torch.nn.Linear, dense_prefill: bool = False) -> None:
-        super().__init__()
         weight = linear.weight.detach().float()
-        self.out_features, self.in_features = weight.shape
-        groups = weight.reshape(self.out_features, self.in_features // GROUP_SIZE, GROUP_SIZE)
+        out_features, in_features = weight.shape
+        groups = weight.reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
         low = groups.amin(-1, keepdim=True)
         scale = ((groups.amax(-1, keepdim=True) - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
         codes = ((groups - low) / scale).round().clamp(0, 15)
-        self.max_weight_error = float(((codes * scale + low) - groups).abs().max())
+        restored = (codes * scale + low).reshape(out_features, in_features)
+        super().__init__(linear, restored, restored if dense_prefill else None)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            codes.to(torch.int32).reshape(self.out_features, self.in_features), 1
+            codes.to(torch.int32).reshape(out_features, in_features), 1
         )
         self.register_buffer("packed_weight", packed)
         # the kernel's weight is (code - 8) * scale + zero, laid out [groups, out_features, 2]
         zero = low + 8 * scale
-        scales_and_zeros = torch.stack(
-            [scale.reshape(self.out_features, -1).t(), zero.reshape(self.out_features, -1).t()], -1
-        )
+        scales_and_zeros = torch.stack([scale.reshape(out_features, -1).t(), zero.reshape(out_features, -1).t()], -1)
         self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous().to(_COMPUTE_DTYPE))
-        dense = (codes * scale + low).reshape(self.out_features, self.in_features) if dense_prefill else None
-        self.register_buffer("dense_weight", None if dense is None else dense.to(_COMPUTE_DTYPE))
-        self.bias = linear.bias
 
     @staticmethod
     def fits(linear: torch.nn.Linear) -> bool:
         out_features, in_features = linear.weight.shape
         return in_features % GROUP_SIZE == 0 and out_features % 16 == 0
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        flat = hidden.reshape(-1, self.in_features).to(_COMPUTE_DTYPE)
-        if self.dense_weight is not None and flat.shape[0] >= DENSE_FROM_ROWS:
-            out = torch.nn.functional.linear(flat, self.dense_weight)
-        else:
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                flat, self.packed_weight, GROUP_SIZE, self.scales_and_zeros
-            )
-        return _finish(out, self.bias, hidden, self.out_features)
+    def _quantized(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed_weight, GROUP_SIZE, self.scales_and_zeros)
 
 
-class Int8Linear(torch.nn.Module):
+class Int8Linear(_QuantizedLinear):
     """A linear layer of symmetric 8-bit codes, one bf16 scale per output row; with
     ``dense_prefill``, also the loaded weights in bf16 for ``DENSE_FROM_ROWS`` rows or more."""
 
     def __init__(self, linear: torch.nn.Linear, dense_prefill: bool = False) -> None:
-        super().__init__()
         weight = linear.weight.detach().float()
-        self.out_features, self.in_features = weight.shape
         scale = (weight.abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         codes = (weight / scale[:, None]).round().clamp(-127, 127)
-        self.max_weight_error = float((codes * scale[:, None] - weight).abs().max())
+        super().__init__(linear, codes * scale[:, None], weight if dense_prefill else None)
         self.register_buffer("weight_codes", codes.to(torch.int8))
         self.register_buffer("scales", scale.to(_COMPUTE_DTYPE))
-        self.register_buffer("dense_weight", weight.to(_COMPUTE_DTYPE) if dense_prefill else None)
-        self.bias = linear.bias
 
     @staticmethod
     def fits(linear: torch.nn.Linear) -> bool:
         return linear.weight.shape[1] % GROUP_SIZE == 0  # the kernel crashes the process on some widths
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        flat = hidden.reshape(-1, self.in_features).to(_COMPUTE_DTYPE)
-        if self.dense_weight is not None and flat.shape[0] >= DENSE_FROM_ROWS:
-            out = torch.nn.functional.linear(flat, self.dense_weight)
-        else:
-            out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_codes, self.scales)
-        return _finish(out, self.bias, hidden, self.out_features)
-
-
-def _finish(out: torch.Tensor, bias: torch.Tensor | None, hidden: torch.Tensor, out_features: int) -> torch.Tensor:
-    out = out.to(hidden.dtype)
-    if bias is not None:
-        out = out + bias
-    return out.reshape(*hidden.shape[:-1], out_features)
+    def _quantized(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(flat, self.weight_codes, self.scales)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ class TurnRecord:
     live_kv_bytes: int = 0  # pool bytes the conversation needs to continue at full speed
     forced_tokens: int = 0  # teacher-forced: the transcript's reply, computed after the prompt
     approximate_tokens: int = 0  # of cached_tokens, reused approximately (--approximate-reuse)
-    ahead_tokens: int = 0  # --compact-ahead: the compacted context computed after the reply
+    ahead_tokens: int = 0  # --compact-ahead: computed after the reply for the next turn (docs/report.md)
     ahead_prefill_tokens: int = 0  # of ahead_tokens, computed (the rest served from the pool)
     reply_nll: float | None = None  # teacher-forced: mean -log p per token of the reply given this prompt
     reply_flags: list[str] = field(default_factory=list)  # generated: protocol_artifact | repetition_loop | empty
@@ -77,9 +77,9 @@ class ReplayReport:
     failures: list[Failure] = field(default_factory=list)
 
     def totals(self) -> dict[str, Any]:
-        """Token totals count every call of a turn: its prompt, and a compacted context
-        computed ahead (``ahead_tokens``), so the hit rate is what the pool served of all
-        the tokens the turns needed."""
+        """Token totals count every call of a turn: its prompt, and what it computed ahead
+        for the next turn (``ahead_tokens``), so the hit rate is what the pool served of
+        all the tokens the turns needed."""
         from clm_middleware.lifecycle.turn import token_totals
 
         turns = self.turns

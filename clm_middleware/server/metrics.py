@@ -61,7 +61,7 @@ class ServerMetrics:
         self.registry.register(_Live(pool_stats, sessions))
 
     def turn(self, stats: TurnStats) -> None:
-        """A turn's tokens, with the compacted context it computed ahead (``--compact-ahead``)."""
+        """A turn's tokens, with what it computed ahead for the next turn (``--compact-ahead``)."""
         prompt, cached, prefill = token_totals([stats])
         self.prompt_tokens.inc(prompt)
         self.cached_tokens.inc(cached)
