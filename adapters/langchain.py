@@ -127,8 +127,9 @@ class ChatCLM(BaseChatModel):
     compression: str = "auto"
     """How compress-labelled segments are shortened: auto, extractive or abstractive."""
     compact_ahead: bool = False
-    """Under a budget, compact after a reply when the next message would not fit, so
-    the next call does not wait for the re-prefill (docs/lifecycle.md)."""
+    """After a reply, compute what the next call would wait for: under a budget the
+    compaction when the next message would not fit, and the next message's opening
+    (docs/lifecycle.md)."""
     block_size: int = 16
     """Tokens per KV block."""
     max_kv_bytes: int | None = None

@@ -55,8 +55,9 @@ PREVIEW_CHARS = 60
 @click.option(
     "--compact-ahead",
     is_flag=True,
-    help="Under --budget, compact after a reply when the next message would not fit, "
-    "so you do not wait for it when you send (docs/lifecycle.md).",
+    help="After a reply, compute what the next turn would wait for: under --budget the "
+    "compaction when the next message would not fit, and the next message's opening "
+    "(docs/lifecycle.md).",
 )
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Reply length cap.")
 @sampling_options

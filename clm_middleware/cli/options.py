@@ -319,8 +319,8 @@ def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--compact-ahead",
                 is_flag=True,
-                help="clm: under --budget, compact after a reply when the next message would not fit, "
-                "so the next turn does not wait for the re-prefill.",
+                help="clm: after a reply, compute what the next turn would wait for: under --budget "
+                "the compaction when the next message would not fit, and the next message's opening.",
             ),
             click.option(
                 "--db",

@@ -39,7 +39,8 @@ API_KEY_ENV = "CLM_API_KEY"
 @click.option(
     "--compact-ahead",
     is_flag=True,
-    help="Under --budget, compact after a reply when the next message would not fit (docs/lifecycle.md).",
+    help="After a reply, compute what the next call would wait for: under --budget the compaction "
+    "when the next message would not fit, and the next message's opening (docs/lifecycle.md).",
 )
 @click.option("--db", type=OutputPath(), default=None, help="SQLite store for the conversations.")
 @click.option(

@@ -117,7 +117,9 @@ class LifecycleConfig:
     next turn prefills only its new message: the re-prefill leaves the next turn's time
     to first token for the end of this one (a user reading the reply does not wait for
     it). It compacts a turn early, and somewhat more often (docs/lifecycle.md measures
-    the trade). Local engines only; a serving engine keeps its own cache.
+    the trade). With or without a budget, the same call computes the reply's end and the
+    next message's opening (the template's user header). Local engines only; a serving
+    engine keeps its own cache.
     """
 
     tagging: TaggingConfig = field(default_factory=TaggingConfig)
