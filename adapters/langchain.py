@@ -150,6 +150,10 @@ class ChatCLM(BaseChatModel):
     """``"int4"``: 4-bit linear layers and an 8-bit LM head for CPU decode speed;
     ``"int4-bf16"`` also keeps them in bf16 for prefill chunks (faster prefill, ~210 MB
     more). Approximate, their own cache keys; None keeps the weights as loaded."""
+    compile_decode: bool = False
+    """Decode through a step compiled ahead of time (torch.export + AOTInductor; CPU,
+    Llama-family models): the same computation, fused; the first engine compiles (~45 s
+    for SmolLM2), later ones load it from the cache dir. Not with ``paged_kv``."""
     store_path: str | None = None
     """SQLite file for conversations; None keeps them in memory only."""
     session_id: str | None = None
@@ -492,6 +496,7 @@ class ChatCLM(BaseChatModel):
             self.approximate_reuse,
             self.paged_kv,
             self.quantization,
+            self.compile_decode,
         )
 
     def _router(self, model: str | None, engine: ServingEngine) -> SessionRouter:
@@ -667,6 +672,7 @@ def _shared_engine(
     approximate_reuse: float | None = None,
     paged_kv: bool = False,
     quantization: str | None = None,
+    compile_decode: bool = False,
 ) -> Engine:
     """One engine (weights + pool) per model setting, shared by every ChatCLM in the process:
     constructing ChatCLM stays cheap, and conversations of different instances share blocks."""
@@ -682,6 +688,7 @@ def _shared_engine(
         approximate_reuse=approximate_reuse,
         paged_kv=paged_kv,
         quantization=quantization,
+        compile_decode=compile_decode,
     )
 
 

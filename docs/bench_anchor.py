@@ -17,7 +17,10 @@ of the final context at our KV dtype. Then decode (64 greedy tokens at ~1k token
 context, EOS not honoured) and a 1,024-token prefill from scratch, 3 rounds alternating,
 medians; peak RSS of each process after the replays. ``--quantization int4`` runs ours
 with 4-bit weights (``models/quantization.py``) throughout and adds the fp32 weights'
-decode and prefill rates to the speed rounds (loaded after the RSS is read).
+decode and prefill rates to the speed rounds (loaded after the RSS is read);
+``--compile-decode`` runs ours with the decode step compiled ahead of time
+(``engine/compiled_decode.py``; its compile or load time is in anchor.json), and the
+speed rounds show the default (fp32 weights, uncompiled) beside it.
 
 Run: ``make bench-anchor`` (or ``python docs/bench_anchor.py --llama-python VENV/bin/python``).
 """
@@ -188,17 +191,31 @@ def main() -> None:
         default=None,
         help="ours runs quantized weights; the speed rows also show the default fp32 weights beside",
     )
+    parser.add_argument(
+        "--compile-decode",
+        action="store_true",
+        help="ours decodes through the step compiled ahead of time (engine/compiled_decode.py)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs/bench/anchor")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = build_engine(None, kv_dtype=args.kv_dtype, paged_kv=args.paged_kv, quantization=args.quantization)
+    engine = build_engine(
+        None,
+        kv_dtype=args.kv_dtype,
+        paged_kv=args.paged_kv,
+        quantization=args.quantization,
+        compile_decode=args.compile_decode,
+    )
     gguf = str(resolve_model_source(None).path)
     llama = LlamaWorker(args.llama_python, gguf, args.threads, 8192)
     results = {name: replay(engine, llama, path, limit) for name, (path, limit) in TRANSCRIPTS.items()}
     # peak RSS before a second model loads for the speed rows
     results["peak_rss_bytes"] = {"ours": peak_rss(), "llama": llama.ask(op="memory")["peak_rss_bytes"]}
     engines = {"ours": engine}
-    if args.quantization:
+    if engine.decoder is not None:
+        report = engine.decoder.report
+        results["compiled_decode"] = {"source": report.source, "seconds": report.seconds}
+    if args.quantization or args.compile_decode:
         engines["ours_fp32"] = build_engine(None, kv_dtype=args.kv_dtype, paged_kv=args.paged_kv)
     results["speeds"] = speeds(engines, llama)
     llama.close()
@@ -206,8 +223,11 @@ def main() -> None:
     (args.out / "anchor.json").write_text(json.dumps(results, indent=1))
     paged = " --paged-kv" if args.paged_kv else ""
     quantized = f" --quantization {args.quantization}" if args.quantization else ""
-    command = f"python docs/bench_anchor.py --llama-python VENV/bin/python --threads {args.threads}{paged}{quantized}"
+    compiled = " --compile-decode" if args.compile_decode else ""
+    options = f"--threads {args.threads}{paged}{quantized}{compiled}"
+    command = f"python docs/bench_anchor.py --llama-python VENV/bin/python {options}"
     weights = f"{args.quantization} weights" if args.quantization else "fp32 weights"
+    weights += ", compiled decode step" if args.compile_decode else ""
     lines = [
         f"`{command} --kv-dtype {args.kv_dtype}` (llama-cpp-python {llama.version}, `{Path(gguf).name}`;"
         f" ours: {weights}, {args.kv_dtype} KV)",
@@ -247,13 +267,14 @@ def main() -> None:
         ),
     ]
     if "ours_fp32_decode" in speed:
+        default = "fp32 weights, uncompiled" if args.compile_decode else "fp32 weights"
         lines += [
             _row(
-                "", "decode, ours with fp32 weights (tok/s)", speed["ours_fp32_decode"], speed["llama_decode"], "{:.1f}"
+                "", f"decode, ours with {default} (tok/s)", speed["ours_fp32_decode"], speed["llama_decode"], "{:.1f}"
             ),
             _row(
                 "",
-                "prefill, ours with fp32 weights (tok/s)",
+                f"prefill, ours with {default} (tok/s)",
                 speed["ours_fp32_prefill"],
                 speed["llama_prefill"],
                 "{:.1f}",

@@ -41,7 +41,7 @@ MODEL_HELP = (
 
 def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--model, --device, --dtype, --block-size, --max-kv-bytes, --kv-dtype, --approximate-reuse,
-    --paged-kv, --quantization, --disk-cache-dir, --min-free-disk-mb."""
+    --paged-kv, --quantization, --compile-decode, --disk-cache-dir, --min-free-disk-mb."""
     for option in reversed(
         [
             click.option("--model", default=None, help=MODEL_HELP),
@@ -97,6 +97,15 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 "per 32 weights, as GGUF's Q4_1) and an 8-bit LM head, computed in bf16; int4-bf16 also "
                 "keeps the weights in bf16 for prefill chunks (faster prefill, more memory). Approximate: "
                 "its own cache keys [default: off, the weights as loaded].",
+            ),
+            click.option(
+                "--compile-decode",
+                is_flag=True,
+                default=False,
+                help="Decode through a step compiled ahead of time (torch.export + AOTInductor, CPU, "
+                "Llama-family models): the same computation with its small operators fused, called "
+                "from C++. The first run compiles (~45 s for SmolLM2), later runs load it from the "
+                "cache dir; not with --paged-kv [default: off].",
             ),
             click.option(
                 "--disk-cache-dir",

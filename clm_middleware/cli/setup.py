@@ -31,6 +31,7 @@ def build_engine(
     approximate_reuse: float | None = None,
     paged_kv: bool = False,
     quantization: str | None = None,
+    compile_decode: bool = False,
     disk_cache_dir: str | None = None,
     min_free_disk_mb: int = 512,
     engine_url: str | None = None,
@@ -46,6 +47,7 @@ def build_engine(
             ("approximate_reuse", approximate_reuse),
             ("paged_kv", paged_kv or None),
             ("quantization", quantization),
+            ("compile_decode", compile_decode or None),
         )
         for name, value in local_only:
             if value is not None:
@@ -64,6 +66,7 @@ def build_engine(
         "disk_cache_dir": disk_cache_dir,
         "min_free_disk_mb": min_free_disk_mb,
         "paged_kv": paged_kv,
+        "compile_decode": compile_decode,
     }
     if approximate_reuse is not None:
         from clm_middleware.engine.blend import BlendConfig
@@ -125,7 +128,13 @@ def sibling_engine(engine: ServingEngine) -> ServingEngine:
     if not isinstance(engine, Engine):
         return engine
     return Engine(
-        engine.model, engine.tokenizer, pool_config=engine.pool.config, blend=engine.blend, paged_kv=engine.paged_kv
+        engine.model,
+        engine.tokenizer,
+        pool_config=engine.pool.config,
+        blend=engine.blend,
+        paged_kv=engine.paged_kv,
+        compile_decode=engine.decoder is not None,  # loads the library the engine compiled
+        compile_cache_dir=engine.decoder.cache_dir if engine.decoder is not None else None,
     )
 
 
@@ -140,7 +149,8 @@ def engine_description(engine: ServingEngine) -> dict[str, Any]:
     paged = {"paged_kv": True} if getattr(engine, "paged_kv", False) else {}
     model = getattr(engine, "model", None)
     quantized = {"quantization": model_quantization(model)} if model is not None and model_quantization(model) else {}
-    return {"signals_source": signals_source(engine), **approximate, **paged, **quantized}
+    compiled = {"compile_decode": True} if getattr(engine, "decoder", None) is not None else {}
+    return {"signals_source": signals_source(engine), **approximate, **paged, **quantized, **compiled}
 
 
 @dataclass(slots=True)

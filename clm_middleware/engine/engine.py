@@ -6,7 +6,10 @@ its ``Request``; engine/execution.py runs it (match, gather, prefill, decode, st
 Reuse is token-exact (see engine/reuse.py): a turn that extends the previous one
 computes only the tokens it adds. An engine built with ``blend=BlendConfig()`` also
 reuses, approximately and labelled as such, the K/V of text that a compaction moved
-(engine/blend.py); its approximate K/V never enter the pool.
+(engine/blend.py); its approximate K/V never enter the pool. With
+``compile_decode=True`` a generated token is decoded by a step compiled ahead of time
+(engine/compiled_decode.py): the same computation, fused, equal to float rounding
+(bf16 rounding with ``quantization``'s bf16-compute weights).
 
 Invariants:
 - At least one prompt token is always recomputed, even when the whole prompt is
@@ -37,6 +40,7 @@ from clm_middleware.cache.layout import KVLayout, PoolConfig
 from clm_middleware.engine import scoring
 from clm_middleware.engine.attention import use_gqa_attention
 from clm_middleware.engine.blend import BlendConfig
+from clm_middleware.engine.compiled_decode import CompiledDecoder
 from clm_middleware.engine.execution import RequestRunner
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request, request_ids
 from clm_middleware.engine.observe import Observe, default_probe_layers
@@ -67,11 +71,15 @@ class Engine:
         gqa_attention: bool = True,
         blend: BlendConfig | None = None,
         paged_kv: bool = False,
+        compile_decode: bool = False,
+        compile_cache_dir: str | Path | None = None,
     ) -> None:
         if paged_kv and blend is not None:
             raise ConfigError(
                 "paged_kv", "approximate reuse moves K/V inside a working arena; it cannot run with paged_kv"
             )
+        if paged_kv and compile_decode:
+            raise ConfigError("compile_decode", "the compiled step reads a working arena; it cannot run with paged_kv")
         self.model = model.eval()
         # attend over the pool's blocks in place (cache/paged.py): the context is held once,
         # for a gather of one layer per layer per forward; False: a working arena copy
@@ -108,6 +116,10 @@ class Engine:
             )
             self.pool.add_eviction_listener(self.disk.write)
         self.runner = RequestRunner(self, blend)  # executes requests; owns the working arenas
+        # opt-in decode step compiled ahead of time (engine/compiled_decode.py); None: the model's forward
+        self.decoder: CompiledDecoder | None = None
+        if compile_decode:
+            self.decoder = CompiledDecoder(model, cache_dir=compile_cache_dir)
 
     @classmethod
     def from_pretrained(
@@ -120,6 +132,7 @@ class Engine:
         blend: BlendConfig | None = None,
         paged_kv: bool = False,
         quantization: str | None = None,
+        compile_decode: bool = False,
     ) -> Engine:
         """Load a model and tokenizer (see :func:`load_model`) and wrap them."""
         from clm_middleware.models.loading import load_model, load_tokenizer
@@ -130,6 +143,7 @@ class Engine:
             pool_config=pool_config,
             blend=blend,
             paged_kv=paged_kv,
+            compile_decode=compile_decode,
         )
 
     def close(self) -> None:
@@ -319,6 +333,13 @@ class Engine:
         with torch.no_grad():
             output = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=to_keep)
         return output.logits[0]
+
+    def decode(self, token: int, cache: Any) -> torch.Tensor:
+        """Next-token logits ``[vocab]`` after feeding one generated ``token`` into ``cache``:
+        the compiled step where it serves the cache (``compile_decode``), else :meth:`forward`."""
+        if self.decoder is not None and self.decoder.serves(cache):
+            return self.decoder.step(token, cache)
+        return self.forward([token], cache)[-1]
 
     # -------------------------------------------------------------- internal
 

@@ -174,7 +174,7 @@ class RequestRunner:
                     break
                 if len(result.token_ids) >= sampling.max_new_tokens:
                     break
-                logits = engine.forward([token], arena)[-1]
+                logits = engine.decode(token, arena)
             if first_token_at is None:
                 stats.ttft_s = time.perf_counter() - started  # max_new_tokens == 0: prefill only
             result.finish_reason = result.finish_reason or "length"

@@ -47,3 +47,18 @@ def test_int4_keeps_the_replies_likelihood_and_answers_in_sentences(smol_engine,
     prompt = chat.render([("user", chat.encode("Name three colours."))])
     reply = int4_engine.generate(prompt, max_new_tokens=24).result().text
     assert len(reply.split()) >= 3 and not has_artifact(reply)
+
+
+def test_int4_with_a_compiled_decode_step_answers_as_the_uncompiled_one(int4_engine, tmp_path):
+    """compile_decode on SmolLM2 with 4-bit weights (~45 s to compile): the same weights,
+    one fused step; logits within bf16 rounding of the forward's, a reply in words."""
+    compiled = Engine(int4_engine.model, int4_engine.tokenizer, compile_decode=True, compile_cache_dir=tmp_path)
+    assert compiled.decoder.report.source == "compiled"
+    chat = ChatFormat.from_tokenizer(int4_engine.tokenizer)
+    prompt = chat.render([("user", chat.encode("Name three colours."))])
+    expected = int4_engine.generate(prompt, max_new_tokens=2, return_logits=True, use_pool=False).result()
+    got = compiled.generate(prompt, max_new_tokens=24, return_logits=True, use_pool=False).result()
+    assert got.token_ids[0] == expected.token_ids[0]  # from the prefill, which is not compiled
+    scale = float(expected.logits[1].abs().max())
+    assert float((got.logits[1] - expected.logits[1]).abs().max()) <= 0.05 * scale
+    assert len(got.text.split()) >= 3 and not has_artifact(got.text)
