@@ -54,7 +54,9 @@ from clm_middleware.errors import ClmError, ConfigError
 log = logging.getLogger(__name__)
 
 STEP_VERSION = 1  # bump when DecodeStep's computation changes: cached libraries are rebuilt
-SUPPORTED_MODEL_TYPES = ("llama",)
+# decoder layers as Llama's: pre-norm attention with rotary embeddings and an MLP; q/k/v
+# biases (Qwen2) and per-head q/k norms (Qwen3) are the layers' own modules
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _CHECK_PROMPT = 8  # positions before the self-check's decode step
 
 
@@ -63,7 +65,8 @@ class CompileError(ClmError, RuntimeError):
 
 
 class DecodeStep(torch.nn.Module):
-    """One decode step of a Llama-family causal LM, as a function of tensors only.
+    """One decode step of a Llama-family causal LM (:data:`SUPPORTED_MODEL_TYPES`), as a
+    function of tensors only.
 
     ``forward(token [1], position [1], keys, values, context)`` with ``keys`` and
     ``values`` ``[layers, kv_heads, capacity, head_dim]`` holding positions
@@ -95,8 +98,11 @@ class DecodeStep(torch.nn.Module):
             attention = layer.self_attn
             normed = layer.input_layernorm(hidden)
             shape = (1, 1, -1, attention.head_dim)
-            query = attention.q_proj(normed).view(shape).transpose(1, 2)
-            key = attention.k_proj(normed).view(shape).transpose(1, 2)
+            query = attention.q_proj(normed).view(shape)
+            key = attention.k_proj(normed).view(shape)
+            if getattr(attention, "q_norm", None) is not None:  # Qwen3: RMS norm per head
+                query, key = attention.q_norm(query), attention.k_norm(key)
+            query, key = query.transpose(1, 2), key.transpose(1, 2)
             value = attention.v_proj(normed).view(shape).transpose(1, 2)
             query, key = apply_rotary_pos_emb(query, key, cos, sin)
             new_keys.append(key[0])
