@@ -221,8 +221,14 @@ class CompiledDecoder:
         token, position, keys, values, context = self._example(_CHECK_PROMPT, 2 * _CHECK_PROMPT)
         capacity = Dim("capacity", min=2, max=1 << 20)
         dynamic = ({}, {}, {2: capacity}, {2: capacity}, {0: Dim("context", min=1, max=(1 << 20) - 1)})
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pt2", dir=path.parent)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pt2", dir=path.parent)
+        except OSError as problem:
+            raise CompileError(
+                f"cannot write the compiled decode step under {path.parent}: {problem}",
+                hint="set CLM_CACHE_DIR (or compile_cache_dir) to a writable directory",
+            ) from problem
         os.close(descriptor)
         try:
             with torch.no_grad():

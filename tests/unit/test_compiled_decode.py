@@ -161,3 +161,12 @@ def test_other_llama_family_models_decode_as_their_forward(architecture, tiny_to
     expected = Engine(model, tiny_tok).generate(prompt, max_new_tokens=8, return_logits=True).result()
     assert got.token_ids == expected.token_ids
     assert max(float((a - b).abs().max()) for a, b in zip(got.logits, expected.logits, strict=True)) <= 1e-4
+
+
+def test_an_unwritable_cache_dir_fails_with_a_clear_error(tiny_model, tmp_path):
+    from clm_middleware.engine.compiled_decode import CompileError
+
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the directory would go")
+    with pytest.raises(CompileError, match=r"cannot write the compiled decode step under .*CLM_CACHE_DIR"):
+        CompiledDecoder(tiny_model, cache_dir=blocked / "compiled")
