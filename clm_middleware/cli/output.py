@@ -111,6 +111,7 @@ def summary_table(report: ReplayReport) -> Table:
         ("hit rate", f"{totals['hit_rate']:.1%}"),
         ("TTFT p50 / p95 s", f"{totals['ttft_p50_s']:.3f} / {totals['ttft_p95_s']:.3f}"),
         ("turn time s", f"{totals['turn_s']:.2f}"),
+        *([("decode tok/s", f"{totals['decode_tokens_per_s']:.1f}")] if totals["decode_tokens_per_s"] else []),
         ("pool bookkeeping", f"{totals['bookkeeping_share']:.2%} of turn time"),
         ("peak KV MiB", f"{totals['peak_kv_bytes'] / 2**20:.1f}"),
         ("final context tokens", totals["final_context_tokens"]),

@@ -97,6 +97,7 @@ class RequestRunner:
             )
             held = arena.token_ids  # what the arena held: a blend moves its K/V
         exact_after: int | None = None  # the arena's first approximate position after the call
+        first_token_at: float | None = None
         copied_until = 0
         stats.arena_s = time.perf_counter() - tick
         store = False
@@ -144,7 +145,6 @@ class RequestRunner:
             store = request.use_pool
             logits = self._prefill(engine, request, result, arena, start, hit)
             generator = sampling.generator(engine.device)
-            first_token_at = None
             if request.forced is not None:
                 first_token_at = time.perf_counter()
                 stats.ttft_s = first_token_at - started
@@ -178,14 +178,14 @@ class RequestRunner:
             if first_token_at is None:
                 stats.ttft_s = time.perf_counter() - started  # max_new_tokens == 0: prefill only
             result.finish_reason = result.finish_reason or "length"
-            if first_token_at is not None:
-                stats.decode_s = time.perf_counter() - first_token_at
         except BaseException as error:
             if not isinstance(error, GeneratorExit):
                 store = False
             raise
         finally:
             tick = time.perf_counter()
+            if first_token_at is not None:  # also when the consumer closed the stream early
+                stats.decode_s = tick - first_token_at
             if store:
                 tokens = prompt + result.token_ids
                 measured = _measured_logprobs(request, result, len(tokens))

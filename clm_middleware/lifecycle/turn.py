@@ -58,6 +58,7 @@ class TurnStats:
     generated_tokens: int = 0
     forced_tokens: int = 0  # teacher-forced: the given reply, computed after the prompt
     ttft_s: float = 0.0
+    decode_s: float = 0.0  # generating the reply after its first token
     turn_s: float = 0.0
     bookkeeping_s: float = 0.0
     arena_s: float = 0.0

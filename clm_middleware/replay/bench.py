@@ -35,6 +35,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("TTFT p95", "s", lambda r: r.totals()["ttft_p95_s"]),
     Metric(f"TTFT mean, last {LAST_TURNS} turns", "s", _last_ttft),
     Metric("turn time, total", "s", lambda r: r.totals()["turn_s"]),
+    # a rate: higher is faster, so no "baseline ÷ mode" cost ratio (0 when teacher-forced)
+    Metric("decode rate", "tok/s", lambda r: r.totals()["decode_tokens_per_s"], ratio=False),
     Metric("peak KV", "MiB", lambda r: r.totals()["peak_kv_bytes"] / 2**20),
     Metric("context tokens at the end", "tokens", lambda r: r.totals()["final_context_tokens"]),
     Metric(

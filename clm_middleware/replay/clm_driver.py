@@ -46,6 +46,7 @@ class ClmDriver:
             context_tokens=stats.context_tokens,
             generated_tokens=stats.generated_tokens,
             ttft_s=stats.ttft_s,
+            decode_s=stats.decode_s,
             turn_s=time.perf_counter() - started,
             bookkeeping_s=stats.bookkeeping_s,
             arena_s=stats.arena_s,

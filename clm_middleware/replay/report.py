@@ -35,6 +35,7 @@ class TurnRecord:
     kv_bytes: int = 0  # pool bytes holding data after the turn (in use + cached)
     working_kv_bytes: int = 0  # the turn's own attention cache at its end
     live_kv_bytes: int = 0  # pool bytes the conversation needs to continue at full speed
+    decode_s: float = 0.0  # generated: seconds after the reply's first token (0 when teacher-forced)
     forced_tokens: int = 0  # teacher-forced: the transcript's reply, computed after the prompt
     approximate_tokens: int = 0  # of cached_tokens, reused approximately (--approximate-reuse)
     ahead_tokens: int = 0  # --compact-ahead: computed after the reply for the next turn (docs/report.md)
@@ -102,6 +103,7 @@ class ReplayReport:
             "ttft_s": sum(ttfts),
             "ttft_p50_s": percentile(ttfts, 50),
             "ttft_p95_s": percentile(ttfts, 95),
+            "decode_tokens_per_s": decode_rate(turns),
             "turn_s": turn_s,
             "bookkeeping_s": bookkeeping,
             "bookkeeping_share": bookkeeping / turn_s if turn_s else 0.0,
@@ -135,6 +137,14 @@ class ReplayReport:
     def write(self, path: str | Path) -> None:
         """Write the JSON atomically: a reader never sees half a report."""
         write_json_atomic(Path(path), self.as_dict())
+
+
+def decode_rate(turns: list[TurnRecord]) -> float:
+    """Generated tokens per second after each reply's first token, over the turns that
+    generated more than one (0.0 when none did: teacher-forced replays decode nothing)."""
+    decoding = [t for t in turns if t.generated_tokens > 1 and t.decode_s > 0]
+    seconds = sum(t.decode_s for t in decoding)
+    return sum(t.generated_tokens - 1 for t in decoding) / seconds if seconds else 0.0
 
 
 def quality_totals(turns: list[TurnRecord]) -> dict[str, Any]:

@@ -212,3 +212,19 @@ def test_a_teacher_forced_transcript_ending_on_a_user_message_reports_no_generat
     assert last["unanswered"] is True and last["reply_flags"] == [] and last["forced_tokens"] == 0
     totals = report["totals"]
     assert totals["generated_replies"] == 0 and totals["flagged_replies"] == 0 and totals["reply_flags"] == {}
+
+
+@pytest.mark.parametrize("mode", ["prefix", "clm"])
+def test_the_report_carries_the_decode_rate_of_generated_replies_and_none_when_forced(tmp_path, mode):
+    path = write_transcript(tmp_path / "chat.jsonl")
+    code, out, _ = replay(str(path), "--mode", mode, "--report", str(tmp_path / "gen.json"))
+    assert code == 0, out
+    code, out, _ = replay(str(path), "--mode", mode, "--teacher-force", "--report", str(tmp_path / "tf.json"))
+    assert code == 0, out
+    generated, forced = (json.loads((tmp_path / name).read_text()) for name in ("gen.json", "tf.json"))
+    decoding = [t for t in generated["turns"] if t["generated_tokens"] > 1]
+    assert decoding and all(t["decode_s"] > 0 for t in decoding)
+    rate = sum(t["generated_tokens"] - 1 for t in decoding) / sum(t["decode_s"] for t in decoding)
+    assert generated["totals"]["decode_tokens_per_s"] == pytest.approx(rate)
+    assert forced["totals"]["decode_tokens_per_s"] == 0.0
+    assert all(t["decode_s"] == 0.0 for t in forced["turns"])
