@@ -153,7 +153,8 @@ class ChatCLM(BaseChatModel):
     compile_decode: bool = False
     """Decode through a step compiled ahead of time (torch.export + AOTInductor; CPU,
     Llama-family models): the same computation, fused; the first engine compiles (~45 s
-    for SmolLM2), later ones load it from the cache dir. Not with ``paged_kv``."""
+    for SmolLM2), later ones load it from the cache dir. With ``paged_kv`` it reads the
+    pool's blocks in place."""
     store_path: str | None = None
     """SQLite file for conversations; None keeps them in memory only."""
     session_id: str | None = None

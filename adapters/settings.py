@@ -133,8 +133,6 @@ def check_settings(model: Any) -> None:
     )
     from clm_middleware.errors import ConfigError
 
-    if model.compile_decode and model.paged_kv:
-        raise ConfigError("compile_decode", "the compiled step reads a working arena; it cannot run with paged_kv")
     if model.engine_url:
         local_only = ("approximate_reuse", "quantization", "compile_decode", "paged_kv")
         for name in (name for name in local_only if getattr(model, name) not in (None, False)):

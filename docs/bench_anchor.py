@@ -14,7 +14,8 @@ they are the same on both sides), TTFT sum, peak KV (ours: the stored chain plus
 working arena, or with ``--paged-kv`` its one-layer scratch, as ``clm replay`` reports
 it; llama.cpp: the cells in use × K+V bytes per cell at its default f16) and one copy
 of the final context at our KV dtype. Then decode (64 greedy tokens at ~1k tokens of
-context, EOS not honoured) and a 1,024-token prefill from scratch, 3 rounds alternating,
+context, EOS not honoured; with ``--paged-kv`` through the pool, as a conversation's
+request runs, else outside it) and a 1,024-token prefill from scratch, 3 rounds alternating,
 medians; peak RSS of each process after the replays. ``--quantization int4`` runs ours
 with 4-bit weights (``models/quantization.py``) throughout and adds the fp32 weights'
 decode and prefill rates to the speed rounds (loaded after the RSS is read);
@@ -159,7 +160,9 @@ def speeds(engines: dict[str, object], llama: LlamaWorker) -> dict:
             generation = engine.generate(
                 decode_prompt,
                 max_new_tokens=DECODE_TOKENS,
-                use_pool=False,
+                # a paged engine decodes a conversation's request over the pool's blocks;
+                # outside the pool it would run through a working arena copy instead
+                use_pool=engine.paged_kv,
                 logits_processors=(no_eos(engine.default_stop_ids),),
             ).result()
             rows[f"{side}_decode"].append(generation.stats.decode_tokens_per_s)

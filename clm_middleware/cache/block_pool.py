@@ -365,6 +365,11 @@ class BlockPool:
         only held blocks that have no key yet (invariant 5: cached blocks are never written)."""
         return self._keys[layer], self._values[layer]
 
+    def storage(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer's K and V storage, ``[layers, kv_heads, num_blocks, block_size,
+        head_dim]`` at ``kv_dtype``, under the same contract as :meth:`layer_storage`."""
+        return self._keys, self._values
+
     def copy_block(self, source: int, target: int) -> None:
         """Copy block ``source``'s K/V into ``target`` (held, no key): copy-on-extend of a cached tail."""
         self._keys[:, :, target] = self._keys[:, :, source]

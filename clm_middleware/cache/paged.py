@@ -104,6 +104,21 @@ class PagedCache(Cache):
         """The working memory beside the pool: one layer's K and V at the model's dtype."""
         return 2 * self._scratch_keys.numel() * self._scratch_keys.element_size()
 
+    @property
+    def table(self) -> torch.Tensor:
+        """The block ids serving positions ``0..capacity_tokens``, in order (``[capacity_blocks]``)."""
+        return self._table
+
+    def write_position(self, position: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store one position's K/V of every layer, ``[layers, kv_heads, head_dim]``, into
+        its pool block (a compiled decode step's token; ``position ≥ writable_from``)."""
+        if position < self.writable_from:
+            raise RuntimeError(f"position {position} lies in a cached block (writable from {self.writable_from})")
+        pool_keys, pool_values = self.pool.storage()
+        block, row = self.block_ids[position // self.block_size], position % self.block_size
+        pool_keys[:, :, block, row] = keys.to(pool_keys.dtype)
+        pool_values[:, :, block, row] = values.to(pool_values.dtype)
+
     def reset_to(self, num_tokens: int) -> None:
         """Declare the first ``num_tokens`` positions filled (the next forward writes after them)."""
         self.layer_lengths[:] = [num_tokens] * len(self.layer_lengths)

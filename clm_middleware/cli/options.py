@@ -105,7 +105,7 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 help="Decode through a step compiled ahead of time (torch.export + AOTInductor, CPU, "
                 "Llama-family models): the same computation with its small operators fused, called "
                 "from C++. The first run compiles (~45 s for SmolLM2), later runs load it from the "
-                "cache dir; not with --paged-kv [default: off].",
+                "cache dir; with --paged-kv it reads the pool's blocks in place [default: off].",
             ),
             click.option(
                 "--disk-cache-dir",

@@ -10,10 +10,11 @@ operators. The library holds code only: the weights stay the model's own tensors
 handed to it at load (AOTInductor's user-managed constants), so nothing is held twice.
 
 The step reads the working arena (cache/arena.py) as it is, ``[layers, kv_heads,
-capacity, head_dim]``, attends the new token over the first ``n`` positions plus its own
-K/V, and returns the logits and the token's K/V, which :meth:`CompiledDecoder.step`
-writes at position ``n`` (the compiled code mutates nothing: an input written inside
-the library would be copied whole on every step).
+capacity, head_dim]``, or with ``paged_kv`` the pool's storage and the request's block
+table, attends the new token over the first ``n`` positions plus its own K/V, and
+returns the logits and the token's K/V, which :meth:`CompiledDecoder.step` writes at
+position ``n`` (the compiled code mutates nothing: an input written inside the library
+would be copied whole on every step).
 
 Compiling takes ~45 s for SmolLM2 on this machine's CPU; the library is cached under
 ``<cache dir>/compiled/`` (owner-only), keyed by the model's structure (config, tensor
@@ -30,8 +31,12 @@ Invariants:
 - A library is used only after a self-check against the uncompiled forward on a short
   prompt; a cached one that fails to load or to check is deleted and compiled again,
   never used. A fresh one that fails raises :class:`CompileError`.
-- Only a working arena is read (not ``paged_kv``'s pool pages, not a scattered
-  write); anything else decodes through the model's forward.
+- A step reads the kind of cache it was compiled for: a working arena (not during a
+  scattered write), or with ``paged_kv`` the pool's blocks in place
+  (:class:`PagedDecodeStep`: the past widened from the pool's ``kv_dtype`` inside the
+  attention's sums, no gathered copy; the token's own K/V at the model's dtype, as the
+  paged forward attends). Anything else decodes through the model's forward (e.g. a
+  paged engine's request outside the pool, ``use_pool=False``, which runs in an arena).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import torch
 import xxhash
 
 from clm_middleware.cache.arena import ArenaCache
+from clm_middleware.cache.paged import PagedCache
 from clm_middleware.errors import ClmError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -66,7 +72,7 @@ class CompileError(ClmError, RuntimeError):
 
 class DecodeStep(torch.nn.Module):
     """One decode step of a Llama-family causal LM (:data:`SUPPORTED_MODEL_TYPES`), as a
-    function of tensors only.
+    function of tensors only, over a working arena.
 
     ``forward(token [1], position [1], keys, values, context)`` with ``keys`` and
     ``values`` ``[layers, kv_heads, capacity, head_dim]`` holding positions
@@ -87,10 +93,21 @@ class DecodeStep(torch.nn.Module):
         values: torch.Tensor,
         context: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = context.shape[0]
+
+        def past(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return keys[index, :, :n], values[index, :, :n]
+
+        return self._step(token, position, past, fused=False)
+
+    def _step(self, token, position, past, *, fused: bool):
+        """The layers, with ``past(layer) -> (keys, values)`` ``[kv_heads, n, head_dim]``
+        of the positions before ``position``; ``fused``: attend with elementwise products
+        and sums (the compiler folds the past's indexing and widening into them, so no
+        copy of it is made) instead of batched products."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         base = self.model.model
-        n = context.shape[0]
         hidden = base.embed_tokens(token.view(1, 1))
         cos, sin = base.rotary_emb(hidden, position.view(1, 1))
         new_keys, new_values = [], []
@@ -107,22 +124,50 @@ class DecodeStep(torch.nn.Module):
             query, key = apply_rotary_pos_emb(query, key, cos, sin)
             new_keys.append(key[0])
             new_values.append(value[0])
+            past_keys, past_values = past(index)
             # grouped-query attention without copies: kv head j serves query heads
             # j*groups .. (j+1)*groups - 1 (transformers' repeat_kv order), one row each
-            grouped = query.reshape(keys.shape[1], -1, query.shape[-1])  # [kv_heads, groups, head_dim]
-            scores = torch.cat(
-                [
-                    torch.bmm(grouped, keys[index, :, :n].transpose(1, 2)),
-                    torch.bmm(grouped, key[0].transpose(1, 2)),
-                ],
-                dim=-1,
-            )
+            grouped = query.reshape(past_keys.shape[0], -1, query.shape[-1])  # [kv_heads, groups, head_dim]
+            if fused:
+                past_scores = (grouped[:, :, None, :] * past_keys[:, None].to(grouped.dtype)).sum(-1)
+            else:
+                past_scores = torch.bmm(grouped, past_keys.transpose(1, 2))
+            scores = torch.cat([past_scores, torch.bmm(grouped, key[0].transpose(1, 2))], dim=-1)
             weights = torch.softmax(scores.float() * attention.scaling, dim=-1).to(grouped.dtype)
-            mixed = torch.bmm(weights[..., :-1], values[index, :, :n]) + weights[..., -1:] * value[0]
+            if fused:
+                mixed = (weights[..., :-1, None] * past_values[:, None].to(grouped.dtype)).sum(-2)
+            else:
+                mixed = torch.bmm(weights[..., :-1], past_values)
+            mixed = mixed + weights[..., -1:] * value[0]
             hidden = hidden + attention.o_proj(mixed.reshape(1, 1, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         logits = self.model.lm_head(base.norm(hidden))
         return logits[0, -1], torch.stack(new_keys), torch.stack(new_values)
+
+
+class PagedDecodeStep(DecodeStep):
+    """:class:`DecodeStep` over the pool's blocks in place (``paged_kv``):
+    ``forward(token, position, pool_keys, pool_values, table, context)`` with the pool's
+    storage ``[layers, kv_heads, blocks, block_size, head_dim]`` at its ``kv_dtype`` and
+    ``table`` the block ids serving positions ``0..`` in order. The past is read from the
+    blocks, widened to the model's dtype inside the attention's sums: no gathered copy."""
+
+    def forward(  # type: ignore[override]
+        self,
+        token: torch.Tensor,
+        position: torch.Tensor,
+        pool_keys: torch.Tensor,
+        pool_values: torch.Tensor,
+        table: torch.Tensor,
+        context: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = context.shape[0]
+
+        def past(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            keys = pool_keys[index][:, table].flatten(1, 2)[:, :n]
+            return keys, pool_values[index][:, table].flatten(1, 2)[:, :n]
+
+        return self._step(token, position, past, fused=True)
 
 
 def check_supported(model: torch.nn.Module) -> None:
@@ -154,43 +199,72 @@ class CompileReport:
     max_logit_error: float
 
 
+@dataclass(frozen=True, slots=True)
+class PoolGeometry:
+    """What a paged step is compiled for: the pool's storage dtype and block size."""
+
+    kv_dtype: torch.dtype
+    block_size: int
+
+    @property
+    def suffix(self) -> str:
+        return f"-paged-{str(self.kv_dtype).removeprefix('torch.')}-{self.block_size}"
+
+
 class CompiledDecoder:
     """The compiled decode step of one model, loaded and checked; thread-safe (the
-    library runs one step at a time)."""
+    library runs one step at a time). With ``paged`` it reads the pool's blocks in place
+    (:class:`PagedDecodeStep`, for ``paged_kv``), else a working arena."""
 
-    def __init__(self, model: torch.nn.Module, cache_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache_dir: str | os.PathLike[str] | None = None,
+        paged: PoolGeometry | None = None,
+    ) -> None:
         check_supported(model)
         self.model = model
-        self.module = DecodeStep(model)
+        self.paged = paged
+        self.module = PagedDecodeStep(model) if paged is not None else DecodeStep(model)
         self.dtype = next(model.parameters()).dtype
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else _default_root()
-        self.path = self.cache_dir / f"decode-{structure_key(model)}.pt2"
+        suffix = paged.suffix if paged is not None else ""
+        self.path = self.cache_dir / f"decode-{structure_key(model)}{suffix}.pt2"
         self._lock = threading.Lock()
         self.report = self._load_or_compile()
 
-    def step(self, token: int, arena: ArenaCache) -> torch.Tensor:
-        """Decode ``token`` after the ``n`` positions ``arena`` holds: write its K/V at
+    def step(self, token: int, cache: ArenaCache | PagedCache) -> torch.Tensor:
+        """Decode ``token`` after the ``n`` positions ``cache`` holds: write its K/V at
         position ``n``, declare ``n + 1`` filled, return the next-token logits ``[vocab]``."""
-        n = arena.num_tokens
-        with self._lock:
-            logits, keys, values = self._runner(
-                torch.tensor([token]), torch.tensor([n]), arena.flat_keys, arena.flat_values, torch.empty(n, 0)
-            )
-        arena.flat_keys[:, :, n : n + 1].copy_(keys)
-        arena.flat_values[:, :, n : n + 1].copy_(values)
-        arena.reset_to(n + 1)
+        n = cache.num_tokens
+        token_ids, position, context = torch.tensor([token]), torch.tensor([n]), torch.empty(n, 0)
+        if isinstance(cache, PagedCache):
+            pool_keys, pool_values = cache.pool.storage()
+            table = cache.table[: -(-n // cache.block_size)]
+            with self._lock:
+                logits, keys, values = self._runner(token_ids, position, pool_keys, pool_values, table, context)
+            cache.write_position(n, keys[:, :, 0], values[:, :, 0])
+        else:
+            with self._lock:
+                logits, keys, values = self._runner(token_ids, position, cache.flat_keys, cache.flat_values, context)
+            cache.flat_keys[:, :, n : n + 1].copy_(keys)
+            cache.flat_values[:, :, n : n + 1].copy_(values)
+        cache.reset_to(n + 1)
         return logits
 
-    def serves(self, arena: object) -> bool:
-        """Whether :meth:`step` can decode the next token into ``arena``: a working arena
-        (not a paged cache), outside a scattered write, with a position left."""
-        return (
-            isinstance(arena, ArenaCache)
-            and arena.scatter is None
-            and 0 < arena.num_tokens < arena.capacity_tokens
-            and arena.flat_keys.dtype == self.dtype
-            and len(set(arena.layer_lengths)) == 1
-        )
+    def serves(self, cache: object) -> bool:
+        """Whether :meth:`step` can decode the next token into ``cache``: the kind it was
+        compiled for (a working arena outside a scattered write, or a paged cache over a
+        pool of its geometry), with a position left."""
+        if self.paged is None:
+            kind = isinstance(cache, ArenaCache) and cache.scatter is None and cache.flat_keys.dtype == self.dtype
+        else:
+            kind = (
+                isinstance(cache, PagedCache)
+                and cache.pool.kv_dtype == self.paged.kv_dtype
+                and cache.block_size == self.paged.block_size
+            )
+        return kind and 0 < cache.num_tokens < cache.capacity_tokens and len(set(cache.layer_lengths)) == 1
 
     # -------------------------------------------------------------- internal
 
@@ -218,9 +292,13 @@ class CompiledDecoder:
     def _compile(self, path: Path) -> None:
         from torch.export import Dim
 
-        token, position, keys, values, context = self._example(_CHECK_PROMPT, 2 * _CHECK_PROMPT)
+        example = self._example(self._check_length)
         capacity = Dim("capacity", min=2, max=1 << 20)
-        dynamic = ({}, {}, {2: capacity}, {2: capacity}, {0: Dim("context", min=1, max=(1 << 20) - 1)})
+        context = {0: Dim("context", min=1, max=(1 << 20) - 1)}
+        if self.paged is None:
+            dynamic: tuple = ({}, {}, {2: capacity}, {2: capacity}, context)
+        else:
+            dynamic = ({}, {}, {2: capacity}, {2: capacity}, {0: Dim("table", min=1, max=1 << 20)}, context)
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pt2", dir=path.parent)
@@ -232,9 +310,7 @@ class CompiledDecoder:
         os.close(descriptor)
         try:
             with torch.no_grad():
-                exported = torch.export.export(
-                    self.module, (token, position, keys, values, context), dynamic_shapes=dynamic, strict=False
-                )
+                exported = torch.export.export(self.module, example, dynamic_shapes=dynamic, strict=False)
                 torch._inductor.aoti_compile_and_package(
                     exported,
                     package_path=temporary,
@@ -267,12 +343,24 @@ class CompiledDecoder:
         runner.load_constants(constants, check_full_update=True, user_managed=True)
         return runner
 
-    def _example(self, n: int, capacity: int):
+    @property
+    def _check_length(self) -> int:
+        """Positions before the self-check's step: two blocks' worth and more when paged."""
+        return _CHECK_PROMPT if self.paged is None else self.paged.block_size + _CHECK_PROMPT
+
+    def _example(self, n: int) -> tuple[torch.Tensor, ...]:
+        """Inputs for a step after ``n`` positions, the K/V zero: an arena of ``2 n``
+        positions, or a pool of ``2 b + 2`` blocks whose table lists ``b`` of them out of order."""
         layers = self.model.model.layers
-        shape = (len(layers), self.model.config.num_key_value_heads, capacity, layers[0].self_attn.head_dim)
-        keys = torch.zeros(shape, dtype=self.dtype)
-        values = torch.zeros_like(keys)
-        return torch.tensor([1]), torch.tensor([n]), keys, values, torch.empty(n, 0)
+        heads, head_dim = self.model.config.num_key_value_heads, layers[0].self_attn.head_dim
+        if self.paged is None:
+            keys = torch.zeros(len(layers), heads, 2 * n, head_dim, dtype=self.dtype)
+            return torch.tensor([1]), torch.tensor([n]), keys, torch.zeros_like(keys), torch.empty(n, 0)
+        size = self.paged.block_size
+        blocks = -(-n // size)
+        keys = torch.zeros(len(layers), heads, 2 * blocks + 2, size, head_dim, dtype=self.paged.kv_dtype)
+        table = torch.arange(2 * blocks, 0, -2)  # every other block, last first
+        return torch.tensor([1]), torch.tensor([n]), keys, torch.zeros_like(keys), table, torch.empty(n, 0)
 
     def _self_check(self) -> float:
         """The compiled step against the model's forward after a short prompt; the
@@ -281,23 +369,31 @@ class CompiledDecoder:
 
         from clm_middleware.models.quantization import model_quantization
 
+        n = self._check_length
         vocab = int(self.model.config.vocab_size)
-        ids = (torch.arange(_CHECK_PROMPT + 1) * 7919 + 11) % vocab
-        _, _, keys, values, _ = self._example(_CHECK_PROMPT, 2 * _CHECK_PROMPT)
+        ids = (torch.arange(n + 1) * 7919 + 11) % vocab
+        example = list(self._example(n))
+        example[0] = ids[n:]
+        keys, values = example[2], example[3]
         with torch.no_grad():
             cache = DynamicCache(config=self.model.config)
-            self.model(input_ids=ids[None, :_CHECK_PROMPT], cache=cache, use_cache=True)
+            self.model(input_ids=ids[None, :n], cache=cache, use_cache=True)
             for index, layer in enumerate(cache.layers):
-                keys[index, :, :_CHECK_PROMPT] = layer.keys[0]
-                values[index, :, :_CHECK_PROMPT] = layer.values[0]
-            expected = self.model(input_ids=ids[None, _CHECK_PROMPT:], cache=cache, use_cache=True).logits[0, -1]
-            got, new_keys, _ = self._runner(
-                ids[_CHECK_PROMPT:], torch.tensor([_CHECK_PROMPT]), keys, values, torch.empty(_CHECK_PROMPT, 0)
-            )
+                if self.paged is None:
+                    keys[index, :, :n] = layer.keys[0]
+                    values[index, :, :n] = layer.values[0]
+                else:  # positions p -> block table[p // size], row p % size
+                    positions = torch.arange(n)
+                    blocks, rows = example[4][positions // self.paged.block_size], positions % self.paged.block_size
+                    keys[index][:, blocks, rows] = layer.keys[0].to(keys.dtype)
+                    values[index][:, blocks, rows] = layer.values[0].to(values.dtype)
+            expected = self.model(input_ids=ids[None, n:], cache=cache, use_cache=True).logits[0, -1]
+            got, new_keys, _ = self._runner(*example)
         expected_keys = torch.stack([layer.keys[0, :, -1:] for layer in cache.layers])
         error = float((got.float() - expected.float()).abs().max())
         key_error = float((new_keys.float() - expected_keys.float()).abs().max())
-        exact_weights = model_quantization(self.model) is None and self.dtype == torch.float32
+        stored_exactly = self.paged is None or self.paged.kv_dtype == self.dtype
+        exact_weights = model_quantization(self.model) is None and self.dtype == torch.float32 and stored_exactly
         relative = 1e-3 if exact_weights else 5e-2
         tolerance = relative * max(1.0, float(expected.abs().max()))
         key_tolerance = relative * max(1.0, float(expected_keys.abs().max()))

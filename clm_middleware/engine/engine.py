@@ -40,7 +40,7 @@ from clm_middleware.cache.layout import KVLayout, PoolConfig
 from clm_middleware.engine import scoring
 from clm_middleware.engine.attention import use_gqa_attention
 from clm_middleware.engine.blend import BlendConfig
-from clm_middleware.engine.compiled_decode import CompiledDecoder
+from clm_middleware.engine.compiled_decode import CompiledDecoder, PoolGeometry
 from clm_middleware.engine.execution import RequestRunner
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request, request_ids
 from clm_middleware.engine.observe import Observe, default_probe_layers
@@ -78,8 +78,6 @@ class Engine:
             raise ConfigError(
                 "paged_kv", "approximate reuse moves K/V inside a working arena; it cannot run with paged_kv"
             )
-        if paged_kv and compile_decode:
-            raise ConfigError("compile_decode", "the compiled step reads a working arena; it cannot run with paged_kv")
         self.model = model.eval()
         # attend over the pool's blocks in place (cache/paged.py): the context is held once,
         # for a gather of one layer per layer per forward; False: a working arena copy
@@ -119,7 +117,9 @@ class Engine:
         # opt-in decode step compiled ahead of time (engine/compiled_decode.py); None: the model's forward
         self.decoder: CompiledDecoder | None = None
         if compile_decode:
-            self.decoder = CompiledDecoder(model, cache_dir=compile_cache_dir)
+            # with paged_kv the step reads the pool's blocks in place, compiled for its geometry
+            geometry = PoolGeometry(self.pool.kv_dtype, self.pool.block_size) if paged_kv else None
+            self.decoder = CompiledDecoder(model, cache_dir=compile_cache_dir, paged=geometry)
 
     @classmethod
     def from_pretrained(

@@ -100,15 +100,34 @@ def test_int4_compiled_decode_stays_within_bf16_rounding(int4_model, int4_decode
     assert float((got.logits[1] - expected.logits[1]).abs().max()) <= 0.05 * max(1.0, scale)
 
 
-def test_paged_kv_and_compile_decode_are_refused_together(tiny_model, tiny_tok):
-    with pytest.raises(ConfigError, match=r"compile_decode: .*paged_kv"):
-        Engine(tiny_model, tiny_tok, paged_kv=True, compile_decode=True)
-    with pytest.raises(ValidationError, match="compile_decode"):
-        ChatCLM(model="tiny", compile_decode=True, paged_kv=True)
+@pytest.mark.parametrize("kv_dtype", [None, "fp16"])
+def test_with_paged_kv_the_step_reads_the_pool_blocks_as_the_paged_forward_does(
+    tiny_model, tiny_tok, compile_dir, kv_dtype
+):
+    """The past from the pool's blocks (rounded to kv_dtype), the token's own K/V exact:
+    the paged forward's semantics, so the tokens and logits are the paged engine's."""
+    from clm_middleware.cache.layout import PoolConfig
+
+    def paged(**extra) -> Engine:
+        config = PoolConfig(max_blocks=64, kv_dtype=kv_dtype)
+        return Engine(tiny_model, tiny_tok, pool_config=config, paged_kv=True, **extra)
+
+    compiled = paged(compile_decode=True, compile_cache_dir=compile_dir)
+    assert compiled.decoder.paged is not None
+    plain = paged()
+    first = prompt_of(37, offset=3)  # two full blocks and a tail: the second call extends a cached chain
+    for prompt in (first, first + prompt_of(11, offset=60)):
+        got = compiled.generate(prompt, max_new_tokens=20, return_logits=True).result()
+        expected = plain.generate(prompt, max_new_tokens=20, return_logits=True).result()
+        assert got.token_ids == expected.token_ids
+        assert max(float((a - b).abs().max()) for a, b in zip(got.logits, expected.logits, strict=True)) <= 1e-4
+        assert got.stats.cached_tokens == expected.stats.cached_tokens
+    compiled.pool.check_invariants()
+    assert compiled.working_kv_bytes(100) == plain.working_kv_bytes(100)  # one layer's scratch, no more
 
 
 def test_a_serving_engine_refuses_local_engine_settings():
-    with pytest.raises(ValidationError, match="compile_decode: applies to the local engine"):
+    with pytest.raises(ValidationError, match=r"compile_decode: applies to the local engine"):
         ChatCLM(model="tiny", engine_url="http://127.0.0.1:9", compile_decode=True)
 
 
