@@ -11,7 +11,9 @@ buffer the size of one layer::
 
 Layers run one after another, so one scratch serves them all: the extra memory is one
 layer's context (1 / num_layers of a copy), and the price is a gather of the context
-per layer per forward (a decode step included), measured in docs/benchmarks.md.
+per layer per forward (a decode step included, except with ``compile_decode``,
+whose compiled step reads the blocks in place: engine/compiled_decode.py), measured in
+docs/benchmarks.md.
 
 Invariants:
 - Positions before ``writable_from`` lie in blocks other requests may read (the hit's
