@@ -58,8 +58,13 @@ $(ANCHOR_VENV)/bin/python:
 	$(PYTHON) -m venv $(ANCHOR_VENV)
 	$(ANCHOR_VENV)/bin/python -m pip install --quiet llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)
 
+# ANCHOR_OPTIONS: our engine's settings, e.g. the fastest opt-ins:
+#   make bench-anchor ANCHOR_OPTIONS="--quantization int4-bf16 --compile-decode --paged-kv" ANCHOR_OUT=docs/bench/anchor_compiled_paged
+ANCHOR_OPTIONS ?=
+ANCHOR_OUT ?= docs/bench/anchor
+
 bench-anchor: $(STAMP) $(ANCHOR_VENV)/bin/python
-	OMP_NUM_THREADS=1 $(PY) docs/bench_anchor.py --llama-python $(ANCHOR_VENV)/bin/python --out docs/bench/anchor
+	OMP_NUM_THREADS=1 $(PY) docs/bench_anchor.py --llama-python $(ANCHOR_VENV)/bin/python $(ANCHOR_OPTIONS) --out $(ANCHOR_OUT)
 
 clean:
 	rm -rf $(VENV) $(ANCHOR_VENV) build dist *.egg-info .pytest_cache .ruff_cache
