@@ -184,7 +184,7 @@ class RequestRunner:
             raise
         finally:
             tick = time.perf_counter()
-            if first_token_at is not None:  # also when the consumer closed the stream early
+            if first_token_at is not None and request.forced is None:  # also on a stream closed early
                 stats.decode_s = tick - first_token_at
             if store:
                 tokens = prompt + result.token_ids

@@ -25,7 +25,7 @@ class CallStats:
     approximate_tokens: int = 0  # of cached_tokens, those with approximate K/V (engine/blend.py)
     blend_check_tokens: int = 0  # positions run through the first layers to choose what a blend recomputes
     ttft_s: float = 0.0
-    decode_s: float = 0.0
+    decode_s: float = 0.0  # after the first generated token (0 for a forced continuation: nothing decoded)
     total_s: float = 0.0
     bookkeeping_s: float = 0.0  # hash + match + gather + store: the pool's own overhead
     arena_s: float = 0.0  # allocating a working cache (0 when a spare one was reused)

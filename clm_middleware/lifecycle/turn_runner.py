@@ -536,7 +536,7 @@ class TurnRunner:
             call.bookkeeping_s,
             call.arena_s,
         )
-        stats.decode_s = call.decode_s if call.forced_tokens == 0 else 0.0
+        stats.decode_s = call.decode_s
         stats.decisions = decision_counts(decisions)
         stats.lifecycle_s = sum(stats.phases.values())
         stats.pool_blocks_in_use = c.engine.pool.stats().blocks_in_use

@@ -180,7 +180,7 @@ def plain_turn_record(
         context_tokens=stats.prompt_tokens,
         generated_tokens=stats.generated_tokens,
         ttft_s=stats.ttft_s,
-        decode_s=0.0 if forced else stats.decode_s,
+        decode_s=stats.decode_s,
         turn_s=time.perf_counter() - started,
         bookkeeping_s=stats.bookkeeping_s,
         arena_s=stats.arena_s,
