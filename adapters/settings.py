@@ -131,12 +131,10 @@ def check_settings(model: Any) -> None:
         no_repeat_ngram_size=model.no_repeat_ngram_size,
         seed=model.seed,
     )
-    from clm_middleware.errors import ConfigError
-
     if model.engine_url:
-        local_only = ("approximate_reuse", "quantization", "compile_decode", "paged_kv")
-        for name in (name for name in local_only if getattr(model, name) not in (None, False)):
-            raise ConfigError(name, "applies to the local engine; a serving engine (engine_url) keeps its own")
+        from clm_middleware.cli.setup import LOCAL_ENGINE_SETTINGS, refuse_local_settings
+
+        refuse_local_settings(**{name: getattr(model, name) for name in LOCAL_ENGINE_SETTINGS})
     if model.engine is None:
         from clm_middleware.cli.setup import TINY_MODEL
         from clm_middleware.models.loading import resolve_model_source

@@ -43,15 +43,12 @@ def build_engine(
     """The local engine for ``model``; with ``engine_url``, a ``RemoteEngine`` on that server,
     with ``model``'s tokenizer and, for signals, ``engine_scorer`` as a local scorer."""
     if engine_url is not None:
-        local_only = (
-            ("approximate_reuse", approximate_reuse),
-            ("paged_kv", paged_kv or None),
-            ("quantization", quantization),
-            ("compile_decode", compile_decode or None),
+        refuse_local_settings(
+            approximate_reuse=approximate_reuse,
+            paged_kv=paged_kv,
+            quantization=quantization,
+            compile_decode=compile_decode,
         )
-        for name, value in local_only:
-            if value is not None:
-                raise ConfigError(name, "applies to the local engine; a serving engine keeps its own KV cache")
         return build_remote_engine(
             engine_url,
             model,
@@ -84,6 +81,19 @@ def build_engine(
 
     loaded = load_model(model, device=device, dtype=dtype, quantization=quantization)
     return Engine(loaded, load_tokenizer(model), pool_config=pool_config, **extra)
+
+
+LOCAL_ENGINE_SETTINGS = ("approximate_reuse", "paged_kv", "quantization", "compile_decode")
+"""Settings of the local engine's KV cache and weights, which a serving engine refuses."""
+
+
+def refuse_local_settings(**settings: Any) -> None:
+    """``ConfigError`` naming the first of :data:`LOCAL_ENGINE_SETTINGS` that is set (not
+    None or False) in ``settings``: with a serving engine it would do nothing."""
+    for name in LOCAL_ENGINE_SETTINGS:
+        value = settings.get(name)
+        if value is not None and value is not False:
+            raise ConfigError(name, "applies to the local engine; a serving engine keeps its own KV cache")
 
 
 def build_remote_engine(
