@@ -28,10 +28,13 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    messages after the fold are never touched: room comes from the digest, where a
    segment all of whose facts segments of no lower eviction value state is dropped
    (no fact is lost), then condensed segments are tightened to their facts
-   (distinctive tokens and words the model found rare; the model's replies first,
-   oldest first), and then segments without facts are dropped lowest eviction value
-   first (replies rank below what the user and tools said, and the replies the user
-   did not accept below those they did), oldest first among equals. If that is not
+   (distinctive tokens and words the model found rare; a request in plain words to
+   its ``REQUEST_WORDS`` most surprising words; the model's replies first, oldest
+   first), and then segments without facts are dropped lowest eviction value first
+   (replies rank below what the user and tools said, and the replies the user did not
+   accept below those they did), oldest first among equals; requests in plain words
+   count as facts here while they take at most ``request_share`` of the budget (the
+   most surprising first: what the user said once in passing, "kiwi", "cheap"). If that is not
    enough, folding goes on until the messages after the fold hold half of
    ``recent_share``, the digest makes room again, and then gives up facts too, down to
    halfway between the low-water mark and the budget; only then does folding go on
@@ -68,10 +71,23 @@ from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, Messag
 OVERHEAD_TOKENS_PER_SEGMENT = 8  # a marker, a separator, a share of message glue
 PACE_TURNS = 4  # the pace of a conversation: tokens per turn over its last complete turns
 MIN_CONDENSE_TOKENS = 8  # shorter fact segments are kept whole: a compression would save next to nothing
+DIGEST_GLUE_TOKENS = 1  # a digest line's newline, or the space between two segments of one message
+PEAK_TOKENS = 3  # a segment's peak self-information: the mean of its most surprising tokens
 
 
 def _carries_facts(segment: Segment) -> bool:
     return segment.kind != "ack" and segment.label is not Label.DROP and has_distinctive(segment.text)
+
+
+def _plain_request(segment: Segment) -> bool:
+    """A request in words of substance and no distinctive token ("a cheap place in the north")."""
+    return _states_a_request(segment) and not _carries_facts(segment) and has_content_words(segment.visible_text)
+
+
+def _peak_surprisal(segment: Segment) -> float:
+    """Mean of the segment's ``PEAK_TOKENS`` most surprising tokens where it was said (0 unscored)."""
+    values = sorted((v for v in segment.surprisal or () if v is not None), reverse=True)[:PEAK_TOKENS]
+    return sum(values) / len(values) if values else 0.0
 
 
 def _states_a_request(segment: Segment) -> bool:
@@ -355,14 +371,34 @@ class Compactor:
         # Pass 4: real loss. Lowest eviction value first, oldest first among equals. A
         # segment that carries facts is dropped only down to fact_target: some slack is
         # kept, so the re-prefill after a compaction does not come back every turn, but
-        # not at the price of every fact the mark would cost.
+        # not at the price of every fact the mark would cost. So are the plain-word
+        # requests within request_share of the budget, the model's most surprising first.
+        requests = self._held_requests(candidates)
         for segment in sorted(candidates, key=lambda s: (values[s.id], s.turn, s.index)):
             length = self.prompt_length()
             if length <= target:
                 return
-            if length <= fact_target and _carries_facts(segment):
+            if length <= fact_target and (_carries_facts(segment) or segment.id in requests):
                 continue
             self._drop(segment, result, turn)
+
+    def _held_requests(self, candidates: list[Segment]) -> set[SegmentId]:
+        """The plain-word requests among ``candidates`` that pass 4 keeps like facts: the
+        highest peak self-information first (what the model could not have guessed:
+        "clarinet", "bishops stortford"; newest first among equals), while they take at
+        most ``request_share`` of the budget. A user's preferences and plans are facts
+        in plain words, but a long chat's every sentence is a "request" too: the share
+        keeps their fragments from crowding out the verbatim messages."""
+        room = int((self.config.budget or 0) * self.config.request_share)
+        held: set[SegmentId] = set()
+        for segment in sorted(
+            (s for s in candidates if _plain_request(s)), key=lambda s: (-_peak_surprisal(s), -s.turn, -s.index)
+        ):
+            cost = len(segment.visible_ids) + DIGEST_GLUE_TOKENS
+            if cost <= room:
+                held.add(segment.id)
+                room -= cost
+        return held
 
     def _fold_oldest(
         self,

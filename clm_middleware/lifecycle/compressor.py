@@ -38,6 +38,9 @@ SMALL_MODEL_PARAMETERS = 1_000_000_000  # below this, "auto" compresses extracti
 # a word this surprising where it was said (p < 1/3000) is kept by ``tighten`` as a fact
 # the rules cannot see ("comedysportz", "rittenhouse"); ordinary words score 0-6 nats
 RARE_WORD_NATS = 8.0
+# a request in plain words tightens to this many of its words, the most surprising ones:
+# what it asked about, in the few tokens a fact takes ("cheap", "north", "clarinet")
+REQUEST_WORDS = 4
 TIGHTENED = "distinctive"  # the method ``tighten`` records: applying it again changes nothing
 SCORE_CACHE_SEGMENTS = 1024  # word scores kept per compressor (a segment's text never changes)
 _WORD = regex.compile(r"\S+")
@@ -190,25 +193,32 @@ class Compressor:
         every content word the model found rare where it was said (self-information ≥
         ``RARE_WORD_NATS``: a name in lowercase, an odd value, that no rule sees), and
         nothing else (the distinctive tokens alone when the words cannot be scored).
-        Fails for a text with no distinctive token (a request in plain words is already
-        its content words) and when the result is not shorter.
+        A request in plain words (no distinctive token) keeps its ``REQUEST_WORDS``
+        content words of the highest self-information ("search park north instead" →
+        "park north"), and fails when they cannot be scored. Fails when the result is
+        not shorter.
         """
         current = len(segment.visible_ids)
         # judged on the original text: in a condensed text, sentence breaks are artifacts
         # that would make a name look like a sentence's first word
         original_words = list(_WORD.finditer(segment.text))
         required = {_bare(original_words[i].group()) for i in _kept_words(segment.text, original_words)}
-        if not required:  # a request in plain words: its condensed form is all it says
-            return CompressionResult(False, "none", original_tokens=current, error="no distinctive token")
+        plain = not required  # a request in plain words: no number, code or name
         try:
             scores = self._word_scores(segment.text, original_words, segment)
         except Exception:  # no scores (the engine failed): the distinctive tokens alone
+            if plain:
+                return CompressionResult(False, "none", original_tokens=current, error="no distinctive token")
             scores = [0.0] * len(original_words)
-        required |= {
-            bare
+        shown = {_bare(w.group()) for w in _WORD.finditer(segment.visible_text)}
+        content = [
+            (score, bare)
             for word, score in zip(original_words, scores, strict=True)
-            if score >= RARE_WORD_NATS and (bare := _bare(word.group())) not in _FUNCTION_WORDS
-        }
+            if (bare := _bare(word.group())) in shown and bare not in _FUNCTION_WORDS and any(c.isalnum() for c in bare)
+        ]
+        required |= {bare for score, bare in content if score >= RARE_WORD_NATS}
+        if plain:  # its most informative words: what it asked about, as the model read it
+            required |= {bare for _, bare in sorted(content, key=lambda pair: -pair[0])[:REQUEST_WORDS]}
         words = [w.group() for w in _WORD.finditer(segment.visible_text) if _bare(w.group()) in required]
         tightened = " ".join(words)
         ids = self._encode(tightened)

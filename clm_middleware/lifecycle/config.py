@@ -111,6 +111,12 @@ class LifecycleConfig:
     digest keeps the facts of the rest. 0 lets the digest take everything but the
     newest turn.
 
+    ``request_share`` of the budget holds requests in plain words in the digest as if
+    they were facts ("a cheap place in the north", "I took up the clarinet": no number
+    or name, but what the user wants and said once), those the model found most
+    surprising where they were said first; beyond it they go before the verbatim
+    messages shrink. 0 keeps none of them under pressure.
+
     ``compact_ahead`` (opt-in): after a reply, when the next turn's messages (as long
     as the longest of the last few turns') would take the prompt over the budget, the
     compaction runs then and the compacted context is computed into the pool, so the
@@ -134,6 +140,7 @@ class LifecycleConfig:
     min_reclaim_tokens: int = 64
     protect_turns: int = 1
     recent_share: float = 0.75
+    request_share: float = 0.0625
     compact_ahead: bool = False
 
     def __post_init__(self) -> None:
@@ -154,6 +161,8 @@ class LifecycleConfig:
             raise ConfigError("compress_min_tokens", f"must be ≥ 1, got {self.compress_min_tokens}")
         if not 0.0 <= self.recent_share <= 0.9:
             raise ConfigError("recent_share", f"must be in [0, 0.9], got {self.recent_share}")
+        if not 0.0 <= self.request_share <= 0.5:
+            raise ConfigError("request_share", f"must be in [0, 0.5], got {self.request_share}")
         if not isinstance(self.compact_ahead, bool):
             raise ConfigError("compact_ahead", f"must be true or false, got {self.compact_ahead!r}")
         if self.protect_turns < 1:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from clm_middleware.engine import Engine
 from clm_middleware.lifecycle.compaction import ContextBudgetError
-from clm_middleware.lifecycle.compressor import Compressor, check_faithful
+from clm_middleware.lifecycle.compressor import REQUEST_WORDS, Compressor, check_faithful
 from clm_middleware.lifecycle.distinctive import distinctive_tokens
 from clm_middleware.lifecycle.prompts import summarizer_prompt
 from clm_middleware.lifecycle.segments import Segment, SegmentId, Status
@@ -122,13 +122,36 @@ def test_tighten_without_scores_keeps_the_distinctive_tokens_alone(engine, monke
     assert result.ok and result.text == "3 march 11th"
 
 
-def test_tighten_leaves_a_plain_word_request_as_it_is(engine):
+def test_tighten_keeps_the_most_surprising_words_of_a_plain_word_request(engine):
     chat = ChatFormat.from_tokenizer(engine.tokenizer)
-    request = scored("could you look for a cheap place in the north", chat, {"cheap": 9.0})
-    request.status, request.summary = Status.COMPRESSED, "look cheap place north"
+    text = "I have been learning to play the clarinet on weekends at the old music school downtown"
+    rare = {"clarinet": 7.0, "weekends": 5.0, "music": 4.0, "downtown": 6.0, "learning": 2.0}
+    request = scored(text, chat, rare)
+    request.status, request.summary = Status.COMPRESSED, "learning play clarinet weekends old music school downtown"
     request.summary_ids = chat.encode(request.summary)
     result = compressor(engine, method="extractive").tighten(request)
-    assert not result.ok and result.error == "no distinctive token"
+    assert REQUEST_WORDS == 4
+    assert result.ok and result.text == "clarinet weekends music downtown"  # the four highest, in order
+
+
+def test_tighten_leaves_a_short_plain_word_request_and_one_it_cannot_score(engine, monkeypatch):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    request = scored("could you look for a cheap place in the north", chat, {"cheap": 9.0})
+    request.status, request.summary = Status.COMPRESSED, "cheap place north"
+    request.summary_ids = chat.encode(request.summary)
+    tightener = compressor(engine, method="extractive")
+    result = tightener.tighten(request)
+    assert not result.ok and result.error == "not shorter than the original"  # under four words already
+
+    def engine_down(*args):
+        raise RuntimeError("engine down")
+
+    unscored = segment("I have been learning to play the clarinet on weekends at the old music school", chat)
+    unscored.status, unscored.summary = Status.COMPRESSED, "learning play clarinet weekends old music school"
+    unscored.summary_ids = chat.encode(unscored.summary)
+    monkeypatch.setattr(tightener, "_compute_word_scores", engine_down)
+    result = tightener.tighten(unscored)
+    assert not result.ok and result.error == "no distinctive token"  # no guess at which words matter
 
 
 def test_extractive_output_only_deletes_words(engine):

@@ -6,9 +6,10 @@ import pytest
 import torch
 from whitespace_cases import WHITESPACE_MESSAGES
 
+from clm_middleware import Conversation
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.calibration import CALIBRATION_CHATS
-from clm_middleware.lifecycle.compaction import ContextBudgetError
+from clm_middleware.lifecycle.compaction import DIGEST_GLUE_TOKENS, ContextBudgetError
 from clm_middleware.lifecycle.config import LifecycleConfig
 from clm_middleware.lifecycle.segments import DecidedBy, Label, Status
 from clm_middleware.lifecycle.tagging import TaggingConfig
@@ -390,21 +391,63 @@ def _forced_turns(conversation, pairs):
         conversation.respond(reply)
 
 
-def test_a_plain_word_request_is_folded_condensed_and_leaves_before_the_verbatim_messages(converse):
-    """Folded, a request in plain words is condensed to its content words (chatter is
-    dropped); with no fact in it, it is not kept at the cost of the verbatim messages."""
-    conversation = converse(budget=420, tagging="rules")
-    request = "Okay then, can you look for it in the north instead then, please?"
+def _request_then_filler(converse, request_share: float, requests: list[str]) -> tuple[object, list]:
+    config = LifecycleConfig(tagging=TaggingConfig(mode="rules"), budget=420, request_share=request_share)
+    conversation = converse(config=config)
     decisions = []
-    for user, reply in [(request, "Sure.")] + [(text, "we talked about that.") for text in FILLER]:
+    for user, reply in [(text, "Sure.") for text in requests] + [(text, "we talked about that.") for text in FILLER]:
         conversation.add("user", user)
         decisions += conversation.respond(reply).decisions
-    folded = next(s for s in conversation.segments if s.text == request)
+    return conversation, decisions
+
+
+REQUEST = "Okay then, can you look for it in the north instead then, please?"
+
+
+def test_a_plain_word_request_is_folded_condensed_and_held_in_the_digest_like_a_fact(converse):
+    """Folded, a request in plain words is condensed to its content words (chatter is
+    dropped) and stays in the digest, as a fact would, within request_share of the
+    budget (a quarter here: room for every folded request); the verbatim messages after
+    the fold stay whole."""
+    conversation, decisions = _request_then_filler(converse, 0.25, [REQUEST])
+    folded = next(s for s in conversation.segments if s.text == REQUEST)
     labels = [d.label for d in decisions if d.segment_id == folded.id and d.reason == "budget"]
-    assert labels == [Label.COMPRESS, Label.DROP]  # condensed when folded, then dropped for room
-    assert "north" in folded.summary  # its one content word
+    assert labels == [Label.COMPRESS] and folded.visible  # condensed when folded, and kept
+    assert "north" in folded.summary and "north" in conversation.context
     window = conversation.history[conversation.fold :]
     assert all(conversation.segment(s).status is Status.ACTIVE for m in window for s in m.segment_ids)
+
+
+def test_without_request_share_a_plain_word_request_leaves_before_the_verbatim_messages(converse):
+    conversation, decisions = _request_then_filler(converse, 0.0, [REQUEST])
+    folded = next(s for s in conversation.segments if s.text == REQUEST)
+    labels = [d.label for d in decisions if d.segment_id == folded.id and d.reason == "budget"]
+    assert labels == [Label.COMPRESS, Label.DROP]  # condensed when folded, then dropped for room
+    assert "north" not in conversation.context
+
+
+def test_request_share_holds_the_most_surprising_requests_first(converse, monkeypatch):
+    """Two requests, room in the share for one: the one the model found more surprising
+    where it was said stays (the tiny model's own scores are noise: they are set here,
+    the filler's lowest)."""
+    plain = "Could you find a quiet place near the river for the afternoon?"
+    rare = "Could you find a clarinet teacher near the cathedral for the mornings?"
+    peaks = {plain: 2.0, rare: 9.0} | {text: 1.0 for text in FILLER}  # the filler asks for things too
+    original = Conversation.respond
+
+    def respond_with_set_scores(self, *args, **kwargs):
+        reply = original(self, *args, **kwargs)
+        for segment in self.segments:  # what the prefill recorded, replaced
+            if segment.text in peaks:
+                segment.surprisal = [peaks[segment.text]] * len(segment.token_ids)
+        return reply
+
+    monkeypatch.setattr(Conversation, "respond", respond_with_set_scores)
+    conversation, _ = _request_then_filler(converse, 0.075, [plain, rare])  # 31 tokens: one condensed request
+    by_text = {s.text: s for s in conversation.segments}
+    costs = [len(by_text[text].summary_ids) + DIGEST_GLUE_TOKENS for text in (plain, rare)]
+    assert max(costs) <= 31 < sum(costs)  # the share holds either, not both
+    assert by_text[rare].visible and not by_text[plain].visible
 
 
 def test_a_reply_that_repeats_facts_already_in_the_digest_is_dropped(converse):

@@ -101,7 +101,16 @@ def test_the_mark_never_goes_below_min_low_water(make_engine):
     assert after and all(context >= BUDGET * 0.5 - 160 for context in after), after
 
 
-@pytest.mark.parametrize(("field", "value"), [("room_turns", -1), ("min_low_water", 0.1), ("min_low_water", 1.5)])
-def test_pace_settings_out_of_range_are_refused_naming_the_field(field, value):
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("room_turns", -1),
+        ("min_low_water", 0.1),
+        ("min_low_water", 1.5),
+        ("request_share", -0.1),
+        ("request_share", 0.6),
+    ],
+)
+def test_pace_and_share_settings_out_of_range_are_refused_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
         LifecycleConfig(budget=BUDGET, **{field: value})
