@@ -391,7 +391,7 @@ def _forced_turns(conversation, pairs):
         conversation.respond(reply)
 
 
-def _request_then_filler(converse, request_share: float, requests: list[str]) -> tuple[object, list]:
+def _request_then_filler(converse, request_share: float, requests: list[str]) -> tuple[Conversation, list]:
     config = LifecycleConfig(tagging=TaggingConfig(mode="rules"), budget=420, request_share=request_share)
     conversation = converse(config=config)
     decisions = []
