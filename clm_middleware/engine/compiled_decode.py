@@ -375,6 +375,9 @@ class CompiledDecoder:
         example = list(self._example(n))
         example[0] = ids[n:]
         keys, values = example[2], example[3]
+        if self.paged is not None:  # positions p -> block table[p // size], row p % size
+            positions = torch.arange(n)
+            blocks, rows = example[4][positions // self.paged.block_size], positions % self.paged.block_size
         with torch.no_grad():
             cache = DynamicCache(config=self.model.config)
             self.model(input_ids=ids[None, :n], cache=cache, use_cache=True)
@@ -382,9 +385,7 @@ class CompiledDecoder:
                 if self.paged is None:
                     keys[index, :, :n] = layer.keys[0]
                     values[index, :, :n] = layer.values[0]
-                else:  # positions p -> block table[p // size], row p % size
-                    positions = torch.arange(n)
-                    blocks, rows = example[4][positions // self.paged.block_size], positions % self.paged.block_size
+                else:
                     keys[index][:, blocks, rows] = layer.keys[0].to(keys.dtype)
                     values[index][:, blocks, rows] = layer.values[0].to(values.dtype)
             expected = self.model(input_ids=ids[None, n:], cache=cache, use_cache=True).logits[0, -1]

@@ -72,7 +72,6 @@ OVERHEAD_TOKENS_PER_SEGMENT = 8  # a marker, a separator, a share of message glu
 PACE_TURNS = 4  # the pace of a conversation: tokens per turn over its last complete turns
 MIN_CONDENSE_TOKENS = 8  # shorter fact segments are kept whole: a compression would save next to nothing
 DIGEST_GLUE_TOKENS = 1  # a digest line's newline, or the space between two segments of one message
-PEAK_TOKENS = 3  # a segment's peak self-information: the mean of its most surprising tokens
 
 
 def _carries_facts(segment: Segment) -> bool:
@@ -82,12 +81,6 @@ def _carries_facts(segment: Segment) -> bool:
 def _plain_request(segment: Segment) -> bool:
     """A request in words of substance and no distinctive token ("a cheap place in the north")."""
     return _states_a_request(segment) and not _carries_facts(segment) and has_content_words(segment.visible_text)
-
-
-def _peak_surprisal(segment: Segment) -> float:
-    """Mean of the segment's ``PEAK_TOKENS`` most surprising tokens where it was said (0 unscored)."""
-    values = sorted((v for v in segment.surprisal or () if v is not None), reverse=True)[:PEAK_TOKENS]
-    return sum(values) / len(values) if values else 0.0
 
 
 def _states_a_request(segment: Segment) -> bool:
@@ -392,7 +385,7 @@ class Compactor:
         room = int((self.config.budget or 0) * self.config.request_share)
         held: set[SegmentId] = set()
         for segment in sorted(
-            (s for s in candidates if _plain_request(s)), key=lambda s: (-_peak_surprisal(s), -s.turn, -s.index)
+            (s for s in candidates if _plain_request(s)), key=lambda s: (-s.peak_surprisal, -s.turn, -s.index)
         ):
             cost = len(segment.visible_ids) + DIGEST_GLUE_TOKENS
             if cost <= room:

@@ -30,6 +30,7 @@ class DecidedBy(str, Enum):
 
 KINDS = ("system", "question", "step", "code", "ack", "text", "tool", "reply", "loop")
 LOOP_KIND = "loop"  # a generated reply that is a repetition loop (see reply_quality.py): never context
+PEAK_TOKENS = 3  # a segment's peak self-information: the mean of its most surprising tokens
 
 
 def segment_id(index: int) -> SegmentId:
@@ -95,8 +96,17 @@ class Segment:
 
     @property
     def mean_surprisal(self) -> float | None:
-        values = [v for v in self.surprisal or () if v is not None]
+        values = self._scored()
         return sum(values) / len(values) if values else None
+
+    @property
+    def peak_surprisal(self) -> float:
+        """Mean of the ``PEAK_TOKENS`` most surprising tokens where it was said (0 unscored)."""
+        values = sorted(self._scored(), reverse=True)[:PEAK_TOKENS]
+        return sum(values) / len(values) if values else 0.0
+
+    def _scored(self) -> list[float]:
+        return [v for v in self.surprisal or () if v is not None]
 
 
 @dataclass(slots=True)
