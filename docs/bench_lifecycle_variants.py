@@ -5,7 +5,8 @@ session replayed teacher-forced under ``Conversation(config=LifecycleConfig(budg
 **overrides))``, default ``auto`` tagging, 48-token generation cap (unused: replies are
 forced). Prints the token-weighted mean ``reply_nll``, the probes retained in the final
 context, the number of compactions, the prefill tokens and the hit rate (cached ÷ prompt
-tokens).
+tokens); then, from the first compaction on, the mean prompt and how much of it the
+verbatim messages after the digest hold (the rest is the system block and the digest).
 
     python docs/bench_lifecycle_variants.py examples/retention/sgd_session_10.jsonl '{"recent_share": 0.75}'
 """
@@ -35,6 +36,7 @@ def main() -> None:
     config = LifecycleConfig(tagging=TaggingConfig(mode="auto"), budget=args.budget, **overrides)
     conversation = Conversation(Engine.from_pretrained(), config=config, max_new_tokens=48)
     nll_sum = tokens = compactions = prefill = prompt = 0.0
+    split: list[tuple[int, int]] = []  # (prompt tokens, tokens of the messages after the fold) per turn
     started = time.perf_counter()
     for before, answer in turn_plan(read_jsonl(args.transcript)[0]):
         for message in before:
@@ -47,6 +49,10 @@ def main() -> None:
         compactions += bool(stats.compaction)
         prefill += stats.prefill_tokens
         prompt += stats.prompt_tokens
+        if compactions:  # from the first compaction on: how the prompt splits
+            window = conversation.history[conversation.fold :]
+            verbatim = sum(len(conversation.segment(s).visible_ids) for m in window for s in m.segment_ids)
+            split.append((stats.prompt_tokens, verbatim))
     probes = read_probes(args.transcript.replace(".jsonl", ".probes.json"))
     kept, _ = retention(probes, conversation.context)
     print(
@@ -54,6 +60,13 @@ def main() -> None:
         f"compactions {compactions:.0f}, prefill {prefill:.0f}, hit rate {1 - prefill / prompt:.1%}, "
         f"{time.perf_counter() - started:.0f} s"
     )
+    if split:
+        mean_prompt = sum(p for p, _ in split) / len(split)
+        mean_verbatim = sum(v for _, v in split) / len(split)
+        print(
+            f"from the first compaction on ({len(split)} turns): mean prompt {mean_prompt:.0f} tokens, "
+            f"of them {mean_verbatim:.0f} in the verbatim messages after the digest"
+        )
 
 
 if __name__ == "__main__":
