@@ -5,8 +5,9 @@ session replayed teacher-forced under ``Conversation(config=LifecycleConfig(budg
 **overrides))``, default ``auto`` tagging, 48-token generation cap (unused: replies are
 forced). Prints the token-weighted mean ``reply_nll``, the probes retained in the final
 context, the number of compactions, the prefill tokens and the hit rate (cached ÷ prompt
-tokens); then, from the first compaction on, the mean prompt and how much of it the
-verbatim messages after the digest hold (the rest is the system block and the digest).
+tokens); then, from the first compaction on, the mean prompt and how much of it is the
+content of the verbatim messages after the digest (the rest is the system block, the
+digest and the chat glue).
 
     python docs/bench_lifecycle_variants.py examples/retention/sgd_session_10.jsonl '{"recent_share": 0.75}'
 """
@@ -65,7 +66,7 @@ def main() -> None:
         mean_verbatim = sum(v for _, v in split) / len(split)
         print(
             f"from the first compaction on ({len(split)} turns): mean prompt {mean_prompt:.0f} tokens, "
-            f"of them {mean_verbatim:.0f} in the verbatim messages after the digest"
+            f"of them {mean_verbatim:.0f} the content of the verbatim messages after the digest (without chat glue)"
         )
 
 
