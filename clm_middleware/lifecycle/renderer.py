@@ -51,6 +51,7 @@ class RenderedContext:
     spans: dict[SegmentId, tuple[int, int]] = field(default_factory=dict)  # visible content ids
     context_tokens: int = 0  # without the generation prompt
     message_spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    digest_tokens: int = 0  # the digest message's, header to footer (0: no digest)
 
     def segment_blocks(self, segment: SegmentId, block_size: int) -> range:
         """Indices of the blocks that hold any of the segment's tokens."""
@@ -129,6 +130,7 @@ class ContextRenderer:
         if not lines:
             return
         glue = self.format.glue["system"]
+        begin = len(ids)
         ids.extend(glue.header_ids)
         ids.extend(self._encoded(DIGEST_TITLE))
         for line in lines:
@@ -140,6 +142,7 @@ class ContextRenderer:
                 ids.extend(segment.visible_ids)
                 rendered.spans[segment.id] = (start, len(ids))
         ids.extend(glue.footer_ids)
+        rendered.digest_tokens = len(ids) - begin
 
     def text(self, token_ids: Iterable[int]) -> str:
         return self.format.tokenizer.decode(list(token_ids), skip_special_tokens=False)

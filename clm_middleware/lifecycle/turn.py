@@ -55,6 +55,7 @@ class TurnStats:
     approximate_tokens: int = 0  # of cached_tokens, reused approximately (Engine(blend=...))
     prefill_tokens: int = 0
     context_tokens: int = 0
+    digest_tokens: int = 0  # of prompt_tokens, the digest message's (0 before anything is folded)
     generated_tokens: int = 0
     forced_tokens: int = 0  # teacher-forced: the given reply, computed after the prompt
     ttft_s: float = 0.0

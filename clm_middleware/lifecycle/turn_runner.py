@@ -520,6 +520,7 @@ class TurnRunner:
         c = self.conversation
         call = generation.stats
         stats.prompt_tokens, stats.context_tokens = call.prompt_tokens, call.prompt_tokens
+        stats.digest_tokens = rendered.digest_tokens
         stats.cached_tokens, stats.prefill_tokens = call.cached_tokens, call.prefill_tokens
         if warm is not None:
             # a compacted context counts whole (the next turn reads it back); otherwise

@@ -85,6 +85,7 @@ def lifecycle_fields(stats: Any) -> dict[str, Any]:
     """The per-turn report fields the lifecycle layer adds (see docs/report.md)."""
     return {
         "decisions": stats.decisions,
+        "digest_tokens": stats.digest_tokens,
         "dropped_tokens": stats.dropped_tokens,
         "compressed_tokens": stats.compressed_tokens,
         "summaries": stats.summaries,

@@ -135,6 +135,7 @@ def test_replay_clm_mode_writes_lifecycle_fields_plot_and_retention(tmp_path):
     data = json.loads(report.read_text())
     assert {
         "decisions",
+        "digest_tokens",
         "dropped_tokens",
         "compressed_tokens",
         "summaries",

@@ -518,6 +518,34 @@ def test_budget_pressure_keeps_the_newest_messages_whole_and_in_order(converse):
     assert all(a != b for a, b in itertools.pairwise(roles)), roles  # still alternating
 
 
+def test_a_turns_digest_tokens_are_the_digest_messages_tokens_in_its_prompt(converse):
+    """``digest_tokens``: 0 while nothing is folded; then the length of the digest message
+    ("Notes from earlier turns:", system header to footer) in the prompt the reply read."""
+    from clm_middleware.lifecycle.renderer import DIGEST_TITLE
+
+    conversation = converse(config=LifecycleConfig(tagging=TaggingConfig(mode="signals"), budget=600))
+    chat = conversation.renderer.format
+    title = chat.encode(DIGEST_TITLE)
+    header, footer = list(chat.glue["system"].header_ids), list(chat.glue["system"].footer_ids)
+    seen = []
+    for user, reply in _exchanges(30):
+        conversation.add("user", user)
+        folded_before = conversation.fold
+        stats = conversation.respond(reply).stats
+        prompt = list(conversation.context_ids)  # this turn's prompt, then its reply
+        opening = header + list(title)
+        starts = [i for i in range(len(prompt)) if prompt[i : i + len(opening)] == opening]
+        if not starts:
+            assert stats.digest_tokens == 0
+            continue
+        start = starts[0]
+        end = next(i for i in range(start, len(prompt)) if prompt[i : i + len(footer)] == footer) + len(footer)
+        if conversation.fold == folded_before:  # no compaction after the reply: the same digest
+            assert stats.digest_tokens == end - start
+            seen.append(stats.digest_tokens)
+    assert seen and all(tokens > 0 for tokens in seen)  # the budget folded some, and it was counted
+
+
 def test_a_folded_message_whose_words_the_digest_holds_already_is_dropped(converse):
     conversation = converse(budget=420, tagging="rules")
     first, again = "The water and the heating are off.", "The heating and the water are off."
