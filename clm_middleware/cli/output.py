@@ -137,6 +137,7 @@ def summary_table(report: ReplayReport) -> Table:
             ("tagging modes", ", ".join(f"{m} {n}" for m, n in totals["tagging_modes"].items())),
             ("compactions", ", ".join(f"{m} {n}" for m, n in totals["compactions"].items()) or "none"),
             ("compactions per 10 turns", f"{totals['compactions_per_10_turns']:.1f}"),
+            ("digest share of prompts", f"{totals['digest_share']:.1%}"),
             ("max context tokens", totals["max_context_tokens"]),
         ]
     for name, value in rows:

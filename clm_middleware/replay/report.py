@@ -192,7 +192,14 @@ def lifecycle_totals(turns: list[TurnRecord]) -> dict[str, Any]:
         "compactions": _count(e["compaction"] for e in managed if e["compaction"]),
         # how often the context changed (each change re-prefills from its first changed token)
         "compactions_per_10_turns": 10 * sum(1 for e in managed if e["compaction"]) / len(managed) if managed else 0.0,
+        # of the prompt tokens over the turns, the digest's (the rest: system block, verbatim messages)
+        "digest_share": _digest_share(turns),
     }
+
+
+def _digest_share(turns: list[TurnRecord]) -> float:
+    prompt = sum(t.prompt_tokens for t in turns)
+    return sum(t.extra.get("digest_tokens", 0) for t in turns) / prompt if prompt else 0.0
 
 
 def _count(values: Any) -> dict[str, int]:

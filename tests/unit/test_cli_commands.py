@@ -148,6 +148,29 @@ def test_replay_clm_mode_writes_lifecycle_fields_plot_and_retention(tmp_path):
     assert "facts retained" in result.output
 
 
+def test_a_clm_replay_reports_the_digest_share_of_its_prompts(tmp_path):
+    """``digest_share``: the digest's tokens over the prompt tokens of the turns; printed
+    in the totals table too."""
+    messages = [{"role": "system", "content": "You are terse."}]
+    for index in range(12):
+        messages += [
+            {"role": "user", "content": f"Order {index}00-ZX goes to gate {index} at {index % 12 + 1}:15 pm, please."},
+            {"role": "assistant", "content": f"Noted order {index}00-ZX."},
+        ]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in messages))
+    report = tmp_path / "r.json"
+    args = ("replay", str(path), "--model", "tiny", "--mode", "clm", "--tagging", "signals", "--budget", "600")
+    result = run(*args, "--teacher-force", "--report", str(report))
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    turns = data["turns"]
+    digest = sum(t["digest_tokens"] for t in turns)
+    assert digest > 0 and turns[0]["digest_tokens"] == 0  # folded under the budget, not before
+    assert data["totals"]["digest_share"] == digest / sum(t["prompt_tokens"] for t in turns)
+    assert "digest share of prompts" in result.output
+
+
 def test_bench_writes_markdown_and_plot_with_clm(tmp_path):
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
