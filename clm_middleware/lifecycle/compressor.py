@@ -210,7 +210,8 @@ class Compressor:
             if plain:
                 return CompressionResult(False, "none", original_tokens=current, error="no distinctive token")
             scores = [0.0] * len(original_words)
-        shown = {_bare(w.group()) for w in _WORD.finditer(segment.visible_text)}
+        visible = _WORD.findall(segment.visible_text)
+        shown = {_bare(word) for word in visible}
         content = [
             (score, bare)
             for word, score in zip(original_words, scores, strict=True)
@@ -219,7 +220,7 @@ class Compressor:
         required |= {bare for score, bare in content if score >= RARE_WORD_NATS}
         if plain:  # its most informative words: what it asked about, as the model read it
             required |= {bare for _, bare in sorted(content, key=lambda pair: -pair[0])[:REQUEST_WORDS]}
-        words = [w.group() for w in _WORD.finditer(segment.visible_text) if _bare(w.group()) in required]
+        words = [word for word in visible if _bare(word) in required]
         tightened = " ".join(words)
         ids = self._encode(tightened)
         if not words or len(ids) >= current:

@@ -527,12 +527,12 @@ def test_a_turns_digest_tokens_are_the_digest_messages_tokens_in_its_prompt(conv
     chat = conversation.renderer.format
     title = chat.encode(DIGEST_TITLE)
     header, footer = list(chat.glue["system"].header_ids), list(chat.glue["system"].footer_ids)
+    opening = header + list(title)
     seen = []
     for user, reply in _exchanges(30):
         conversation.add("user", user)
         stats = conversation.respond(reply).stats
         prompt = list(conversation.context_ids)  # this turn's prompt (compacted first if it was), then its reply
-        opening = header + list(title)
         starts = [i for i in range(len(prompt)) if prompt[i : i + len(opening)] == opening]
         if not starts:
             assert stats.digest_tokens == 0
