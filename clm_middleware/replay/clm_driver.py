@@ -57,7 +57,9 @@ class ClmDriver:
             pool_blocks_in_use=stats.pool_blocks_in_use,
             kv_bytes=pool.kv_bytes,
             live_kv_bytes=(stats.conversation_blocks + stats.reclaimer_blocks) * pool.block_bytes,
-            working_kv_bytes=self.conversation.engine.working_kv_bytes(stats.prompt_tokens + stats.generated_tokens),
+            working_kv_bytes=self.conversation.engine.working_kv_bytes(
+                stats.prompt_tokens + stats.generated_tokens + stats.forced_tokens
+            ),
             extra=lifecycle_fields(stats),
         )
 

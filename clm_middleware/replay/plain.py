@@ -168,6 +168,7 @@ def plain_turn_record(
     the replies before this one, for ``reply_flags``)."""
     stats, pool = generation.stats, engine.pool.stats()
     forced = generation.request.forced is not None
+    positions = stats.prompt_tokens + stats.generated_tokens + stats.forced_tokens  # the last one is never fed
     # a marker in the reply is an artifact unless the prompt itself holds one (quoted)
     machinery = has_artifact(reply) and shows_machinery(False, [engine.tokenizer.decode(generation.request.prompt)])
     return TurnRecord(
@@ -190,11 +191,10 @@ def plain_turn_record(
         reply_flags=[] if forced else reply_flags(reply, reply, earlier_replies, machinery=machinery),
         pool_blocks_in_use=pool.blocks_in_use,
         kv_bytes=pool.kv_bytes if pooled else 0,
-        working_kv_bytes=engine.working_kv_bytes(stats.prompt_tokens + stats.generated_tokens),
-        # the stored chain of this prompt and reply: what the next turn's hit depends on
-        live_kv_bytes=(stats.prompt_tokens + stats.generated_tokens - 1) // engine.block_size * pool.block_bytes
-        if pooled
-        else 0,
+        working_kv_bytes=engine.working_kv_bytes(positions),
+        # the stored chain of this prompt and reply, its partial tail block included: what
+        # the next turn's hit depends on
+        live_kv_bytes=-(-(positions - 1) // engine.block_size) * pool.block_bytes if pooled else 0,
     )
 
 

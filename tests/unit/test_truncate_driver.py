@@ -36,3 +36,17 @@ def test_a_system_message_that_leaves_no_room_is_a_budget_error_not_a_prompt_ove
     truncation.add(Message("user", "hello"))
     with pytest.raises(ContextBudgetError, match="budget is 64"):
         truncation.window()
+
+
+def test_a_prefix_turns_live_kv_is_the_chain_the_next_turn_reuses_tail_block_included(engine):
+    from clm_middleware.engine.reuse import match_prefix
+    from clm_middleware.replay.runner import PlainChatDriver, ReplayOptions
+
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    driver = PlainChatDriver(engine, chat, ReplayOptions(mode="prefix", teacher_force=True), "c")
+    for turn in range(4):
+        driver.add(Message(role="user", content=f"Question {turn}: which room is the code K{turn * 7} for?"))
+        record = driver.respond(Message(role="assistant", content=f"Room {turn + 3}, for K{turn * 7}."))
+        hit = match_prefix(engine.pool, None, [*driver.history, *chat.generation_prompt_ids], engine.extra_key())
+        assert record.live_kv_bytes == len(hit.blocks) * engine.pool.block_bytes
+        hit.release(engine.pool)
