@@ -119,9 +119,11 @@ class AttentionProbe:
             sin = torch.cat([p[1] for _, p in chunks], dim=1)[:, -window:]
             queries = _queries(self.modules[layer], hidden, cos, sin)  # [1, heads, window, dim]
             keys = layer_keys(layer)[:, :num_tokens].unsqueeze(0).to(queries.dtype)  # [1, kv_heads, n, dim]
-            groups = queries.shape[1] // keys.shape[1]
-            keys = keys.repeat_interleave(groups, dim=1)
-            scores = torch.matmul(queries, keys.transpose(-1, -2)).float() * _scaling(self.modules[layer], queries)
+            batch, heads, _, dim = queries.shape
+            # query heads h·g .. h·g + g − 1 read K/V head h: grouped, no repeated copy of the keys
+            grouped = queries.reshape(batch, keys.shape[1], -1, dim)  # [1, kv_heads, groups · window, dim]
+            scores = torch.matmul(grouped, keys.transpose(-1, -2)).view(batch, heads, window, num_tokens)
+            scores = scores.float() * _scaling(self.modules[layer], queries)
             positions = torch.arange(num_tokens, device=scores.device)
             query_positions = torch.arange(num_tokens - window, num_tokens, device=scores.device)
             causal = positions[None, :] > query_positions[:, None]
