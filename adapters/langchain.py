@@ -144,8 +144,8 @@ class ChatCLM(BaseChatModel):
     the pool; None (default) keeps reuse exact."""
     paged_kv: bool = False
     """Attend over the pool's KV blocks in place instead of a working copy of the
-    context: the context is held once, for a gather of one layer per layer per forward
-    (exact; not with ``approximate_reuse``)."""
+    context: the context is held once, read from the pool 512 positions of one layer at
+    a time (exact; not with ``approximate_reuse``)."""
     quantization: Literal["int4", "int4-bf16"] | None = None
     """``"int4"``: 4-bit linear layers and an 8-bit LM head for CPU decode speed;
     ``"int4-bf16"`` also keeps them in bf16 for prefill chunks (faster prefill, ~210 MB

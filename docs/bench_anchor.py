@@ -10,12 +10,13 @@ turns, which is its prompt cache: the longest common prefix stays, the rest is c
 The order of the two sides swaps every turn (the machine is shared and noisy).
 
 Per transcript: prefill tokens (prompt tokens computed, the forced replies not counted:
-they are the same on both sides), TTFT sum, peak KV (ours: the stored chain plus the
-working arena, or with ``--paged-kv`` its one-layer scratch, as ``clm replay`` reports
-it; llama.cpp: the cells in use × K+V bytes per cell at its default f16) and one copy
-of the final context at our KV dtype. Then decode (64 greedy tokens at ~1k tokens of
-context, EOS not honoured; with ``--paged-kv`` through the pool, as a conversation's
-request runs, else outside it) and a 1,024-token prefill from scratch, 3 rounds alternating,
+they are the same on both sides), TTFT sum, peak KV (ours: the stored chain, its partial
+last block included, plus the working arena, or with ``--paged-kv`` the one tile of one
+layer its attention reads at a time, as ``clm replay`` reports it; llama.cpp: the cells
+in use × K+V bytes per cell at its default f16) and one copy of the final context at our
+KV dtype. Then decode (64 greedy tokens at ~1k tokens of context, EOS not honoured; with
+``--paged-kv`` through the pool, as a conversation's request runs, else outside it) and
+a 1,024-token prefill from scratch, 3 rounds alternating,
 medians; peak RSS of each process after the replays. ``--quantization int4`` runs ours
 with 4-bit weights (``models/quantization.py``) throughout and adds the fp32 weights'
 decode and prefill rates to the speed rounds (loaded after the RSS is read);

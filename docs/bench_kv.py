@@ -88,17 +88,19 @@ def kv_dtype(args: argparse.Namespace) -> None:
 
 def paged(args: argparse.Namespace) -> None:
     """The same teacher-forced ``prefix`` replay with a working arena and with ``paged_kv``
-    (fp32, and fp16 storage), then decode tok/s at ~1k context served from the pool."""
+    (fp32, and fp16 storage; the past read in place a tile at a time, and gathered into a
+    one-layer scratch as any other attention gets it), then decode tok/s at ~1k context
+    served from the pool."""
     from clm_middleware.cache import PoolConfig
 
     arena = build_engine()
-    engines = {
-        "arena (default)": arena,
-        "paged_kv": Engine(arena.model, arena.tokenizer, paged_kv=True),
-        "paged_kv, fp16 pool": Engine(
-            arena.model, arena.tokenizer, pool_config=PoolConfig(kv_dtype="fp16"), paged_kv=True
-        ),
-    }
+    engines = {"arena (default)": arena}
+    for storage, config in (("", None), (", fp16 pool", PoolConfig(kv_dtype="fp16"))):
+        for read in ("", "gathered"):
+            engine = Engine(arena.model, arena.tokenizer, pool_config=config, paged_kv=True)
+            if read:
+                engine.attends_in_place = False  # the scratch path, as another attention implementation gets
+            engines[f"paged_kv{storage}{', ' + read if read else ''}"] = engine
     reports = teacher_forced(engines, args.transcript)
     names = {report.mode: name for name, report in reports.items()}
     baseline = reports["arena (default)"].turns

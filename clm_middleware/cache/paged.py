@@ -2,17 +2,27 @@
 
 The working arena (cache/arena.py) holds a copy of the request's whole chain next to
 the pool's blocks, so the active context lives twice. A paged cache instead writes
-each new token's K/V straight into the pool blocks the request reserved, and hands
-the model one layer's K/V at a time, gathered from the block table into a scratch
-buffer the size of one layer::
+each new token's K/V straight into the pool blocks the request reserved. How the
+model then reads the past depends on its attention:
 
-    block table   [ hit 0 | hit 1 | reserved 0 | reserved 1 | ... ]   pool block ids
-    layer l       pool[l][:, table] ──index_select──▶ scratch ──▶ attention of layer l
+- **In place** (``attend_in_place``: the engine's own attention, engine/attention.py,
+  on CPU): ``update`` hands the attention only the forward's fresh K/V, and the
+  attention reads the past from the pool a tile at a time (``past_tiles``:
+  ``PAST_TILE_TOKENS`` positions, gathered from the block table and widened to the
+  model's dtype), merging the tiles' softmaxes by their log-sum-exp. The memory beside
+  the pool is one tile of one layer, whatever the context's length::
 
-Layers run one after another, so one scratch serves them all: the extra memory is one
-layer's context (1 / num_layers of a copy), and the price is a gather of the context
-per layer per forward (a decode step included, except with ``compile_decode``,
-whose compiled step reads the blocks in place: engine/compiled_decode.py), measured in
+      block table   [ hit 0 | hit 1 | reserved 0 | ... ]    pool block ids
+      layer l       pool[l][:, table[0:32]] ──▶ tile ──▶ partial attention ─┐
+                    pool[l][:, table[32:64]] ─▶ tile ──▶ partial attention ─┼─▶ merged (log-sum-exp)
+                    fresh K/V of this forward ─────────▶ causal attention ──┘
+
+- **Gathered** (any other attention): ``update`` gathers the layer's whole context
+  into a scratch buffer the size of one layer and hands it over, as transformers'
+  caches do: 1 / num_layers of a copy beside the pool.
+
+Either way a decode step with ``compile_decode`` reads the blocks in place through its
+own compiled step (engine/compiled_decode.py). The costs are measured in
 docs/benchmarks.md.
 
 Invariants:
@@ -25,18 +35,23 @@ Invariants:
 - A forward's own new positions attend with the K/V it just computed, at the model's
   dtype, even where the pool stores a narrower ``kv_dtype``; earlier positions come
   from the pool (rounded to ``kv_dtype`` where it is narrower: approximate, as a hit is).
+- In place, every layer's ``update`` is followed by its attention's ``take_past``
+  before the forward ends (``check_past_read`` raises otherwise): an attention that
+  never read the past would have attended to the fresh positions alone.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from clm_middleware.cache.arena import ArenaCache
 from clm_middleware.cache.block_pool import BlockPool
+
+PAST_TILE_TOKENS = 512  # positions an in-place attention reads from the pool at a time
 
 
 class PagedLayer(DynamicLayer):
@@ -48,7 +63,10 @@ class PagedLayer(DynamicLayer):
         self._layer = layer
         self.is_initialized = True
         self.device = cache.device
-        self.keys = self.values = cache.scratch_keys[:, :0].unsqueeze(0)
+        layout = cache.pool.layout
+        self.keys = self.values = torch.empty(
+            (1, layout.num_kv_heads, 0, layout.head_dim), dtype=layout.dtype, device=cache.device
+        )
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Nothing to do: the storage is the pool's."""
@@ -61,6 +79,9 @@ class PagedLayer(DynamicLayer):
             raise RuntimeError(f"paged cache overflow: {end} tokens > capacity {cache.capacity_tokens}")
         cache.write(layer, start, key_states[0], value_states[0])
         cache.layer_lengths[layer] = end
+        if cache.attend_in_place:
+            cache.expect_past_read(layer, start)
+            return key_states, value_states
         self.keys, self.values = cache.gather(layer, end, start, key_states[0], value_states[0])
         return self.keys, self.values
 
@@ -76,9 +97,21 @@ class PagedLayer(DynamicLayer):
 
 class PagedCache(Cache):
     """The K/V of positions ``0..capacity_tokens`` in the pool blocks of ``block_ids``
-    (position order); the first ``num_tokens`` hold K/V when it is built."""
+    (position order); the first ``num_tokens`` hold K/V when it is built.
 
-    def __init__(self, pool: BlockPool, block_ids: list[int], *, num_tokens: int, writable_from: int) -> None:
+    ``attend_in_place``: the model's attention reads the past through ``take_past`` and
+    ``past_tiles`` (engine/attention.py) and no scratch is allocated; else ``update``
+    gathers each layer's context into a one-layer scratch."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_ids: list[int],
+        *,
+        num_tokens: int,
+        writable_from: int,
+        attend_in_place: bool = False,
+    ) -> None:
         layout = pool.layout
         self.pool = pool
         self.block_size = pool.block_size
@@ -88,10 +121,18 @@ class PagedCache(Cache):
         self.writable_from = writable_from
         self.device = layout.device
         self._table = torch.tensor(self.block_ids, dtype=torch.long, device=self.device)
-        scratch = (layout.num_kv_heads, self.capacity_blocks, self.block_size, layout.head_dim)
+        # _run_ends[i]: the end of the run of consecutive block ids that starts at table index i
+        self._run_ends = list(range(1, self.capacity_blocks + 1))
+        for index in range(self.capacity_blocks - 2, -1, -1):
+            if self.block_ids[index + 1] == self.block_ids[index] + 1:
+                self._run_ends[index] = self._run_ends[index + 1]
+        self.attend_in_place = attend_in_place
+        self._unread_past: dict[int, int] = {}  # layer -> past length its attention has yet to take
+        scratch_blocks = 0 if attend_in_place else self.capacity_blocks
+        scratch = (layout.num_kv_heads, scratch_blocks, self.block_size, layout.head_dim)
         self._scratch_keys = torch.empty(scratch, dtype=layout.dtype, device=self.device)
         self._scratch_values = torch.empty(scratch, dtype=layout.dtype, device=self.device)
-        flat = (layout.num_kv_heads, self.capacity_tokens, layout.head_dim)
+        flat = (layout.num_kv_heads, scratch_blocks * self.block_size, layout.head_dim)
         self.scratch_keys = self._scratch_keys.view(flat)
         self.scratch_values = self._scratch_values.view(flat)
         self.layer_lengths = [num_tokens] * layout.num_layers
@@ -103,8 +144,56 @@ class PagedCache(Cache):
 
     @property
     def scratch_bytes(self) -> int:
-        """The working memory beside the pool: one layer's K and V at the model's dtype."""
+        """The gathered path's working memory beside the pool: one layer's K and V at the
+        model's dtype (0 in place, where a read holds one ``past_tiles`` tile at a time)."""
         return 2 * self._scratch_keys.numel() * self._scratch_keys.element_size()
+
+    def expect_past_read(self, layer: int, past_tokens: int) -> None:
+        """Record that layer ``layer``'s attention must read positions ``0..past_tokens`` from the pool."""
+        self._unread_past[layer] = past_tokens
+
+    def take_past(self, layer: int) -> int:
+        """The number of leading positions layer ``layer``'s attention reads from the pool
+        (``past_tiles``) beside the fresh K/V ``update`` handed it; marks them read."""
+        return self._unread_past.pop(layer, 0)
+
+    def check_past_read(self) -> None:
+        """Raise if a layer's attention never took its past since its last ``update``."""
+        if self._unread_past:
+            layers = sorted(self._unread_past)
+            self._unread_past.clear()
+            raise RuntimeError(
+                f"the attention of layers {layers} never read the paged cache's past: an attend-in-place "
+                "cache needs the engine's attention (engine/attention.py), which the model no longer uses"
+            )
+
+    def past_tiles(self, layer: int, length: int, dtype: torch.dtype) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Layer ``layer``'s K/V of positions ``0..length`` from the pool, as consecutive
+        ``[1, kv_heads, tokens, head_dim]`` tiles at ``dtype``, in position order. A run of
+        consecutive blocks at least a tile long, stored at ``dtype``, is one tile, a view of
+        the pool (no memory, any length); anything else is a copy of at most
+        ``PAST_TILE_TOKENS`` positions (one alive at a time if the caller lets each go), so a
+        scattered table still costs one attention call per tile. Read-only: a view is the
+        pool's memory."""
+        pool_keys, pool_values = self.pool.layer_storage(layer)
+        same_dtype = pool_keys.dtype == dtype
+        step = max(1, PAST_TILE_TOKENS // self.block_size)
+        blocks = -(-length // self.block_size)
+        first = 0
+        while first < blocks:
+            run_end = min(blocks, self._run_ends[first])  # blocks first..run_end are consecutive ids
+            if same_dtype and run_end - first >= min(step, blocks - first):  # a tile's worth (or the rest)
+                end, start_id = run_end, self.block_ids[first]
+                keys = pool_keys[:, start_id : start_id + end - first]
+                values = pool_values[:, start_id : start_id + end - first]
+            else:  # gathered contiguous first: widening a strided view is many times slower
+                end = min(blocks, first + step)
+                index = self._table[first:end]
+                keys = pool_keys.index_select(1, index).to(dtype)
+                values = pool_values.index_select(1, index).to(dtype)
+            tokens = min(length, end * self.block_size) - first * self.block_size
+            yield keys.flatten(1, 2)[:, :tokens].unsqueeze(0), values.flatten(1, 2)[:, :tokens].unsqueeze(0)
+            first = end
 
     @property
     def table(self) -> torch.Tensor:

@@ -86,8 +86,8 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 is_flag=True,
                 default=False,
                 help="Attend over the pool's KV blocks in place instead of a working copy of the "
-                "context: the context is held once, for a gather of one layer per layer per "
-                "forward (exact; not with --approximate-reuse) [default: off].",
+                "context: the context is held once, read from the pool 512 positions of one layer "
+                "at a time (exact; not with --approximate-reuse) [default: off].",
             ),
             click.option(
                 "--quantization",

@@ -37,8 +37,9 @@ from clm_middleware.cache.block_pool import BlockPool
 from clm_middleware.cache.disk import DEFAULT_MIN_FREE_DISK_MB, DiskStats, DiskTier
 from clm_middleware.cache.hashing import extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
+from clm_middleware.cache.paged import PAST_TILE_TOKENS, PagedCache
 from clm_middleware.engine import scoring
-from clm_middleware.engine.attention import use_gqa_attention
+from clm_middleware.engine.attention import PAGED_CACHE_KWARG, use_gqa_attention
 from clm_middleware.engine.blend import BlendConfig
 from clm_middleware.engine.compiled_decode import CompiledDecoder, PoolGeometry
 from clm_middleware.engine.execution import RequestRunner
@@ -80,7 +81,7 @@ class Engine:
             )
         self.model = model.eval()
         # attend over the pool's blocks in place (cache/paged.py): the context is held once,
-        # for a gather of one layer per layer per forward; False: a working arena copy
+        # read a tile of one layer at a time (attends_in_place); False: a working arena copy
         self.paged_kv = paged_kv
         # opt-in approximate reuse after a compaction (engine/blend.py); None: token-exact only
         self.blend = blend
@@ -100,6 +101,10 @@ class Engine:
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         self.vocab_size = int(model.config.vocab_size)
         self.device = self.layout.device
+        # paged_kv with the engine's own attention on CPU reads the pool's blocks a tile at a
+        # time (cache/paged.py); else each layer's context is gathered into a one-layer scratch
+        # (another attention implementation, or a device without PyTorch's CPU flash kernel)
+        self.attends_in_place = paged_kv and self.gqa_attention and self.device.type == "cpu"
         self.default_stop_ids = _eos_ids(model, tokenizer)
         self.probe_layers = default_probe_layers(self.layout.num_layers)
         # Share of a forward's FLOPs spent in the LM head, per position: lets the engine
@@ -192,8 +197,11 @@ class Engine:
 
     def working_kv_bytes(self, num_tokens: int) -> int:
         """K/V bytes a request over ``num_tokens`` positions holds beside the pool: a whole
-        copy in a working arena; one layer's scratch with ``paged_kv``."""
+        copy in a working arena; with ``paged_kv`` one layer's scratch, or in place one
+        tile of one layer (``PAST_TILE_TOKENS`` positions at most), at the model's dtype."""
         copy = num_tokens * self.layout.bytes_per_token
+        if self.attends_in_place:
+            return min(num_tokens, PAST_TILE_TOKENS) * self.layout.bytes_per_token // self.layout.num_layers
         return copy // self.layout.num_layers if self.paged_kv else copy
 
     def extra_key(self, cache_salt: str | None = None) -> bytes:
@@ -330,8 +338,12 @@ class Engine:
             to_keep: int | torch.Tensor = torch.tensor(list(keep), dtype=torch.long, device=self.device)
         else:
             to_keep = 0 if all_logits else 1
+        in_place = isinstance(cache, PagedCache) and cache.attend_in_place
+        extra = {PAGED_CACHE_KWARG: cache} if in_place else {}
         with torch.no_grad():
-            output = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=to_keep)
+            output = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=to_keep, **extra)
+        if in_place:
+            cache.check_past_read()
         return output.logits[0]
 
     def decode(self, token: int, cache: Any) -> torch.Tensor:

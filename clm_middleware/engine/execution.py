@@ -112,7 +112,7 @@ class RequestRunner:
                     hit.release(pool)
                     raise
                 if paged:
-                    arena = _paged_cache(pool, hit, reserved)
+                    arena = _paged_cache(pool, hit, reserved, in_place=engine.attends_in_place)
                 else:
                     # the pool's exact blocks replace what the arena holds approximately
                     exact_reusable = reusable if arena.exact_tokens is None else min(reusable, arena.exact_tokens)
@@ -218,14 +218,18 @@ def _hit_stop_string(engine: Engine, token_ids: list[int], stop: tuple[str, ...]
     return any(marker in text for marker in stop)
 
 
-def _paged_cache(pool: BlockPool, hit: PrefixHit, reserved: list[int]) -> PagedCache:
+def _paged_cache(pool: BlockPool, hit: PrefixHit, reserved: list[int], *, in_place: bool) -> PagedCache:
     """The request's cache over its hit chain and reserved blocks, in position order. A
     tail hit is copied into the first reserved block (cached blocks are never written:
     copy-on-extend), which the request then extends in place."""
     if hit.tail is not None:
         pool.copy_block(hit.tail, reserved[0])
     return PagedCache(
-        pool, [*hit.chain, *reserved], num_tokens=hit.start, writable_from=len(hit.chain) * pool.block_size
+        pool,
+        [*hit.chain, *reserved],
+        num_tokens=hit.start,
+        writable_from=len(hit.chain) * pool.block_size,
+        attend_in_place=in_place,
     )
 
 

@@ -123,7 +123,7 @@ def test_with_paged_kv_the_step_reads_the_pool_blocks_as_the_paged_forward_does(
         assert max(float((a - b).abs().max()) for a, b in zip(got.logits, expected.logits, strict=True)) <= 1e-4
         assert got.stats.cached_tokens == expected.stats.cached_tokens
     compiled.pool.check_invariants()
-    assert compiled.working_kv_bytes(100) == plain.working_kv_bytes(100)  # one layer's scratch, no more
+    assert compiled.working_kv_bytes(100) == plain.working_kv_bytes(100)  # one tile of one layer, no more
 
 
 def test_a_serving_engine_refuses_local_engine_settings():

@@ -9,9 +9,14 @@ import pytest
 import torch
 
 from clm_middleware.cache import PoolConfig
+from clm_middleware.cache import paged as paged_module
+from clm_middleware.cache.block_pool import BlockPool
+from clm_middleware.cache.layout import KVLayout
+from clm_middleware.cache.paged import PAST_TILE_TOKENS, PagedCache
 from clm_middleware.cli.setup import build_engine, sibling_engine
 from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
+from clm_middleware.engine import attention as attention_module
 from clm_middleware.engine.blend import BlendConfig
 from clm_middleware.engine.reuse import match_prefix
 from clm_middleware.errors import ConfigError
@@ -27,11 +32,142 @@ def paged(tiny_model, tiny_tok, **config) -> Engine:
     return Engine(tiny_model, tiny_tok, pool_config=PoolConfig(max_blocks=128, **config), paged_kv=True)
 
 
-def test_a_paged_request_holds_one_layer_beside_the_pool(tiny_model, tiny_tok):
+def test_a_paged_request_holds_one_tile_of_one_layer_beside_the_pool(tiny_model, tiny_tok):
     engine = paged(tiny_model, tiny_tok)
     arena = Engine(tiny_model, tiny_tok)
-    layers = engine.layout.num_layers
-    assert engine.working_kv_bytes(160) * layers == arena.working_kv_bytes(160) == 160 * engine.layout.bytes_per_token
+    layer_bytes = engine.layout.bytes_per_token // engine.layout.num_layers  # per position, model dtype
+    assert engine.attends_in_place
+    assert arena.working_kv_bytes(3000) == 3000 * engine.layout.bytes_per_token
+    assert engine.working_kv_bytes(160) == 160 * layer_bytes
+    assert engine.working_kv_bytes(3000) == PAST_TILE_TOKENS * layer_bytes  # bounded, whatever the context
+
+
+def test_without_the_engines_attention_a_paged_request_gathers_one_layer(tiny_model, tiny_tok):
+    engine = Engine(tiny_model, tiny_tok, pool_config=PoolConfig(max_blocks=128), paged_kv=True, gqa_attention=False)
+    assert not engine.attends_in_place
+    assert engine.working_kv_bytes(3000) * engine.layout.num_layers == 3000 * engine.layout.bytes_per_token
+    cached, tail = prompt_of(70), prompt_of(9, offset=4)
+    engine.generate(cached, max_new_tokens=0).result()
+    generation = engine.generate(cached + tail, max_new_tokens=1, return_logits=True).result()
+    with torch.no_grad():
+        reference = tiny_model(torch.tensor([cached + tail])).logits[0, -1]
+    assert (generation.logits[0] - reference).abs().max() <= EXACT
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "fp16"])
+def test_past_tiles_are_the_positions_kv_in_order_over_scattered_and_consecutive_blocks(
+    tiny_model, tiny_tok, monkeypatch, kv_dtype
+):
+    """Stored at the model's dtype, a run of consecutive blocks a tile long is one view of
+    the pool, however long, and shorter runs are copied together; narrower storage is
+    widened in copies of at most a tile (three blocks here)."""
+    monkeypatch.setattr(paged_module, "PAST_TILE_TOKENS", 48)  # three blocks a copy
+    config = {"kv_dtype": kv_dtype} if kv_dtype else {}
+    pool = BlockPool(KVLayout.from_model(tiny_model), PoolConfig(max_blocks=16, **config))
+    table = [0, 1, 2, 3, 9, 10, 4, 12]  # fp32: view [0-3], copy [9 10 4], view [12]; fp16: copies
+    blocks = pool.allocate(13)
+    generator = torch.Generator().manual_seed(0)
+    layers, heads, dim = pool.layout.num_layers, pool.layout.num_kv_heads, pool.layout.head_dim
+    for block in blocks:
+        pool.write_block(block, *(torch.randn(layers, heads, 16, dim, generator=generator) for _ in range(2)))
+    cache = PagedCache(pool, table, num_tokens=120, writable_from=128, attend_in_place=True)
+    for layer in range(layers):
+        tiles = list(cache.past_tiles(layer, 117, torch.float32))
+        pool_keys, pool_values = pool.layer_storage(layer)
+        if kv_dtype is None:
+            assert [k.shape[2] for k, _ in tiles] == [64, 48, 5]
+            views = [k.untyped_storage().data_ptr() == pool_keys.untyped_storage().data_ptr() for k, _ in tiles]
+            assert views == [True, False, True]
+        else:
+            assert [k.shape[2] for k, _ in tiles] == [48, 48, 21]
+        keys = torch.cat([k for k, _ in tiles], dim=2)[0]
+        values = torch.cat([v for _, v in tiles], dim=2)[0]
+        assert torch.equal(keys, pool_keys[:, table].flatten(1, 2)[:, :117].float())
+        assert torch.equal(values, pool_values[:, table].flatten(1, 2)[:, :117].float())
+        assert torch.equal(keys, cache.layer_keys(layer)[:, :117])
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "fp16"])
+def test_in_place_attention_over_many_tiles_gives_the_gathered_logits_and_tokens(
+    tiny_model, tiny_tok, monkeypatch, kv_dtype
+):
+    """One block per copy: in an fp16 pool a 70-token hit is read as five tiles, merged
+    three parts at a time (in an fp32 pool, as views of its runs of consecutive blocks),
+    in the prefill after the hit and in every decode step; the gathered path is the
+    reference."""
+    monkeypatch.setattr(paged_module, "PAST_TILE_TOKENS", 16)
+    monkeypatch.setattr(attention_module, "MERGE_PARTS", 3)
+    config = {"kv_dtype": kv_dtype} if kv_dtype else {}
+    runs = []
+    for gqa_attention in (True, False):
+        engine = Engine(
+            tiny_model,
+            tiny_tok,
+            pool_config=PoolConfig(max_blocks=128, **config),
+            paged_kv=True,
+            gqa_attention=gqa_attention,
+        )
+        assert engine.attends_in_place == gqa_attention
+        cached, tail = prompt_of(70), prompt_of(9, offset=4)
+        engine.generate(cached, max_new_tokens=0).result()
+        generation = engine.generate(cached + tail, max_new_tokens=6, return_logits=True).result()
+        assert generation.stats.cached_tokens == 70
+        runs.append(generation)
+        engine.pool.check_invariants()
+    in_place, gathered = runs
+    assert in_place.token_ids == gathered.token_ids
+    assert max(float((a - b).abs().max()) for a, b in zip(in_place.logits, gathered.logits, strict=True)) <= EXACT
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "mistral", "qwen3"])
+def test_other_llama_family_models_attend_in_place_as_their_forward(architecture, tiny_tok, monkeypatch):
+    """The cache reaches the attention through the forward's kwargs in every family."""
+    import transformers
+
+    monkeypatch.setattr(paged_module, "PAST_TILE_TOKENS", 16)
+    config_class, model_class = {
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }[architecture]
+    torch.manual_seed(0)
+    config = config_class(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window=None,
+    )
+    model = model_class(config).eval()
+    engine = Engine(model, tiny_tok, pool_config=PoolConfig(max_blocks=64), paged_kv=True)
+    assert engine.attends_in_place
+    cached, tail = prompt_of(40, offset=7), prompt_of(5, offset=1)
+    engine.generate(cached, max_new_tokens=0).result()
+    generation = engine.generate(cached + tail, max_new_tokens=4, return_logits=True).result()
+    assert generation.stats.cached_tokens == 40
+    with torch.no_grad():
+        context = cached + tail + generation.token_ids[:-1]
+        reference = model(torch.tensor([context])).logits[0, len(cached) + len(tail) - 1 :]
+    assert max(float((a - b).abs().max()) for a, b in zip(generation.logits, reference, strict=True)) <= EXACT
+
+
+def test_an_attention_that_never_reads_the_paged_past_fails_the_call(tiny_tok):
+    """A model switched to another attention after the engine was built would attend to
+    the fresh positions alone (one new position: no mask to trip over), so the call
+    fails instead of answering from them."""
+    from clm_middleware.models.tiny import tiny_llama
+
+    model = tiny_llama(seed=3)
+    engine = Engine(model, tiny_tok, pool_config=PoolConfig(max_blocks=64), paged_kv=True)
+    cached = prompt_of(40)
+    engine.generate(cached, max_new_tokens=0).result()
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(RuntimeError, match="never read the paged cache's past"):
+        engine.generate([*cached, 5], max_new_tokens=1).result()
+    engine.pool.check_invariants()
 
 
 def test_extending_a_cached_tail_copies_it_and_never_writes_the_cached_block(tiny_model, tiny_tok):
