@@ -48,6 +48,34 @@ def engine(make_engine) -> Engine:
     return make_engine()
 
 
+@pytest.fixture(scope="session")
+def tiny_family_model():
+    """A tiny random model of another Llama-family architecture ("qwen2": q/k/v biases,
+    "mistral", "qwen3": per-head q/k norms), full attention, 2 layers, 4 heads over 2 K/V heads."""
+    import transformers
+
+    def make(architecture: str) -> torch.nn.Module:
+        config_class, model_class = {
+            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+            "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        }[architecture]
+        torch.manual_seed(0)
+        config = config_class(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            sliding_window=None,
+        )
+        return model_class(config).eval()
+
+    return make
+
+
 @pytest.fixture(params=[False, True], ids=["arena", "paged"])
 def make_either_engine(request, tiny_model, tiny_tok):
     """Like ``make_engine``, once with a working arena and once with ``paged_kv``: for

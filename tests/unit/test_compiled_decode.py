@@ -153,27 +153,9 @@ def test_the_step_serves_only_a_working_arena(compiled_engine):
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "mistral", "qwen3"])
-def test_other_llama_family_models_decode_as_their_forward(architecture, tiny_tok, tmp_path):
+def test_other_llama_family_models_decode_as_their_forward(architecture, tiny_tok, tiny_family_model, tmp_path):
     """q/k/v biases (Qwen2), per-head q/k norms (Qwen3): the layers' own modules, in the step."""
-    import transformers
-
-    config_class, model_class = {
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-    }[architecture]
-    torch.manual_seed(0)
-    config = config_class(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        sliding_window=None,
-    )
-    model = model_class(config).eval()
+    model = tiny_family_model(architecture)
     engine = Engine(model, tiny_tok, compile_decode=True, compile_cache_dir=tmp_path)
     prompt = prompt_of(23, offset=7)
     got = engine.generate(prompt, max_new_tokens=8, return_logits=True).result()

@@ -120,28 +120,12 @@ def test_in_place_attention_over_many_tiles_gives_the_gathered_logits_and_tokens
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "mistral", "qwen3"])
-def test_other_llama_family_models_attend_in_place_as_their_forward(architecture, tiny_tok, monkeypatch):
+def test_other_llama_family_models_attend_in_place_as_their_forward(
+    architecture, tiny_tok, tiny_family_model, monkeypatch
+):
     """The cache reaches the attention through the forward's kwargs in every family."""
-    import transformers
-
     monkeypatch.setattr(paged_module, "PAST_TILE_TOKENS", 16)
-    config_class, model_class = {
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-    }[architecture]
-    torch.manual_seed(0)
-    config = config_class(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        sliding_window=None,
-    )
-    model = model_class(config).eval()
+    model = tiny_family_model(architecture)
     engine = Engine(model, tiny_tok, pool_config=PoolConfig(max_blocks=64), paged_kv=True)
     assert engine.attends_in_place
     cached, tail = prompt_of(40, offset=7), prompt_of(5, offset=1)
