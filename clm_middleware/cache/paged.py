@@ -7,10 +7,11 @@ model then reads the past depends on its attention:
 
 - **In place** (``attend_in_place``: the engine's own attention, engine/attention.py,
   on CPU): ``update`` hands the attention only the forward's fresh K/V, and the
-  attention reads the past from the pool a tile at a time (``past_tiles``:
-  ``PAST_TILE_TOKENS`` positions, gathered from the block table and widened to the
-  model's dtype), merging the tiles' softmaxes by their log-sum-exp. The memory beside
-  the pool is one tile of one layer, whatever the context's length::
+  attention reads the past from the pool a tile at a time (``past_tiles``: a run of
+  consecutive blocks stored at the model's dtype as a view, anything else gathered and
+  widened in copies of ``PAST_TILE_TOKENS`` positions), merging the parts' softmaxes by
+  their log-sum-exp. The memory beside the pool is at most one copied tile of one
+  layer, whatever the context's length::
 
       block table   [ hit 0 | hit 1 | reserved 0 | ... ]    pool block ids
       layer l       pool[l][:, table[0:32]] ──▶ tile ──▶ partial attention ─┐
