@@ -195,14 +195,17 @@ class Engine:
         """The model's own repetition and sampling-filter settings (``model.generation_config``), read live."""
         return GenerationDefaults.from_model(self.model)
 
-    def working_kv_bytes(self, num_tokens: int) -> int:
+    def working_kv_bytes(self, num_tokens: int, *, pooled: bool = True) -> int:
         """K/V bytes a request over ``num_tokens`` positions holds beside the pool: a whole
-        copy in a working arena; with ``paged_kv`` one layer's scratch, or in place one
+        copy in a working arena (every request without ``paged_kv``, and an unpooled one,
+        ``use_pool=False``, with it); with ``paged_kv`` one layer's scratch, or in place one
         tile of one layer (``PAST_TILE_TOKENS`` positions at most), at the model's dtype."""
         copy = num_tokens * self.layout.bytes_per_token
+        if not (self.paged_kv and pooled):
+            return copy
         if self.attends_in_place:
             return min(num_tokens, PAST_TILE_TOKENS) * self.layout.bytes_per_token // self.layout.num_layers
-        return copy // self.layout.num_layers if self.paged_kv else copy
+        return copy // self.layout.num_layers
 
     def extra_key(self, cache_salt: str | None = None) -> bytes:
         # blocks stored rounded (PoolConfig.kv_dtype) are other K/V than exact ones: own keys, own disk files

@@ -114,8 +114,9 @@ class ServingEngine(Protocol):
         """Constrained continuation: per piece, the chosen index and the probabilities over ``choices``."""
         ...
 
-    def working_kv_bytes(self, num_tokens: int) -> int:
-        """K/V bytes a request over ``num_tokens`` positions holds beside the pool (0: not counted)."""
+    def working_kv_bytes(self, num_tokens: int, *, pooled: bool = True) -> int:
+        """K/V bytes a request over ``num_tokens`` positions holds beside the pool (0: not
+        counted); ``pooled``: whether the request used the pool (``use_pool``)."""
         ...
 
     def close(self) -> None: ...

@@ -165,7 +165,7 @@ class RemoteEngine:
             "scorer_alignment": None if self.scorer is None else ("characters" if self.scorer.aligned else "tokens"),
         }
 
-    def working_kv_bytes(self, num_tokens: int) -> int:
+    def working_kv_bytes(self, num_tokens: int, *, pooled: bool = True) -> int:
         """The server's KV is not ours to count (reports show 0)."""
         return 0
 

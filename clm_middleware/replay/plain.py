@@ -191,7 +191,7 @@ def plain_turn_record(
         reply_flags=[] if forced else reply_flags(reply, reply, earlier_replies, machinery=machinery),
         pool_blocks_in_use=pool.blocks_in_use,
         kv_bytes=pool.kv_bytes if pooled else 0,
-        working_kv_bytes=engine.working_kv_bytes(positions),
+        working_kv_bytes=engine.working_kv_bytes(positions, pooled=pooled),
         # the stored chain of this prompt and reply, its partial tail block included: what
         # the next turn's hit depends on
         live_kv_bytes=-(-(positions - 1) // engine.block_size) * pool.block_bytes if pooled else 0,

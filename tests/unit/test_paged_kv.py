@@ -40,6 +40,23 @@ def test_a_paged_request_holds_one_tile_of_one_layer_beside_the_pool(tiny_model,
     assert arena.working_kv_bytes(3000) == 3000 * engine.layout.bytes_per_token
     assert engine.working_kv_bytes(160) == 160 * layer_bytes
     assert engine.working_kv_bytes(3000) == PAST_TILE_TOKENS * layer_bytes  # bounded, whatever the context
+    assert engine.working_kv_bytes(3000, pooled=False) == 3000 * engine.layout.bytes_per_token  # an arena
+
+
+def test_a_stateless_replay_on_a_paged_engine_reports_the_arena_it_runs_in(tiny_model, tiny_tok):
+    from clm_middleware.render import ChatFormat
+    from clm_middleware.replay.runner import PlainChatDriver, ReplayOptions
+    from clm_middleware.replay.transcript import Message
+
+    engine = paged(tiny_model, tiny_tok)
+    driver = PlainChatDriver(
+        engine, ChatFormat.from_tokenizer(tiny_tok), ReplayOptions(mode="stateless", teacher_force=True), "c"
+    )
+    driver.add(Message(role="user", content="Which room is the code K7 for?"))
+    record = driver.respond(Message(role="assistant", content="Room 3."))
+    positions = record.prompt_tokens + record.forced_tokens
+    assert record.working_kv_bytes == positions * engine.layout.bytes_per_token
+    assert record.live_kv_bytes == 0
 
 
 def test_without_the_engines_attention_a_paged_request_gathers_one_layer(tiny_model, tiny_tok):
