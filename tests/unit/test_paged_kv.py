@@ -104,6 +104,40 @@ def test_past_tiles_are_the_positions_kv_in_order_over_scattered_and_consecutive
         assert torch.equal(keys, cache.layer_keys(layer)[:, :117])
 
 
+def test_a_position_bias_takes_the_general_attention_over_the_gathered_paged_past(tiny_model, monkeypatch):
+    """Tiles have no bias term: with one, the past is gathered whole for transformers'
+    SDPA path; a zero bias gives the tiled output."""
+    from clm_middleware.engine.attention import PAGED_CACHE_KWARG, sdpa_gqa_forward
+
+    monkeypatch.setattr(paged_module, "PAST_TILE_TOKENS", 32)
+    pool = BlockPool(KVLayout.from_model(tiny_model), PoolConfig(max_blocks=16))
+    generator = torch.Generator().manual_seed(1)
+    layout = pool.layout
+    blocks = pool.allocate(9)
+    for block in blocks:
+        shape = (layout.num_layers, layout.num_kv_heads, 16, layout.head_dim)
+        pool.write_block(block, torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
+    cache = PagedCache(pool, [0, 3, 1, 2, 8, 7, 4, 5, 6], num_tokens=100, writable_from=144, attend_in_place=True)
+    module = tiny_model.model.layers[0].self_attn
+    past, fresh = 100, 5
+    heads = tiny_model.config.num_attention_heads
+    query = torch.randn(1, heads, fresh, layout.head_dim, generator=generator)
+    keys, values = (torch.randn(1, layout.num_kv_heads, fresh, layout.head_dim, generator=generator) for _ in range(2))
+    mask = torch.ones(fresh, past + fresh, dtype=torch.bool).tril(past)[None, None]
+
+    def attend(**extra):
+        cache.expect_past_read(0, past)
+        output, _ = sdpa_gqa_forward(
+            module, query, keys, values, mask, scaling=module.scaling, **{PAGED_CACHE_KWARG: cache}, **extra
+        )
+        return output
+
+    tiled = attend()
+    general = attend(position_bias=torch.zeros(1, heads, fresh, past + fresh))
+    assert (general - tiled).abs().max() <= 1e-5
+    cache.check_past_read()  # every expected past was taken
+
+
 @pytest.mark.parametrize("kv_dtype", [None, "fp16"])
 def test_in_place_attention_over_many_tiles_gives_the_gathered_logits_and_tokens(
     tiny_model, tiny_tok, monkeypatch, kv_dtype
