@@ -143,12 +143,6 @@ class PagedCache(Cache):
     def num_tokens(self) -> int:
         return self.layer_lengths[0]
 
-    @property
-    def scratch_bytes(self) -> int:
-        """The gathered path's working memory beside the pool: one layer's K and V at the
-        model's dtype (0 in place, where a read holds one ``past_tiles`` tile at a time)."""
-        return 2 * self._scratch_keys.numel() * self._scratch_keys.element_size()
-
     def expect_past_read(self, layer: int, past_tokens: int) -> None:
         """Record that layer ``layer``'s attention must read positions ``0..past_tokens`` from the pool."""
         self._unread_past[layer] = past_tokens
