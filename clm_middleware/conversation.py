@@ -18,6 +18,9 @@ Invariants:
   so a turn without a lifecycle change prefills only its new tokens (plus < 1 block).
 - The conversation holds one reference on each block of its last prompt + reply, so
   another conversation's pressure never evicts it; ``close()`` gives them back.
+- A turn that fails or is cancelled before its reply is recorded changes nothing the
+  model sees: what its restoring and compaction changed goes back (``lifecycle/
+  checkpoint.py``), so a refused message never costs the turns before it.
 - A Conversation is used from one thread at a time; many may share one Engine.
 """
 

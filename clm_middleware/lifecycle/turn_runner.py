@@ -17,6 +17,7 @@ from clm_middleware.engine import CallStats, Engine, Generation, penalty_process
 from clm_middleware.engine.penalties import LogitBias, check_logit_bias
 from clm_middleware.errors import ConfigError, ContextWindowError, TurnCancelled
 from clm_middleware.lifecycle.calibration import record_runtime_failure
+from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
 from clm_middleware.lifecycle.compaction import CompactionResult
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from
@@ -78,6 +79,7 @@ class TurnRunner:
         c.turn += 1
         turn = c.turn
         c.refresh_live()
+        checkpoint = TurnCheckpoint.take(self._changeable_segments(), c.fold)
         stats = TurnStats(turn=turn)
         decisions: list[Decision] = []
         generation: Generation | None = None
@@ -135,6 +137,10 @@ class TurnRunner:
                 generation.close()
                 c.engine.pool.release(list(reversed(generation.block_ids)))
                 generation.block_ids = []
+            # what restoring and compacting changed goes back: the older turns read as before
+            c.fold = checkpoint.fold
+            for segment in checkpoint.restore(c.segment_map()):
+                c.journal.segment(segment)
             raise
         raw_output = prefix + detok.text if forced is None else forced
         answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings, machinery)
@@ -390,6 +396,17 @@ class TurnRunner:
             c.rebuild_renderer()
 
     # ------------------------------------------------------------- helpers
+
+    def _changeable_segments(self) -> list[Segment]:
+        """The segments a turn's steps before its reply may change: the live ones (restores,
+        pending labels, compaction's passes) and, under a budget, those of every message
+        after the fold (the folding pass walks them, live or not)."""
+        c = self.conversation
+        segments = {s.id: s for s in c.live_segments()}
+        if c.config.budget is not None:
+            map_ = c.segment_map()
+            segments.update((s, map_[s]) for m in c.messages[c.fold :] for s in m.segment_ids)
+        return list(segments.values())
 
     def _after_compaction(
         self, compaction: CompactionResult, turn: int, stats: TurnStats, decisions: list[Decision]

@@ -100,3 +100,39 @@ def test_a_stream_left_unfinished_is_taken_back_by_the_next_call(tiny_model, tin
     gc.collect()  # nothing left to undo, nothing raised
     assert conversation.send("Third message.").turn == 2
     assert conversation.context.count("<|im_start|>user") == 2
+
+
+def test_a_message_refused_after_compaction_tried_leaves_the_earlier_context_as_it_was(converse):
+    """The refusal comes after the compaction has dropped and condensed what it could: the
+    segments it changed are put back, so the model still sees the earlier turns."""
+    from clm_middleware.lifecycle.compaction import ContextBudgetError
+
+    conversation = converse(budget=256)
+    for text in ("My order number is 48213-KX.", "It ships to Porto.", "Please hurry."):
+        conversation.send(text)
+    context, states = conversation.context, [(s.status, s.label, s.summary) for s in conversation.segments]
+    fold = conversation.fold
+    long = "The quick brown fox jumps over the lazy dog near the riverbank. " * 16
+    with pytest.raises(ContextBudgetError, match="after removing everything removable"):
+        conversation.send(long)
+    assert conversation.context == context and conversation.fold == fold
+    assert [(s.status, s.label, s.summary) for s in conversation.segments] == states
+    conversation.send("What is my order number?")
+    assert "48213-KX" in conversation.context
+
+
+def test_a_turn_cancelled_after_its_compaction_undoes_it(converse, engine):
+    """A caller gone while the turn generates (a client that disconnects): the turn is
+    undone, and what its compaction changed goes back with it."""
+    conversation = converse(budget=256, max_new_tokens=32)
+    for text in ("My order number is 48213-KX.", "It ships to Porto.", "Please hurry."):
+        conversation.send(text)
+    context, held = conversation.context, engine.pool.stats().blocks_in_use
+    states = [(s.status, s.summary) for s in conversation.segments]
+    conversation.add("user", "The quick brown fox jumps over the lazy dog near the riverbank. " * 10)
+    with pytest.raises(TurnCancelled):
+        for _ in conversation.respond_stream(cancelled=lambda: True):
+            pass
+    assert conversation.turn == 3 and conversation.context.startswith(context.rsplit("<|im_end|>", 1)[0])
+    assert [(s.status, s.summary) for s in conversation.segments][: len(states)] == states
+    assert engine.pool.stats().blocks_in_use == held
