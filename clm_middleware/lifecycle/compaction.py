@@ -488,13 +488,16 @@ class Compactor:
         self, ordered: list[Segment], newest_from: int, turn: int, budget: int, result: CompactionResult
     ) -> None:
         """Last resort for a new message that alone outgrows the budget: condense it
-        (faithfully: every distinctive token stays), longest segment first."""
+        (faithfully: every distinctive token stays), longest segment first, a question the
+        user asks last (it is what the reply must answer). The segments are scored in one
+        forward, in order, before the first is condensed."""
         newest = [
             s
             for s in ordered
             if s.message_index >= newest_from and s.visible and s.status is Status.ACTIVE and not s.pinned
         ]
-        for segment in sorted(newest, key=lambda s: -len(s.token_ids)):
+        self.compressor.score_in_order(newest)
+        for segment in sorted(newest, key=lambda s: (asks(s), -len(s.token_ids))):
             if self.prompt_length() <= budget:
                 return
             if len(segment.token_ids) >= MIN_CONDENSE_TOKENS:

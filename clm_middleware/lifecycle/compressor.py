@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.distinctive import bare_word, distinctive_spans, distinctive_tokens, missing_from
-from clm_middleware.lifecycle.segments import Segment
+from clm_middleware.lifecycle.segments import Segment, SegmentId
 from clm_middleware.render import ChatFormat
 
 METHODS = ("auto", "extractive", "abstractive")
@@ -153,6 +153,11 @@ def word_means(
     return means
 
 
+def _recorded(surprisal: list[float | None] | None, segment: Segment) -> list[float | None] | None:
+    """``surprisal`` if it is a value per token of ``segment``."""
+    return surprisal if surprisal is not None and len(surprisal) == len(segment.token_ids) else None
+
+
 class Compressor:
     def __init__(
         self,
@@ -181,6 +186,8 @@ class Compressor:
         self.target_ratio = target_ratio
         self.retries = max(1, retries)
         self._score_cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+        # token self-information of segments scored together (score_in_order), by segment
+        self._scored_together: OrderedDict[SegmentId, list[float | None]] = OrderedDict()
         if method == "auto":
             small = self.summarizer.num_parameters < SMALL_MODEL_PARAMETERS
             method = "extractive" if small else "abstractive"
@@ -226,6 +233,32 @@ class Compressor:
         if not words or len(ids) >= current:
             return CompressionResult(False, "none", original_tokens=current, error="not shorter than the original")
         return CompressionResult(True, TIGHTENED, tightened, ids, current)
+
+    def score_in_order(self, segments: Sequence[Segment]) -> None:
+        """Score the tokens of ``segments`` that have no record of the model's own prefill
+        in one forward, each after those before it (a new message's pieces, in order), for
+        the compressions that follow: one call where scoring each alone would cost a
+        forward per segment (a long paste condensed to fit is hundreds of segments). A
+        failed call leaves them to be scored one by one."""
+        todo = [s for s in segments if _recorded(s.surprisal, s) is None and s.id not in self._scored_together]
+        if len(todo) < 2:
+            return
+        ids = [token for segment in todo for token in segment.token_ids]
+        try:
+            generation = self.engine.generate(
+                ids, max_new_tokens=0, use_pool=False, observe=Observe(logprobs=True)
+            ).result()
+        except Exception:  # an optimisation only: each compression scores its own segment instead
+            return
+        values = [None if lp is None else -lp for lp in generation.prompt_logprobs or []]
+        if len(values) != len(ids):
+            return
+        offset = 0
+        for segment in todo:
+            self._scored_together[segment.id] = values[offset : offset + len(segment.token_ids)]
+            offset += len(segment.token_ids)
+        while len(self._scored_together) > SCORE_CACHE_SEGMENTS:
+            self._scored_together.popitem(last=False)
 
     def compress(self, segment: Segment) -> CompressionResult:
         original_tokens = len(segment.token_ids)
@@ -339,12 +372,14 @@ class Compressor:
         """The ids of ``text`` as shown, their self-information, and the leading space the
         segment's ids carry ("" or " ", see ``ChatFormat.encode_after_space``)."""
         shown = self._shown(text)
-        if segment.surprisal is not None and len(segment.surprisal) == len(segment.token_ids):
+        recorded = _recorded(segment.surprisal, segment) or _recorded(self._scored_together.get(segment.id), segment)
+        if recorded is not None:
             for lead in ("", " "):
                 if self.format.encode(lead + shown) == segment.token_ids:
-                    return list(segment.token_ids), list(segment.surprisal), lead
+                    return list(segment.token_ids), list(recorded), lead
         # No usable record of the model's own prefill (e.g. a generated reply that
-        # re-tokenizes differently): score the text on its own, with no context.
+        # re-tokenizes differently) nor of scoring with its neighbours: score the text on
+        # its own, with no context.
         ids = self.format.encode(shown)
         generation = self.engine.generate(
             ids, max_new_tokens=0, use_pool=False, observe=Observe(logprobs=True)

@@ -368,6 +368,28 @@ def test_a_new_message_over_the_budget_is_condensed_faithfully_when_that_fits(co
     assert any(s["ok"] for s in reply.stats.summaries)
 
 
+def test_a_long_new_message_is_scored_in_one_call_and_its_question_is_condensed_last(converse, engine, monkeypatch):
+    """Condensing a paste scores its pieces in one forward, not one forward per piece, and
+    the question the user asks about it stays as asked while other pieces can shrink."""
+    conversation = converse(budget=320, tagging="signals")
+    conversation.send("Hello there.")
+    unpooled = []
+    generate = engine.generate
+
+    def counted(*args, **kwargs):
+        if kwargs.get("use_pool") is False:
+            unpooled.append(len(args[0]))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", counted)
+    filler = " ".join(f"The river walk number {n} was mild and long." for n in range(12))
+    question = "What was the first walk called?"
+    reply = conversation.send(f"{filler}\n\n{question}")
+    assert reply.stats.prompt_tokens <= 320 and len([s for s in reply.stats.summaries if s["ok"]]) > 1
+    assert len(unpooled) == 1
+    assert question in conversation.context
+
+
 def test_a_history_added_in_one_call_fits_the_budget_as_it_would_turn_by_turn(converse):
     """A client re-sending a whole chat to a fresh conversation (a restarted server, an
     edit far back, a few-shot prompt): its earlier exchanges are older turns, and only
