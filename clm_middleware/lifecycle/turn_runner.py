@@ -106,6 +106,9 @@ class TurnRunner:
             )
             detok = IncrementalText(c.engine.tokenizer, skip_ids=c.engine.default_stop_ids)
             answer_cap = settings.max_new_tokens
+            # the engine call starts at the first token asked for: what came before it
+            # (restoring, compacting, rendering) is part of the time to the first token
+            stats.ttft_s = time.perf_counter() - started
             for token in generation:
                 if cancelled is not None and cancelled():
                     raise TurnCancelled(f"turn {turn} was cancelled by its caller")
@@ -548,12 +551,12 @@ class TurnRunner:
                 stats.context_tokens = warm.context_tokens
         stats.approximate_tokens = call.approximate_tokens
         stats.forced_tokens = call.forced_tokens
-        stats.generated_tokens, stats.ttft_s, stats.bookkeeping_s, stats.arena_s = (
+        stats.generated_tokens, stats.bookkeeping_s, stats.arena_s = (
             call.generated_tokens,
-            call.ttft_s,
             call.bookkeeping_s,
             call.arena_s,
         )
+        stats.ttft_s += call.ttft_s
         stats.decode_s = call.decode_s
         stats.decisions = decision_counts(decisions)
         stats.lifecycle_s = sum(stats.phases.values())

@@ -47,6 +47,8 @@ def test_context_never_exceeds_the_budget_and_the_stats_say_what_was_removed(con
     assert all(t.prompt_tokens <= 420 for t in turns)
     budget_turns = [t for t in turns if t.compaction == "budget"]
     assert budget_turns
+    # the user waits for the compaction: it is part of the time to the first token
+    assert all(t.phases["compaction_s"] + t.phases["compression_s"] <= t.ttft_s <= t.turn_s for t in turns)
     assert sum(t.dropped_tokens + t.compressed_tokens for t in turns) > 0
     assert any(
         t.decisions["by_source"]["rules"]["drop"] + t.decisions["by_source"]["rules"]["compress"] for t in budget_turns
