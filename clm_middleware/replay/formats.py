@@ -24,6 +24,7 @@ a transcript as ``<name>.probes.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -131,7 +132,7 @@ def _documents_per_line(text: str, path: Path, fmt: str, skipped: list[Transcrip
         named = isinstance(document, dict) and any(k in document for k in ("id", "conversation_id", "task_id"))
         for transcript in read:  # a line without an id of its own is named by its line
             conversation = transcript.conversation_id if named else f"{path.stem}-{number}"
-            transcripts.append(Transcript(conversation, transcript.messages, str(path), transcript.probes))
+            transcripts.append(dataclasses.replace(transcript, conversation_id=conversation, source=str(path)))
     if not transcripts:
         raise TranscriptError(str(path), None, "the file holds no messages")
     return transcripts
@@ -348,8 +349,7 @@ def _checked(read: Callable[[], Message], path: str, where: str) -> Message:
     try:
         return read()
     except TranscriptError as error:
-        problem = error.message.split(": ", 1)[-1]
-        raise TranscriptError(path, None, f"{where}: {problem}") from None
+        raise TranscriptError(path, None, f"{where}: {error.problem}") from None
 
 
 _READERS: dict[str, Callable[[Any, str, list[TranscriptError] | None], list[Transcript]]] = {

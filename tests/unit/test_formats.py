@@ -256,3 +256,21 @@ def test_langchain_conversations_one_per_line_keep_their_ids(tmp_path):
     assert [t.conversation_id for t in read_transcripts(path)] == ["a", "b"]
     unnamed = write(tmp_path, "unnamed.json", {"id": "", "messages": lines[0]["messages"]})
     assert [t.conversation_id for t in read_transcripts(unnamed)] == ["unnamed"]  # a blank id names nothing
+
+
+def test_a_conversation_per_line_keeps_the_tools_it_declares(tmp_path):
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    line = {"id": "d1", "messages": [{"role": "user", "content": "Weather?"}], "tools": [tool]}
+    [transcript] = read_transcripts(write(tmp_path, "tools.jsonl", json.dumps(line) + "\n"))
+    assert transcript.tool_names == ("get_weather",) and transcript.conversation_id == "tools-d1"
+
+
+def test_a_structure_error_in_a_folder_with_a_colon_names_the_path_once(tmp_path):
+    folder = tmp_path / "dir: x"
+    folder.mkdir()
+    data = {"messages": [{"role": "user", "content": "a"}, {"content": "b"}]}
+    with pytest.raises(TranscriptError) as raised:
+        read_transcripts(write(folder, "conv.json", json.dumps(data)))
+    message = str(raised.value)
+    assert message.startswith(f'{folder / "conv.json"}: $[0].messages[1]: a message needs a "role"')
+    assert message.count("conv.json") == 1
