@@ -140,6 +140,8 @@ class ChatCall:
             content, payloads = split_tool_calls(reply.text) if tools else (reply.text, [])
             cut = reply.finish_reason == "length" and bool(payloads) and not reply.text.rstrip().endswith(CLOSE)
             valid, invalid = parse_tool_calls(payloads, tools, last_cut=cut)
+            if not content.strip() and not valid and "empty" not in reply.stats.reply_flags:
+                reply.stats.reply_flags.append("empty")  # all it wrote was a call nothing can run
             answer = ChatAnswer(reply, conversation, route.kind, content, valid, invalid)
         except BaseException:
             if replies is not None:

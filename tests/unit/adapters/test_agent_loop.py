@@ -62,6 +62,11 @@ def test_malformed_or_unknown_calls_become_invalid_tool_calls_not_errors(scripte
     assert message.tool_calls == []
     errors = [c["error"] for c in message.invalid_tool_calls]
     assert len(errors) == 2 and "not valid JSON" in errors[0] and "unknown tool 'launch'" in errors[1]
+    # all the reply held was calls nothing can run: what the user got is empty, and flagged so
+    assert (
+        message.content == ""
+        and "empty" in llm.conversation(message.response_metadata["conversation_id"]).turn_log[-1].reply_flags
+    )
 
 
 @pytest.mark.parametrize(
