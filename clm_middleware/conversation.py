@@ -38,6 +38,7 @@ from typing import Any
 from clm_middleware.engine.protocol import ServingEngine, signals_source
 from clm_middleware.errors import ClmError, ConfigError
 from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdict
+from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
 from clm_middleware.lifecycle.compaction import Compactor, ContextBudgetError
 from clm_middleware.lifecycle.compressor import Compressor
 from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
@@ -50,6 +51,7 @@ from clm_middleware.lifecycle.renderer import ContextRenderer, RenderedContext
 from clm_middleware.lifecycle.rules import RuleConfig
 from clm_middleware.lifecycle.segmenter import Segmenter
 from clm_middleware.lifecycle.segments import (
+    LOOP_KIND,
     DecidedBy,
     Decision,
     Label,
@@ -412,10 +414,16 @@ class Conversation:
         return self.engine.score(prompt, [self.chat_format.encode(c) for c in candidates], cache_salt=self.cache_salt)
 
     def fork(self, messages: int, conversation_id: str | None = None) -> Conversation:
-        """A new conversation sharing the first ``messages`` messages, with their segments,
-        labels and statuses: it renders that prefix exactly as this one does, so the
-        prefix's blocks still hit. Used when a caller edits or branches a history.
-        ``messages`` counts from the start: 0 to ``len(history)``."""
+        """A new conversation sharing the first ``messages`` messages, with their segments
+        and labels. Used when a caller edits or branches a history. ``messages`` counts
+        from the start: 0 to ``len(history)``.
+
+        This one's compaction was made for its own, longer history: under a budget the
+        fork shows its messages verbatim if they fit it, as a new conversation would;
+        otherwise it keeps what this one did to them (it renders that prefix as this one
+        does, so the prefix's blocks still hit), except that its newest exchange (the
+        messages after its last reply) is never folded, as in any turn. A reply dropped as
+        a repetition loop stays dropped."""
         if isinstance(messages, bool) or not isinstance(messages, int) or not 0 <= messages <= len(self.messages):
             raise ConfigError("messages", f"must be an integer from 0 to {len(self.messages)}, got {messages!r}")
         twin = Conversation(
@@ -440,8 +448,34 @@ class Conversation:
         twin.tools_prompt = self.tools_prompt
         twin.renderer = twin._make_renderer()
         twin.tagger.parse_history.extend(self.tagger.parse_history)
+        if twin.config.budget is not None:
+            twin._unfold_for_fork(twin.config.budget)
         twin.journal.everything(copied)
         return twin
+
+    def _unfold_for_fork(self, budget: int) -> None:
+        """See ``fork``: verbatim if that fits ``budget``, else the newest exchange unfolded."""
+        self.refresh_live()
+        segments = [self._segments[s] for m in self.messages for s in m.segment_ids]
+        inherited = TurnCheckpoint.take(segments, self.fold)
+        self._show_verbatim(self.messages)
+        self.fold = 0
+        if self.prompt_length(0) <= budget:
+            return
+        inherited.restore(self._segments)
+        self.fold = inherited.fold
+        replies = [m.index for m in self.messages if m.role == "assistant"]
+        newest = replies[-1] + 1 if replies else 0
+        if self.fold > newest:
+            self._show_verbatim(self.messages[newest:])
+            self.fold = newest
+
+    def _show_verbatim(self, messages: Sequence[MessageRecord]) -> None:
+        for message in messages:
+            for identifier in message.segment_ids:
+                segment = self._segments[identifier]
+                if segment.status is not Status.ACTIVE and segment.kind != LOOP_KIND:
+                    self.restore(segment)
 
     @property
     def history(self) -> list[MessageRecord]:

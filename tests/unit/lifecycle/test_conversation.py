@@ -185,6 +185,24 @@ def test_fork_shares_a_prefix_of_the_history_and_refuses_a_count_outside_it(conv
             conversation.fork(bad)
 
 
+def test_a_fork_of_a_compacted_conversation_shows_what_fits_verbatim_and_never_folds_its_newest_exchange(converse):
+    """A client starting a new chat that opens as an old, compacted one did (or editing an
+    early message) gets its messages as said, not the old chat's notes of them."""
+    conversation = converse(budget=320, system_prompt="Be brief.")
+    conversation.send("My order number is 88412. " + FILLER[0])
+    for text in FILLER * 2:
+        conversation.send(text)
+    assert conversation.fold > 2  # the opening exchange is folded into the digest
+    opening = conversation.fork(2)  # the system prompt and the first message, to be answered
+    assert opening.fold == 0 and all(s.status is Status.ACTIVE for s in opening.segments)
+    assert "My order number is 88412. " + FILLER[0] in opening.context
+    long = conversation.fork(len(conversation.history) - 1)  # too long to show whole: regenerate the last reply
+    newest = long.history[-1]
+    assert newest.role == "user" and long.fold <= newest.index
+    assert all(long.segment(s).status is Status.ACTIVE for s in newest.segment_ids)
+    assert long.send("Thanks.").stats.prompt_tokens <= 320
+
+
 def test_free_mode_parses_the_models_block_and_the_user_never_sees_it(converse, scripted):
     engine, _ = scripted("Noted.\n[LIFECYCLE]\nseg_1: drop\nseg_0: keep\n[/LIFECYCLE]", "Sure thing.")
     conversation = converse(engine=engine, tagging="free")
