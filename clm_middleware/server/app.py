@@ -101,14 +101,14 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
     async def sessions(tenant: str | None = Depends(caller)) -> dict[str, Any]:
         return {"object": "list", "data": service.session_summaries(tenant)}
 
-    @app.get("/v1/sessions/{session_id}")
+    @app.get("/v1/sessions/{session_id:path}")
     async def session(named: tuple[str | None, Session] = Depends(named_session)) -> dict[str, Any]:
         _, found = named
         if found.busy:  # a turn is changing it right now: say so rather than read half of it
             return {**summary(found.conversation), "busy": True}
         return {**detail(found.conversation), "busy": False}
 
-    @app.delete("/v1/sessions/{session_id}")
+    @app.delete("/v1/sessions/{session_id:path}")
     async def close_session(named: tuple[str | None, Session] = Depends(named_session)) -> dict[str, Any]:
         tenant, found = named
         if found.busy:

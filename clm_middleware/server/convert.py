@@ -179,6 +179,8 @@ def extension(answer: ChatAnswer, session_id: str | None) -> dict[str, Any]:
         "compaction": stats.compaction,
         "dropped_tokens": stats.dropped_tokens,
         "compressed_tokens": stats.compressed_tokens,
+        "restored": list(stats.restored),
+        "lifecycle_s": stats.lifecycle_s,
         "decision_counts": stats.decisions,
         "decisions": [d.as_dict() for d in answer.reply.decisions],
         "reply_flags": list(stats.reply_flags),

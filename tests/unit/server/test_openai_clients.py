@@ -45,6 +45,7 @@ def test_a_resent_history_extends_its_session_and_reads_its_prefix_from_the_pool
     extension = second.model_extra["clm"]
     assert extension["route"] == "extend" and extension["turn"] == 2
     assert extension["conversation_id"] == first.model_extra["clm"]["conversation_id"]
+    assert extension["restored"] == [] and 0 <= extension["lifecycle_s"] <= extension["turn_s"]
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens - 16  # all but the last partial block
     assert second.usage.total_tokens == second.usage.prompt_tokens + second.usage.completion_tokens
@@ -145,6 +146,20 @@ def test_each_user_is_a_tenant_that_sees_only_its_own_sessions_and_shares_no_cac
         listed = httpx.get(server.api + "/sessions", params={"user": user}, timeout=10).json()["data"]
         assert [s["id"] for s in listed] == [f"user-{_tenant_hash(user)}/mine"]
     assert all(not s["id"].endswith("/mine") for s in httpx.get(server.api + "/sessions", timeout=10).json()["data"])
+
+
+def test_an_unnamed_session_of_a_tenant_can_be_read_and_deleted_by_its_conversation_id(client, model_id, server):
+    """A tenant's conversation ids hold a slash (``user-<hash>/<id>``): the session routes take it."""
+    messages = [{"role": "user", "content": "A chat with no session name."}]
+    reply = _chat(client, model_id, messages, user="carol")
+    conversation_id = reply.model_extra["clm"]["conversation_id"]
+    assert conversation_id.startswith(f"user-{_tenant_hash('carol')}/")
+    url = f"{server.api}/sessions/{conversation_id}"
+    shown = httpx.get(url, params={"user": "carol"}, timeout=10)
+    assert shown.status_code == 200 and shown.json()["id"] == conversation_id
+    assert httpx.get(url, params={"user": "dave"}, timeout=10).status_code == 404  # another tenant's: not found
+    assert httpx.delete(url, params={"user": "carol"}, timeout=10).json()["deleted"] is True
+    assert httpx.get(url, params={"user": "carol"}, timeout=10).status_code == 404
 
 
 def _tenant_hash(user: str) -> str:
