@@ -67,7 +67,7 @@ from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts,
 from clm_middleware.lifecycle.turn_runner import TurnRunner
 from clm_middleware.render import ChatFormat
 from clm_middleware.render.chat_format import lone_surrogate
-from clm_middleware.store import ConversationRecord, Store
+from clm_middleware.store import ConversationRecord, Store, StoreError
 from clm_middleware.structured import ResponseFormat
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
@@ -635,12 +635,17 @@ class Conversation:
         Segments are stored as token ids, so the engine must tokenize as the one that
         stored them: another model's engine is a ``ConfigError`` (its vocabulary would read
         the ids as other text)."""
-        store = store if isinstance(store, Store) else Store(store)
+        if not isinstance(store, Store):
+            if not isinstance(store, str | Path):
+                raise ClmError(f"store must be a path or a Store, got {type(store).__name__}")
+            if not Path(store).expanduser().is_file():  # a mistyped path: nothing to load, nothing created
+                raise StoreError(f"{store}: no such store")
+            store = Store(store)
         stored = store.load(conversation_id)
         conversation = cls(engine, conversation_id=conversation_id, **{**stored.record.settings, **settings})
         conversation.store = store  # its row exists: saves continue it (no register)
         conversation._saved = True
-        _check_stored_ids(stored.record.model, stored.segments, conversation.engine)
+        _check_stored_ids(stored.record.model, stored.segments, conversation.engine, store.path)
         conversation.messages = stored.messages
         conversation._segments = {s.id: s for s in stored.segments}
         conversation.turn = stored.record.turn
@@ -854,7 +859,9 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _check_stored_ids(stored_model: str, segments: Sequence[Segment], engine: ServingEngine, sample: int = 32) -> None:
+def _check_stored_ids(
+    stored_model: str, segments: Sequence[Segment], engine: ServingEngine, where: Path, sample: int = 32
+) -> None:
     """Refuse stored segments whose token ids the engine's tokenizer does not read back as
     their text (a conversation stored with another model). An engine of the model that
     stored them is trusted; another model name passes when its tokenizer decodes the first
@@ -867,7 +874,7 @@ def _check_stored_ids(stored_model: str, segments: Sequence[Segment], engine: Se
         if engine.tokenizer.decode(segment.token_ids) != segment.text:
             raise ConfigError(
                 "engine",
-                f"this conversation was stored with model {stored_model!r}; its token ids do not read back "
+                f"this conversation ({where}) was stored with model {stored_model!r}; its token ids do not read back "
                 f"as its text with the tokenizer of {engine.model_name!r}",
                 hint=f"load it with an engine of {stored_model!r}",
             )

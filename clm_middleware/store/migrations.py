@@ -20,6 +20,15 @@ def migration(function: Callable[[Database], None]) -> Callable[[Database], None
     return function
 
 
+def unknown_migrations(db: Database) -> list[str]:
+    """Migrations the store records that this version does not have: a store written by a
+    newer clm-middleware, whose schema this one cannot read or write safely."""
+    if not db[MIGRATIONS_TABLE].exists():
+        return []
+    known = {function.__name__ for function in MIGRATIONS}
+    return sorted(row["name"] for row in db[MIGRATIONS_TABLE].rows if row["name"] not in known)
+
+
 def migrate(db: Database) -> list[str]:
     """Apply every migration not yet recorded; returns the names applied now."""
     if not db[MIGRATIONS_TABLE].exists():

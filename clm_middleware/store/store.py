@@ -27,7 +27,7 @@ from sqlite_utils import Database
 
 from clm_middleware.errors import ClmError
 from clm_middleware.lifecycle.segments import DecidedBy, Label, MessageRecord, Segment, SegmentId, Status
-from clm_middleware.store.migrations import MIGRATIONS_TABLE, migrate
+from clm_middleware.store.migrations import MIGRATIONS_TABLE, migrate, unknown_migrations
 from clm_middleware.store.records import ConversationChanges, ConversationRecord, StoredConversation
 
 if TYPE_CHECKING:
@@ -54,12 +54,35 @@ class Store:
         try:
             connection = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
             self.db = Database(connection)
+            self._check_ours(writing=True)
             self.db.enable_wal()
             self._lock = threading.RLock()
             with self._writing():
                 migrate(self.db)
         except sqlite3.DatabaseError as error:
             raise StoreError(f"{self.path}: not a usable SQLite store ({error})") from None
+
+    def _check_ours(self, *, writing: bool) -> None:
+        """Refuse, before any write, a database of another program (tables of its own and
+        none of ours: writing would add our tables to it) and a store written by a newer
+        version (a schema this one does not know)."""
+        tables = self.db.table_names()
+        if not writing and not (MIGRATIONS_TABLE in tables and "conversations" in tables):
+            self.db.close()
+            raise StoreError(f"{self.path}: not a clm-middleware store (no conversations table)")
+        if tables and MIGRATIONS_TABLE not in tables:
+            self.db.close()
+            shown = ", ".join(sorted(tables)[:5])
+            raise StoreError(
+                f"{self.path}: not a clm-middleware store (it holds other tables: {shown}); "
+                "refusing to write into it: give a new file or an existing store"
+            )
+        if newer := unknown_migrations(self.db):
+            self.db.close()
+            raise StoreError(
+                f"{self.path}: written by a newer clm-middleware (schema changes {', '.join(newer)} are unknown "
+                "here); upgrade clm-middleware to use it"
+            )
 
     def close(self) -> None:
         self.db.close()
@@ -70,12 +93,9 @@ class Store:
         try:
             connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=30)
             self.db = Database(connection)
-            ours = self.db[MIGRATIONS_TABLE].exists() and self.db["conversations"].exists()
+            self._check_ours(writing=False)
         except sqlite3.DatabaseError as error:
             raise StoreError(f"{self.path}: not a usable SQLite store ({error})") from None
-        if not ours:
-            self.db.close()
-            raise StoreError(f"{self.path}: not a clm-middleware store (no conversations table)")
         self._lock = threading.RLock()
 
     # --------------------------------------------------------------- writes

@@ -126,6 +126,41 @@ def test_a_file_that_is_not_sqlite_is_a_clear_error(tmp_path):
         Store(path)
 
 
+def test_another_programs_database_is_refused_and_left_as_it_was(tmp_path):
+    from clm_middleware.store import StoreError
+
+    path = tmp_path / "app.sqlite"
+    Database(path)["users"].insert({"id": 1})
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match=r"app\.sqlite: not a clm-middleware store \(it holds other tables: users\)"):
+        Store(path)
+    with pytest.raises(StoreError, match="not a clm-middleware store"):
+        Store(path, read_only=True)
+    assert path.read_bytes() == before and not (tmp_path / "app.sqlite-wal").exists()
+
+
+def test_a_store_written_by_a_newer_version_is_refused_before_any_write(tmp_path):
+    from clm_middleware.store import StoreError
+
+    path = tmp_path / "newer.sqlite"
+    Store(path).close()
+    Database(path)[MIGRATIONS_TABLE].insert({"name": "m999_from_the_future", "applied_at": "2027-01-01"})
+    for read_only in (False, True):
+        with pytest.raises(
+            StoreError, match=r"written by a newer clm-middleware \(schema changes m999_from_the_future"
+        ):
+            Store(path, read_only=read_only)
+
+
+def test_loading_from_a_mistyped_path_creates_nothing(engine, tmp_path):
+    from clm_middleware.store import StoreError
+
+    missing = tmp_path / "no_such_folder" / "x.sqlite"
+    with pytest.raises(StoreError, match="no such store"):
+        Conversation.load(missing, "nope", engine)
+    assert not missing.parent.exists()
+
+
 def test_a_store_from_an_older_schema_is_migrated_and_still_loads(converse, engine, tmp_path):
     from clm_middleware.store.migrations import m001_initial
 
@@ -209,7 +244,9 @@ def test_a_conversation_loads_onto_another_model_only_if_its_tokenizer_reads_the
     stored = Conversation(other_vocabulary, tagging="rules", store=path, conversation_id="merged", max_new_tokens=4)
     stored.send("Then the thin thread ran in the inn.")
     stored.close()
-    with pytest.raises(ConfigError, match=r"engine: this conversation was stored with model 'tiny-llama-seed3'"):
+    with pytest.raises(
+        ConfigError, match=r"engine: this conversation \(.*models\.db\) was stored with model 'tiny-llama"
+    ):
         Conversation.load(path, "merged", engine)
 
     same_tokenizer = Conversation(engine, tagging="rules", store=path, conversation_id="plain", max_new_tokens=4)
