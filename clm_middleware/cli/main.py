@@ -1,8 +1,8 @@
 """The ``clm`` command line.
 
 User errors (``ClmError``: a bad file, a missing model, a setting out of range)
-print one clean line and exit 1, never a traceback. Ctrl-C exits 130 after the
-report of finished turns is written.
+print one clean line and exit 1, never a traceback. Ctrl-C exits 130 and SIGTERM
+143 after the report of finished turns is written.
 """
 
 from __future__ import annotations

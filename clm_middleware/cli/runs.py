@@ -1,13 +1,15 @@
 """What replay-like commands share: building per-mode runs, probes, and finishing cleanly.
 
-A run that fails or is interrupted still writes the report of the turns it finished
+A run that fails, is interrupted (Ctrl-C) or terminated (SIGTERM) still writes the report of the turns it finished
 (``complete: false``); a store, if one is used, holds every finished turn (one
 transaction per turn), so nothing finished is lost.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,14 +41,32 @@ def add_retention(report: ReplayReport, drivers: list[Any], probes: list[Probe])
         report.extra["retention"] = {"retained": retained, "probes": len(probes), "lost": [p.answer for p in lost]}
 
 
+class Terminated(Exception):
+    """SIGTERM arrived (``kill``, ``timeout``, a job scheduler): stop as on Ctrl-C."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def finish_on_failure(run: Callable[[], None], on_stop: Callable[[], None], stderr: Console) -> None:
-    """Run; on Ctrl-C or a library error, save what finished, then exit 130 or 1."""
+    """Run; on Ctrl-C, SIGTERM or a library error, save what finished, then exit 130,
+    143 or 1."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         run()
     except KeyboardInterrupt:
         on_stop()
         stderr.print("interrupted: the report holds the finished turns")
         sys.exit(130)
+    except Terminated:
+        on_stop()
+        stderr.print("terminated: the report holds the finished turns")
+        sys.exit(128 + signal.SIGTERM)
     except ClmError as error:
         on_stop()
         raise click.ClickException(str(error)) from None
+    finally:
+        if main_thread:  # None: a handler not set from Python, i.e. the default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

@@ -295,3 +295,38 @@ def test_declared_tools_are_shown_alike_in_every_mode(tmp_path, system):
     assert contexts["prefix"] == contexts["truncate"] == contexts["clm"]
     assert "- get_weather(" in contexts["prefix"]
     assert ("You are a weather bot." in contexts["prefix"]) is system
+
+
+def test_a_terminated_replay_writes_the_report_of_its_finished_turns(tmp_path):
+    """``kill`` / ``timeout`` send SIGTERM: handled as Ctrl-C is (exit 143, not a lost run)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    turns = [
+        m
+        for n in range(40)
+        for m in ({"role": "user", "content": f"Message {n}."}, {"role": "assistant", "content": "Ok."})
+    ]
+    path = write_transcript(tmp_path / "long.jsonl", turns)
+    report_path = tmp_path / "report.json"
+    command = [sys.executable, "-m", "clm_middleware.cli.main", "replay", str(path), "--model", "tiny"]
+    command += ["--mode", "prefix", "--max-new-tokens", "2", "--json", "--report", str(report_path)]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # the first finished turn, then the signal
+            line = process.stdout.readline()
+            if not line or json.loads(line).get("type") == "turn":
+                break
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    report = json.loads(report_path.read_text())
+    assert report["complete"] is False and 1 <= len(report["turns"]) < 40
