@@ -116,6 +116,8 @@ def read_inputs(paths: Sequence[Path], transcript_format: str, probes_paths: Seq
         )
     inputs = []
     for index, path in enumerate(paths):
+        if path.is_dir():
+            raise click.BadParameter(f"{path}: is a directory, not a transcript", param_hint="TRANSCRIPTS")
         probes_path = probes_paths[index] if probes_paths else default_probes_path(path)
         if not probes_paths and not probes_path.exists():
             raise click.BadParameter(f"{path}: no probes file {probes_path}; pass --probes", param_hint="--probes")
@@ -129,13 +131,14 @@ OVERALL = "OVERALL"
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     """The results on stdout: the file and variant columns left-aligned, the figures right-aligned.
 
-    No cell is ever cut: each column is as wide as its widest cell, headers wrap to fit
-    it, and a table wider than the terminal is printed whole (the terminal wraps its lines)."""
+    No cell is ever cut: each column is at least as wide as its widest cell, and a table
+    wider than the terminal is printed whole (the terminal wraps its lines)."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    widths = [max([1, *(len(row[i]) for row in rows)]) for i in range(len(header))]
+    # a header wraps at its spaces, so its longest word sets a floor too
+    widths = [max([1, *(len(row[i]) for row in rows), *map(len, header[i].split())]) for i in range(len(header))]
     for column, width in zip(header, widths, strict=True):
         justify = "left" if column in ("file", "variant") else "right"
         table.add_column(column, justify=justify, min_width=width)
@@ -144,7 +147,9 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
             table.add_section()  # a rule above the overall rows
         table.add_row(*row)
     console = Console()
-    needed = sum(width + 3 for width in widths) + 1  # "│ cell " per column, one closing border
+    # "│ cell " per column and one closing border, each header on one line: room enough
+    # that rich never crops a column (it shrinks columns to fit before it wraps a header)
+    needed = sum(max(width, len(column)) + 3 for column, width in zip(header, widths, strict=True)) + 1
     if needed > console.width:
         console = Console(width=needed)
     console.print(table)

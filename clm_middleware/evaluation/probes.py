@@ -40,21 +40,32 @@ def _occurs(answer: str, text: str) -> bool:
 
 
 def read_probes(path: str | Path) -> list[Probe]:
+    """The probes of a JSON file: a non-empty list of ``{"question", "answer"}`` objects,
+    each with optional ``"alternatives"`` (a list of strings). Anything else is a
+    ``TranscriptError`` naming the file and the probe."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TranscriptError(str(path), None, "no such probes file") from None
+    except IsADirectoryError:
+        raise TranscriptError(str(path), None, "is a directory, not a probes file") from None
+    except UnicodeDecodeError:
+        raise TranscriptError(str(path), None, "not UTF-8 text (a probes file is JSON)") from None
+    except OSError as error:
+        raise TranscriptError(str(path), None, f"cannot be read ({error.strerror})") from None
     except json.JSONDecodeError as error:
         raise TranscriptError(str(path), error.lineno, f"not valid JSON ({error.msg})") from None
-    if not isinstance(data, list):
-        raise TranscriptError(str(path), None, 'expected a list like [{"question": ..., "answer": ...}]')
+    if not isinstance(data, list) or not data:
+        raise TranscriptError(str(path), None, 'expected a non-empty list like [{"question": ..., "answer": ...}]')
     probes = []
     for number, item in enumerate(data):
         if not isinstance(item, dict) or not isinstance(item.get("answer"), str) or not item["answer"].strip():
             raise TranscriptError(str(path), None, f'probe {number}: needs a non-empty string "answer"')
         alternatives = item.get("alternatives") or []
-        probes.append(Probe(str(item.get("question", "")), item["answer"], tuple(str(a) for a in alternatives)))
+        if not isinstance(alternatives, list) or not all(isinstance(a, str) for a in alternatives):
+            raise TranscriptError(str(path), None, f'probe {number}: "alternatives" must be a list of strings')
+        probes.append(Probe(str(item.get("question", "")), item["answer"], tuple(alternatives)))
     return probes
 
 

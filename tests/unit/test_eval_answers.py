@@ -1,6 +1,7 @@
 """``clm eval answers``: probe questions asked of each variant's final context, on the tiny model."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -184,3 +185,28 @@ def test_a_probes_file_that_is_not_json_is_a_clean_error_naming_it(tmp_path):
     assert result.exit_code != 0
     assert str(probes) in result.output and "not valid JSON" in result.output
     assert "Traceback" not in result.output and not isinstance(result.exception, json.JSONDecodeError)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "is a directory, not a probes file"),
+        (b"\xff\xfe\x00binary", "not UTF-8 text"),
+        (b"[]", "expected a non-empty list"),
+        (
+            b'[{"question": "Colour?", "answer": "vermilion", "alternatives": "crimson"}]',
+            'probe 0: "alternatives" must be a list',
+        ),
+    ],
+)
+def test_a_probes_file_that_cannot_be_probes_is_named_with_what_is_wrong(tmp_path, content, message):
+    from clm_middleware.errors import TranscriptError
+    from clm_middleware.evaluation.probes import read_probes
+
+    path = tmp_path / "p.json"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(TranscriptError, match=rf"p\.json: {re.escape(message)}"):
+        read_probes(path)

@@ -116,3 +116,17 @@ def test_probes_given_for_some_files_only_or_missing_next_to_a_file_is_a_clean_e
     assert uneven.exit_code != 0 and "once per transcript" in uneven.output
     missing = run("eval", "answers", a, c, "--budget", "160", "--model", "tiny")
     assert missing.exit_code != 0 and "c.probes.json" in missing.output and "Traceback" not in missing.output
+    folder = run("eval", "retention", str(tmp_path), "--budget", "160", "--model", "tiny")
+    assert folder.exit_code != 0 and "is a directory, not a transcript" in folder.output
+    assert not isinstance(folder.exception, ValueError)
+
+
+def test_an_eval_table_piped_at_80_columns_is_printed_whole(capsys):
+    from clm_middleware.cli.eval_variants import print_table
+
+    header = ["file", "variant", "retained", "reply nll", "lifecycle share", "signals share", "invented"]
+    row = ["a.jsonl", "clm:rules", "3/5", "2.1", "5.6%", "", "0 in 0 compressed"]
+    print_table("retention", header, [row])
+    lines = capsys.readouterr().out.splitlines()
+    assert all(column in lines[2] for column in header) and "0 in 0 compressed" in lines[4]
+    assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in lines[1:])
