@@ -91,12 +91,11 @@ def bench(
     """
     from clm_middleware.cli.output import turn_progress
     from clm_middleware.cli.plot import plot_reports
-    from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes
+    from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes, report_settings
     from clm_middleware.cli.setup import (
         LifecycleOptions,
         build_engine,
         driver_factory,
-        engine_description,
         sibling_engine,
     )
     from clm_middleware.replay.bench import comparison_rows, header, to_markdown
@@ -154,11 +153,7 @@ def bench(
             )
         lifecycles[mode] = lifecycle
         factories[mode] = driver_factory(engine, options, lifecycle)
-        settings = {
-            "transcript": str(transcript),
-            **engine_description(engine),
-            **(lifecycle.settings() if mode in ("clm", "truncate") else {}),
-        }
+        settings = report_settings(transcript, options, engine, lifecycle)
         reports[mode] = ReplayReport(mode=mode, model=first.model_name, settings=settings)
     stderr = Console(stderr=True)
     command = "clm " + " ".join(shlex.quote(arg) for arg in sys.argv[1:]) if sys.argv[1:] else "clm bench"

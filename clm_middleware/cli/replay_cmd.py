@@ -113,8 +113,8 @@ def replay(
     from clm_middleware.cli import json_lines as lines
     from clm_middleware.cli.output import replies_text, summary_table, turn_progress, turn_table
     from clm_middleware.cli.plot import plot_reports
-    from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes
-    from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory, engine_description
+    from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes, report_settings
+    from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory
     from clm_middleware.replay.report import Failure, ReplayReport, TurnRecord
     from clm_middleware.replay.runner import ReplayOptions, count_turns
     from clm_middleware.replay.runner import replay as run_replay
@@ -156,21 +156,7 @@ def replay(
     engine = build_engine(**engine_options)
     if summarizer and mode == "clm":
         lifecycle.summarizer = build_engine(summarizer, device=engine_options["device"], dtype=engine_options["dtype"])
-    settings = {
-        "transcript": str(transcript),
-        "max_new_tokens": max_new_tokens,
-        "teacher_force": teacher_force,
-        **options.sampling,
-        "repetition_penalty": repetition_penalty,
-        "frequency_penalty": frequency_penalty,
-        "presence_penalty": presence_penalty,
-        "no_repeat_ngram_size": no_repeat_ngram_size,
-        "block_size": engine.block_size,
-        "on_error": on_error,
-        **engine_description(engine),
-    }
-    if mode in ("clm", "truncate"):
-        settings.update(lifecycle.settings())
+    settings = {**report_settings(transcript, options, engine, lifecycle), "on_error": on_error}
     report = ReplayReport(mode=mode, model=engine.model_name, settings=settings)
     report.failures.extend(Failure(str(error)) for error in skipped or [])
     stdout = Console()

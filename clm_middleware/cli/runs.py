@@ -21,6 +21,29 @@ from clm_middleware.errors import ClmError
 from clm_middleware.evaluation.probes import Probe, read_probes, retention
 from clm_middleware.replay.formats import probes_beside
 from clm_middleware.replay.report import ReplayReport
+from clm_middleware.replay.runner import ReplayOptions
+
+
+def report_settings(transcript: Path, options: ReplayOptions, engine: Any, lifecycle: Any) -> dict[str, Any]:
+    """A report's ``settings``: how the run was made (generation, engine, and for
+    ``clm`` / ``truncate`` the lifecycle's), the same for ``clm replay`` and ``clm bench``."""
+    from clm_middleware.cli.setup import engine_description
+
+    settings = {
+        "transcript": str(transcript),
+        "max_new_tokens": options.max_new_tokens,
+        "teacher_force": options.teacher_force,
+        **options.sampling,
+        "repetition_penalty": options.repetition_penalty,
+        "frequency_penalty": options.frequency_penalty,
+        "presence_penalty": options.presence_penalty,
+        "no_repeat_ngram_size": options.no_repeat_ngram_size,
+        "block_size": engine.block_size,
+        **engine_description(engine),
+    }
+    if options.mode in ("clm", "truncate"):
+        settings.update(lifecycle.settings())
+    return settings
 
 
 def load_probes(transcript: Path, probes_path: Path | None) -> list[Probe]:

@@ -132,6 +132,9 @@ def test_bench_runs_modes_interleaved_and_writes_markdown_and_reports(tmp_path):
     prefix = json.loads((tmp_path / "reports" / "prefix.json").read_text())
     assert [t["reply"] for t in stateless["turns"]] == [t["reply"] for t in prefix["turns"]]
     assert prefix["totals"]["prefill_tokens"] < stateless["totals"]["prefill_tokens"]
+    # a bench report says how the run was made, as a replay report does
+    assert prefix["settings"]["teacher_force"] is True and prefix["settings"]["max_new_tokens"] == 64
+    assert {"temperature", "block_size", "repetition_penalty"} <= set(prefix["settings"])
 
 
 def test_bench_refuses_unknown_modes(tmp_path):
