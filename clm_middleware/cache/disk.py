@@ -86,8 +86,11 @@ class DiskTier:
         self._warned: set[str] = set()
         self.enabled = True
         try:
+            # every folder this creates is owner-only, not only the last (mkdir's mode)
+            created = [folder for folder in (self.directory, *self.directory.parents) if not folder.exists()]
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(self.directory, 0o700)
+            for folder in {self.directory, *created}:
+                os.chmod(folder, 0o700)
             probe = self.directory / f".probe.{os.getpid()}.{threading.get_ident()}"
             probe.write_bytes(b"")
             probe.unlink()

@@ -119,10 +119,11 @@ def test_a_size_cap_keeps_the_most_recently_used_files(tiny_model, tiny_tok, tmp
 
 
 def test_disk_cache_files_are_owner_only(tiny_model, tiny_tok, tmp_path):
-    engine = disk_engine(tiny_model, tiny_tok, tmp_path / "kv")
+    engine = disk_engine(tiny_model, tiny_tok, tmp_path / "new" / "kv")
     engine.generate(prompt_of(60), max_new_tokens=0).result()
     push_out(engine)
-    assert stat.S_IMODE(os.stat(engine.disk.directory).st_mode) == 0o700
+    for folder in (engine.disk.directory, tmp_path / "new" / "kv", tmp_path / "new"):  # each folder it created
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     for path in engine.disk.directory.glob("*.safetensors"):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
