@@ -160,7 +160,10 @@ class SessionRouter:
         return self._make(f"{conversation_id}~{uuid.uuid4().hex[:8]}")
 
     def _fork(self, source: Session, common: int, digests: list[str]) -> Session:
-        twin = source.conversation.fork(common, conversation_id=f"{source.conversation.id}~{uuid.uuid4().hex[:8]}")
+        # the first branch's id and a fresh suffix: a client that forks on every call (it
+        # edits the replies it sends back) gets ids of one length, not ever longer ones
+        root = source.conversation.id.split("~", 1)[0]
+        twin = source.conversation.fork(common, conversation_id=f"{root}~{uuid.uuid4().hex[:8]}")
         return self._add(Session(twin, list(digests)))
 
     def _unname(self, cid: str) -> None:

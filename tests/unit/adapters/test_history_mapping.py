@@ -34,6 +34,22 @@ def test_editing_the_third_message_forks_from_the_common_prefix(scripted_llm):
     assert len(router) == 2  # the original branch is still there, untouched
 
 
+def test_a_client_that_edits_every_reply_forks_each_call_under_ids_of_one_length(scripted_llm):
+    """Sending back its own wording of each reply (an agent that reformats them) forks at
+    every call; the branch ids name the first conversation and a suffix, never a chain."""
+    from langchain_core.messages import AIMessage
+
+    llm, _ = scripted_llm(*[f"Reply {n}." for n in range(4)])
+    history = [HumanMessage("Question 0.")]
+    ids = []
+    for n in range(4):
+        reply = llm.invoke(history)
+        ids.append(conversation_of(reply))
+        history += [AIMessage(f"Edited reply {n}."), HumanMessage(f"Question {n + 1}.")]
+    root = ids[0]
+    assert len(set(ids)) == 4 and all(i.startswith(f"{root}~") and len(i) == len(root) + 9 for i in ids[1:])
+
+
 def test_retrying_the_last_answer_branches_and_keeps_the_first_answer(scripted_llm):
     llm, _ = scripted_llm("A1.", "A2.", "A2 again.")
     h1, h2 = HumanMessage("First question here."), HumanMessage("Second one.")
