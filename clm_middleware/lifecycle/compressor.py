@@ -187,7 +187,8 @@ class Compressor:
         self.retries = max(1, retries)
         self._score_cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
         # token self-information of segments scored together (score_in_order), by segment
-        self._scored_together: OrderedDict[SegmentId, list[float | None]] = OrderedDict()
+        # and text (an id a discarded message had may come back with another text)
+        self._scored_together: OrderedDict[tuple[SegmentId, str], list[float | None]] = OrderedDict()
         if method == "auto":
             small = self.summarizer.num_parameters < SMALL_MODEL_PARAMETERS
             method = "extractive" if small else "abstractive"
@@ -240,7 +241,9 @@ class Compressor:
         the compressions that follow: one call where scoring each alone would cost a
         forward per segment (a long paste condensed to fit is hundreds of segments). A
         failed call leaves them to be scored one by one."""
-        todo = [s for s in segments if _recorded(s.surprisal, s) is None and s.id not in self._scored_together]
+        todo = [
+            s for s in segments if _recorded(s.surprisal, s) is None and (s.id, s.text) not in self._scored_together
+        ]
         if len(todo) < 2:
             return
         ids = [token for segment in todo for token in segment.token_ids]
@@ -255,7 +258,7 @@ class Compressor:
             return
         offset = 0
         for segment in todo:
-            self._scored_together[segment.id] = values[offset : offset + len(segment.token_ids)]
+            self._scored_together[segment.id, segment.text] = values[offset : offset + len(segment.token_ids)]
             offset += len(segment.token_ids)
         while len(self._scored_together) > SCORE_CACHE_SEGMENTS:
             self._scored_together.popitem(last=False)
@@ -372,7 +375,8 @@ class Compressor:
         """The ids of ``text`` as shown, their self-information, and the leading space the
         segment's ids carry ("" or " ", see ``ChatFormat.encode_after_space``)."""
         shown = self._shown(text)
-        recorded = _recorded(segment.surprisal, segment) or _recorded(self._scored_together.get(segment.id), segment)
+        together = self._scored_together.get((segment.id, segment.text))
+        recorded = _recorded(segment.surprisal, segment) or _recorded(together, segment)
         if recorded is not None:
             for lead in ("", " "):
                 if self.format.encode(lead + shown) == segment.token_ids:
