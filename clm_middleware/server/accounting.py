@@ -61,7 +61,8 @@ class RequestAccounting:
 
     def _count(self, scope: Scope, status: int) -> None:
         route: Any = scope.get("route")  # set by the router on the shared scope once it matched
-        endpoint = getattr(route, "path", None) or "unmatched"
+        # the template without converters ("/v1/sessions/{session_id}", not "{session_id:path}")
+        endpoint = getattr(route, "path_format", None) or getattr(route, "path", None) or "unmatched"
         self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
 
