@@ -1,5 +1,6 @@
 """Distinctive tokens: what a compression must keep verbatim and may not invent."""
 
+import gc
 import time
 
 import pytest
@@ -73,9 +74,18 @@ RUN_PIECES = ["a", "A", "1", "-", "_", "/", ".", ",", "@", " ", "Mr. ", "of ", "
 @given(st.lists(st.sampled_from(RUN_PIECES), min_size=1, max_size=3), st.integers(2_000, 20_000))
 def test_distinctive_tokens_take_bounded_time_on_long_runs(pieces, length):
     text = ("".join(pieces) * (length // len("".join(pieces)) + 1))[:length]
-    started = time.perf_counter()
-    distinctive_tokens(text)
-    assert time.perf_counter() - started < 2.0  # linear: ~0.01 s per 10k characters here
+    # the faster of two runs, with the collector paused: a backtracking pattern is slow every
+    # time, while a full collection of the suite's heap or a busy machine is slow once
+    timings = []
+    gc.disable()
+    try:
+        for _ in range(2):
+            started = time.perf_counter()
+            distinctive_tokens(text)
+            timings.append(time.perf_counter() - started)
+    finally:
+        gc.enable()
+    assert min(timings) < 2.0  # linear: ~0.01 s per 10k characters here
 
 
 def test_the_dos_fix_keeps_codes_that_start_mid_text():
