@@ -27,6 +27,10 @@ history, then start the conversation under a suffixed id (`s1~1a2b3c4d`); `clm r
 suffixes `#2`, `#3`. Segments are stored as token ids, so a conversation loads only onto
 an engine whose tokenizer reads them back as their text: another model's engine is a
 `ConfigError` naming the model that stored it (a model sharing the tokenizer loads it).
+A file that is another program's database (tables of its own, none of ours) or a store
+written by a newer version (a migration this one does not know) is refused before a
+byte is written (`StoreError` naming the file); a fork's id is its first
+conversation's plus one suffix, however many times it forks.
 
 Generated from the schema by `python -m clm_middleware.store.docs docs/store.md`;
 do not edit by hand.
