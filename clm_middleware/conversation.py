@@ -454,8 +454,8 @@ class Conversation:
         return twin
 
     def _unfold_for_fork(self, budget: int) -> None:
-        """See ``fork``: verbatim if that fits ``budget``, else the newest exchange unfolded."""
-        self.refresh_live()
+        """See ``fork``: verbatim if that fits ``budget``, else the newest exchange unfolded.
+        (The live index of a fork lists every message until its first turn's refresh.)"""
         segments = [self._segments[s] for m in self.messages for s in m.segment_ids]
         inherited = TurnCheckpoint.take(segments, self.fold)
         self._show_verbatim(self.messages)
