@@ -505,7 +505,9 @@ class ChatCLM(BaseChatModel):
         with self._lock:
             router = self._routers.get(key)
             if router is None:
-                router = self._routers[key] = SessionRouter(lambda cid: self._conversation(engine, cid))
+                router = self._routers[key] = SessionRouter(
+                    lambda cid: self._conversation(engine, cid), pool=engine.pool
+                )
             return router
 
     def _conversation(self, engine: ServingEngine, conversation_id: str) -> Conversation:

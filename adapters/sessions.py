@@ -15,16 +15,22 @@ again; two clients that share a name keep a branch each). A conversation serves 
 call at a time: a concurrent call with the same history forks instead of waiting.
 Idle conversations beyond ``max_sessions`` are closed, least recently used first (their
 state stays in the store, if one is set; a later call under the same name starts a new
-conversation, stored under a suffixed id).
+conversation, stored under a suffixed id). Given the engine's ``pool``, the router also
+answers its pressure: when a request finds the pool too full, idle conversations give
+back the blocks they hold between turns, least recently used first
+(``Conversation.release_cache``); they stay open, and their next turn reuses whatever
+of those blocks the pool still caches.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.lifecycle.reply import shared_prefix_length
@@ -53,16 +59,31 @@ class Route:
 
 class SessionRouter:
     def __init__(
-        self, make_conversation: Callable[[str], Conversation], max_sessions: int = MAX_SESSIONS, namespace: str = ""
+        self,
+        make_conversation: Callable[[str], Conversation],
+        max_sessions: int = MAX_SESSIONS,
+        namespace: str = "",
+        pool: Any = None,
     ) -> None:
         self._make = make_conversation
         self.namespace = namespace  # prefix of every conversation id (a tenant's, in a shared store)
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._names: dict[str, str] = {}  # session_id → conversation id (its latest branch)
         self._branches: dict[str, list[str]] = {}  # session_id → conversation ids made under it
-        self._lock = threading.Lock()
+        # re-entrant: making a conversation may run the engine, whose pool may then ask
+        # this router for room (``give_back_cache``) from the same thread
+        self._lock = threading.RLock()
         self.max_sessions = max_sessions
         self.evicted = 0  # idle sessions closed to stay within max_sessions
+        self.caches_released = 0  # idle sessions that gave their blocks back under pool pressure
+        # a pool that can ask for room (cache.block_pool.BlockPool; a remote engine's has none)
+        self._pool = pool if hasattr(pool, "add_pressure_listener") else None
+        listener = _PressureListener(self) if self._pool is not None else None
+        if listener is not None:
+            self._pool.add_pressure_listener(listener)
+        # a router dropped without close() (its ChatCLM went out of scope) still gives its
+        # conversations' blocks back to the shared pool, and leaves no listener behind
+        self._closer = weakref.finalize(self, _close_all, self._sessions, self._pool, listener)
 
     def route(self, turns: Sequence[Turn], session_id: str | None = None) -> Route:
         """Pick (and mark busy) the conversation to answer ``turns`` with. A blank
@@ -137,11 +158,22 @@ class SessionRouter:
         with self._lock:
             return self._sessions.get(self._names.get(session_id, session_id))
 
+    def give_back_cache(self, num_blocks: int) -> None:
+        """The pool is short of ``num_blocks``: idle conversations release the blocks they
+        hold between turns, least recently used first, until the pool has the room (or
+        none is left to ask). A busy one is never touched."""
+        if self._pool is None:
+            return
+        with self._lock:
+            for session in list(self._sessions.values()):
+                if self._pool.can_allocate(num_blocks):
+                    return
+                if not session.busy and session.conversation.release_cache():
+                    self.caches_released += 1
+
     def close(self) -> None:
         with self._lock:
-            for session in self._sessions.values():
-                session.conversation.close()
-            self._sessions.clear()
+            self._closer()
             self._names.clear()
             self._branches.clear()
 
@@ -189,3 +221,26 @@ class SessionRouter:
             self._unname(victim.conversation.id)
             victim.conversation.close()
             self.evicted += 1
+
+
+class _PressureListener:
+    """The pool's pressure listener for one router, holding it weakly: the shared pool
+    never keeps a dropped router (and its conversations) alive."""
+
+    def __init__(self, router: SessionRouter) -> None:
+        self._router = weakref.ref(router)
+
+    def __call__(self, num_blocks: int) -> None:
+        router = self._router()
+        if router is not None:
+            router.give_back_cache(num_blocks)
+
+
+def _close_all(sessions: OrderedDict[str, Session], pool: Any, listener: _PressureListener | None) -> None:
+    """Close every conversation of ``sessions`` and stop listening to ``pool`` (run once:
+    by ``SessionRouter.close`` or when the router is collected)."""
+    if listener is not None:
+        pool.remove_pressure_listener(listener)
+    for session in sessions.values():
+        session.conversation.close()
+    sessions.clear()

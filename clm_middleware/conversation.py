@@ -610,9 +610,18 @@ class Conversation:
 
     def close(self) -> None:
         """Give back every pool reference; the conversation can be loaded again from its store."""
+        self.release_cache()
+
+    def release_cache(self) -> int:
+        """Give back every pool reference this conversation holds between turns (its last
+        prompt + reply, and the blocks of segments it let go K rounds ago); returns how
+        many. The blocks stay cached, nobody's, until the pool needs the room: the next
+        turn still hits those left. The conversation stays usable; call it between turns."""
+        released = len(self._chain) + self.reclaimer.held_blocks
         self.engine.pool.release(list(reversed(self._chain)))
         self._chain = []
         self.reclaimer.close()
+        return released
 
     def abandon(self) -> None:
         """Close a conversation whose first call failed: one that never saved a turn also

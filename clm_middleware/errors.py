@@ -53,6 +53,11 @@ class PoolExhaustedError(ClmError, RuntimeError):
     """
 
 
+class PoolTooSmallError(PoolExhaustedError, ValueError):
+    """One request needs more KV blocks than the whole pool has: no wait makes it fit
+    (a caller's to fix, unlike a busy pool)."""
+
+
 class TranscriptError(ClmError, ValueError):
     """A transcript file is malformed; names ``path:line`` and what was expected."""
 

@@ -53,7 +53,7 @@ import torch
 from clm_middleware.cache.arena import ArenaCache
 from clm_middleware.cache.hashing import BlockKey
 from clm_middleware.cache.layout import KVLayout, PoolConfig
-from clm_middleware.errors import PoolExhaustedError
+from clm_middleware.errors import PoolExhaustedError, PoolTooSmallError
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,9 @@ class PoolStats:
 EvictedBlock = tuple[BlockKey, "BlockKey | None", tuple[int, ...], torch.Tensor, torch.Tensor]
 EvictionListener = Callable[[BlockKey, "BlockKey | None", tuple[int, ...], torch.Tensor, torch.Tensor], None]
 """``f(key, parent_key, token_ids, keys, values)`` for a block leaving memory (see ``DiskTier``)."""
+PressureListener = Callable[[int], None]
+"""``f(num_blocks)``: an allocation of ``num_blocks`` found too little room; give back
+references that can wait (an idle conversation's cached chain, see ``SessionRouter``)."""
 
 
 class BlockPool:
@@ -145,6 +148,7 @@ class BlockPool:
         self._evictions = 0
         self._hit_blocks = 0
         self._eviction_listeners: list[EvictionListener] = []
+        self._pressure_listeners: list[PressureListener] = []
 
     # ---------------------------------------------------------------- lookup
 
@@ -214,33 +218,56 @@ class BlockPool:
     # ------------------------------------------------------------ allocation
 
     def can_allocate(self, num_blocks: int) -> bool:
-        with self._lock:
-            return num_blocks <= len(self._free) + len(self._lru)
+        return num_blocks <= self.available_blocks()
 
     def allocate(self, num_blocks: int) -> list[int]:
         """Take ``num_blocks`` empty blocks (ref_count 1), evicting LRU blocks if needed.
 
-        Raises :class:`PoolExhaustedError` without changing anything when the blocks
-        held by active requests leave too little room. Eviction listeners run after
-        the lock is released, on copies, so a slow listener (disk) never blocks others.
+        When the blocks in use leave too little room, the pressure listeners are asked
+        (in order, outside the lock, until the room is there) to give back references
+        that can wait. Raises :class:`PoolTooSmallError` when ``num_blocks`` exceeds the
+        whole pool, :class:`PoolExhaustedError` when the room is still short; either
+        without changing anything. Eviction listeners run after the lock is released,
+        on copies, so a slow listener (disk) never blocks others.
         """
+        if num_blocks > self.num_blocks:
+            raise PoolTooSmallError(
+                f"the request needs {num_blocks} KV blocks of {self.block_size} tokens; the pool has "
+                f"{self.num_blocks} in all",
+                hint="raise max_kv_bytes / max_blocks, lower max_new_tokens, or set a smaller context budget",
+            )
         evicted: list[EvictedBlock] = []
+        allocated = self._allocate_now(num_blocks, evicted)
+        for listener in list(self._pressure_listeners) if allocated is None else []:
+            listener(num_blocks)
+            if (allocated := self._allocate_now(num_blocks, evicted)) is not None:
+                break
+        if allocated is None:
+            in_use = self.num_blocks - self.available_blocks()
+            raise PoolExhaustedError(
+                f"the KV pool cannot supply {num_blocks} blocks: it has {self.num_blocks} blocks of "
+                f"{self.block_size} tokens and {in_use} are held by running requests and open conversations",
+                hint="raise max_kv_bytes / max_blocks, lower max_new_tokens, or set a smaller context budget",
+            )
+        self._notify_evicted(evicted)
+        return allocated
+
+    def _allocate_now(self, num_blocks: int, evicted: list[EvictedBlock]) -> list[int] | None:
+        """``allocate`` without asking anyone for room; None (nothing changed) when short."""
         with self._lock:
-            available = len(self._free) + len(self._lru)
-            if num_blocks > available:
-                in_use = self.num_blocks - available
-                raise PoolExhaustedError(
-                    f"the KV pool cannot supply {num_blocks} blocks: it has {self.num_blocks} "
-                    f"blocks of {self.block_size} tokens and {in_use} are held by active requests",
-                    hint="raise max_kv_bytes / max_blocks, lower max_new_tokens, or set a smaller context budget",
-                )
+            if num_blocks > len(self._free) + len(self._lru):
+                return None
             allocated = []
             for _ in range(num_blocks):
                 block = self._blocks[self._free.pop()] if self._free else self._evict_locked(evicted)
                 block.ref_count = 1
                 allocated.append(block.block_id)
-        self._notify_evicted(evicted)
         return allocated
+
+    def available_blocks(self) -> int:
+        """Blocks an allocation can take now: free ones and cached ones nobody holds."""
+        with self._lock:
+            return len(self._free) + len(self._lru)
 
     def _notify_evicted(self, evicted: list[EvictedBlock]) -> None:
         """Listeners are optimisations (a disk tier): one that raises is logged, and the
@@ -389,6 +416,16 @@ class BlockPool:
     def add_eviction_listener(self, listener: EvictionListener) -> None:
         """Call ``listener(key, parent_key, token_ids, keys, values)`` for each evicted block."""
         self._eviction_listeners.append(listener)
+
+    def add_pressure_listener(self, listener: PressureListener) -> None:
+        """Ask ``listener(num_blocks)`` for room when an allocation finds too little (see
+        ``allocate``). It runs in the allocating thread, never under the pool's lock."""
+        self._pressure_listeners.append(listener)
+
+    def remove_pressure_listener(self, listener: PressureListener) -> None:
+        """Stop asking ``listener``; one never added is ignored."""
+        if listener in self._pressure_listeners:
+            self._pressure_listeners.remove(listener)
 
     def block(self, block_id: int) -> Block:
         return self._blocks[block_id]

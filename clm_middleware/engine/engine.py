@@ -48,7 +48,7 @@ from clm_middleware.engine.observe import Observe, default_probe_layers
 from clm_middleware.engine.penalties import GenerationDefaults
 from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters
 from clm_middleware.engine.stats import EngineStats
-from clm_middleware.errors import ConfigError, ContextWindowError
+from clm_middleware.errors import ConfigError, ContextWindowError, PoolTooSmallError
 from clm_middleware.models.fingerprint import model_fingerprint
 from clm_middleware.models.quantization import parameter_count
 
@@ -268,6 +268,8 @@ class Engine:
             min_p=defaults.min_p if min_p is None else min_p,
         )
         self._validate(prompt, sampling.max_new_tokens)
+        if use_pool:
+            self._check_pool_fits(len(prompt) + sampling.max_new_tokens, sampling.max_new_tokens)
         if stop and self.tokenizer is None:
             raise ConfigError("stop", "stop strings need an engine created with a tokenizer")
         request = Request(
@@ -369,6 +371,17 @@ class Engine:
                 f"({max_new_tokens}) needs {needed} positions; the model has "
                 f"{self.max_positions}",
                 hint="shorten the prompt, lower max_new_tokens, or set a context budget",
+            )
+
+    def _check_pool_fits(self, positions: int, max_new_tokens: int) -> None:
+        """A pooled request reserves blocks for every position at once (its hit blocks
+        included): more than the whole pool is never served, whatever is released."""
+        needed = -(-positions // self.block_size)
+        if needed > self.pool.num_blocks:
+            raise PoolTooSmallError(
+                f"the prompt plus max_new_tokens ({max_new_tokens}) needs {positions} positions in "
+                f"{needed} KV blocks of {self.block_size} tokens; the pool has {self.pool.num_blocks} in all",
+                hint="raise max_kv_bytes / max_blocks, lower max_new_tokens, or set a smaller context budget",
             )
 
     def _check_vocabulary(self, token_ids: list[int], field: str) -> None:

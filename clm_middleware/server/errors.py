@@ -5,8 +5,10 @@ ever does (an unexpected exception is logged here and answered with a 500 that s
 only that). ``clm_error_to_api`` maps the library's errors:
 
 - ``ConfigError`` → 400, ``param`` = the field it names;
-- ``ContextWindowError`` / ``ContextBudgetError`` → 400, ``code`` = ``context_length_exceeded``;
-- ``PoolExhaustedError`` → 503 with ``Retry-After``;
+- ``ContextWindowError`` / ``ContextBudgetError`` / ``PoolTooSmallError`` (more KV blocks
+  than the whole pool has) → 400, ``code`` = ``context_length_exceeded``;
+- ``PoolExhaustedError`` (running requests hold the room; idle conversations have already
+  given theirs back) → 503 with ``Retry-After``;
 - any other ``ClmError`` → 400 when it is the caller's to fix (a ``ValueError``), else 500.
 """
 
@@ -20,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clm_middleware.errors import ClmError, ConfigError, ContextWindowError, PoolExhaustedError
+from clm_middleware.errors import ClmError, ConfigError, ContextWindowError, PoolExhaustedError, PoolTooSmallError
 from clm_middleware.lifecycle.compaction import ContextBudgetError
 
 log = logging.getLogger("clm_middleware.server")
@@ -51,7 +53,7 @@ class APIError(Exception):
 def clm_error_to_api(error: ClmError) -> APIError:
     if isinstance(error, ConfigError):
         return APIError(400, str(error), param=error.field)
-    if isinstance(error, ContextWindowError | ContextBudgetError):
+    if isinstance(error, ContextWindowError | ContextBudgetError | PoolTooSmallError):
         return APIError(400, str(error), param="messages", code="context_length_exceeded")
     if isinstance(error, PoolExhaustedError):
         return APIError(503, str(error), code="pool_exhausted", retry_after=RETRY_AFTER_S)

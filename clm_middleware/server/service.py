@@ -112,7 +112,7 @@ class ChatService:
                     router = StatelessSessions(make)
                 else:
                     namespace = f"{tenant}/" if tenant else ""
-                    router = SessionRouter(make, self.config.max_sessions, namespace=namespace)
+                    router = SessionRouter(make, self.config.max_sessions, namespace=namespace, pool=self.engine.pool)
                 self._routers[tenant] = router
             return router
 

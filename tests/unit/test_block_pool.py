@@ -9,7 +9,7 @@ import torch
 
 from clm_middleware.cache import BlockPool, KVLayout, PoolConfig
 from clm_middleware.cache.hashing import block_key, chain_keys, extra_key_bytes, root_key
-from clm_middleware.errors import ConfigError, PoolExhaustedError
+from clm_middleware.errors import ConfigError, PoolExhaustedError, PoolTooSmallError
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, dtype=torch.float32, device=torch.device("cpu"))
 EXTRA = extra_key_bytes("test-model")
@@ -138,6 +138,51 @@ def test_exhaustion_raises_a_clear_error_and_changes_nothing():
     assert pool.ref_counts(held) == [1, 1, 1]
     assert pool.stats().blocks_free == 1
     pool.check_invariants()
+
+
+def test_a_request_larger_than_the_whole_pool_is_too_small_not_busy():
+    pool = make_pool(num_blocks=4)
+    asked = []
+    pool.add_pressure_listener(asked.append)
+    with pytest.raises(PoolTooSmallError, match=r"needs 5 KV blocks of 4 tokens; the pool has 4 in all"):
+        pool.allocate(5)
+    assert asked == []  # nobody is asked to give back room that could never be enough
+    assert pool.stats().blocks_free == 4
+
+
+def test_a_short_allocation_asks_pressure_listeners_in_order_until_there_is_room():
+    pool = make_pool(num_blocks=4)
+    first, second = pool.allocate(2), pool.allocate(2)
+    asked = []
+
+    def give_back(blocks: list[int], name: str):
+        def listener(needed: int) -> None:
+            asked.append((name, needed))
+            pool.release(blocks)
+
+        return listener
+
+    pool.add_pressure_listener(give_back(first, "first"))
+    pool.add_pressure_listener(give_back(second, "second"))
+    assert len(pool.allocate(2)) == 2
+    assert asked == [("first", 2)]  # the first one made the room: the second is not asked
+    pool.check_invariants()
+
+
+def test_a_removed_pressure_listener_is_not_asked_and_a_short_pool_still_raises():
+    pool = make_pool(num_blocks=4)
+    held = pool.allocate(4)
+    asked = []
+    pool.add_pressure_listener(asked.append)
+    with pytest.raises(PoolExhaustedError, match="held by running requests and open conversations"):
+        pool.allocate(1)
+    assert asked == [1]
+    pool.remove_pressure_listener(asked.append)
+    pool.remove_pressure_listener(asked.append)  # one never added (any more) is ignored
+    with pytest.raises(PoolExhaustedError):
+        pool.allocate(1)
+    assert asked == [1]
+    assert pool.ref_counts(held) == [1, 1, 1, 1]
 
 
 def test_release_of_an_unreferenced_block_is_a_caller_bug():

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from clm_middleware.errors import ConfigError, ContextWindowError, PoolExhaustedError
+from clm_middleware.errors import ConfigError, ContextWindowError, PoolExhaustedError, PoolTooSmallError
 
 EXACT = 1e-4  # the contract: fp32, max abs diff between reused and recomputed logits
 
@@ -197,10 +197,22 @@ def test_hold_blocks_hands_the_chain_to_the_caller(engine):
 def test_a_request_larger_than_the_pool_fails_before_computing_and_holds_nothing(make_engine):
     engine = make_engine(max_blocks=4)
     engine.generate(prompt_of(33), max_new_tokens=0).result()
-    with pytest.raises(PoolExhaustedError, match="cannot supply"):
+    # 81 positions: 6 blocks, 2 of them cached, in a pool of 4: too large whatever is released
+    with pytest.raises(PoolTooSmallError, match="needs 81 positions in 6 KV blocks of 16 tokens; the pool has 4"):
         engine.generate(prompt_of(33) + prompt_of(40), max_new_tokens=8).result()
     assert engine.pool.stats().blocks_in_use == 0
-    assert engine.stats.calls == 2  # the failed call is counted, with nothing computed
+    assert engine.stats.calls == 1  # refused at admission, as a prompt over the window is
+    engine.pool.check_invariants()
+
+
+def test_a_request_the_busy_pool_cannot_hold_now_fails_before_computing_and_holds_nothing(make_engine):
+    engine = make_engine(max_blocks=4)
+    held = engine.pool.allocate(3)  # another request's room
+    with pytest.raises(PoolExhaustedError, match="cannot supply 2 blocks"):
+        engine.generate(prompt_of(20), max_new_tokens=8).result()
+    assert engine.pool.stats().blocks_in_use == 3
+    assert engine.stats.calls == 1  # the failed call is counted, with nothing computed
+    engine.pool.release(held)
     engine.pool.check_invariants()
 
 

@@ -108,13 +108,14 @@ def test_memory_stays_flat_under_pool_pressure_and_nothing_is_lost(tmp_path):
 def test_a_turn_that_cannot_fit_the_pool_is_a_clear_error(make_engine):
     import pytest
 
-    from clm_middleware.errors import PoolExhaustedError
+    from clm_middleware.errors import PoolTooSmallError
 
     engine = make_engine(max_blocks=4)
     conversation = Conversation(engine, tagging="signals", max_new_tokens=8)
-    with pytest.raises(PoolExhaustedError, match="cannot supply"):
+    with pytest.raises(PoolTooSmallError, match="the pool has 4 in all"):
         conversation.send("x" * 200)
     assert conversation.turn == 0 and engine.pool.stats().blocks_in_use == 0
+    assert conversation.history == []  # no wait makes it fit: taken back, as any message refused as too long
 
 
 def _compressed_run(engine) -> tuple[list[int], list[str]]:

@@ -9,6 +9,9 @@ import time
 import httpx
 import pytest
 
+from clm_middleware.errors import PoolExhaustedError
+from clm_middleware.server.errors import clm_error_to_api
+
 TIMEOUT_S = 60
 KEY = "s3cret-key"
 
@@ -45,6 +48,15 @@ def _hello(model_id: str, **extra) -> dict:
         ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream, as OpenAI and vLLM
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]},
+            "messages[0].content[0].type",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function"}},
+            "tool_choice.function.name",
+        ),
         ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id"),
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
         ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]}, "messages[0].content"),
@@ -184,18 +196,36 @@ def test_with_an_api_key_a_missing_or_wrong_key_is_a_401(guarded):
     assert httpx.get(guarded.url + "/health", timeout=TIMEOUT_S).status_code == 200  # probes need no key
 
 
-def test_a_request_the_pool_cannot_fit_is_a_503_with_retry_after_and_holds_nothing(guarded):
+def test_a_request_larger_than_the_whole_pool_is_a_400_context_length_exceeded_and_holds_nothing(guarded):
     auth = {"Authorization": f"Bearer {KEY}"}
     model_id = httpx.get(guarded.api + "/models", headers=auth, timeout=TIMEOUT_S).json()["data"][0]["id"]
     held = guarded.metric("clm_pool_blocks_in_use")
     body = {**_hello(model_id), "messages": [{"role": "user", "content": "x " * 400}]}
     response = _post(guarded.api, body, auth)
-    error = _error(response, 503)
-    assert error["code"] == "pool_exhausted" and int(response.headers["Retry-After"]) >= 1
+    error = _error(response, 400)  # no wait makes it fit: a client that retried a 503 would retry in vain
+    assert error["code"] == "context_length_exceeded" and "Retry-After" not in response.headers
+    assert "the pool has 24 in all" in error["message"]
     assert guarded.metric("clm_pool_blocks_in_use") == held
     streamed = _post(guarded.api, {**body, "stream": True}, auth)  # fails before its first token:
-    assert _error(streamed, 503)["code"] == "pool_exhausted"  # a real status, not a 200 stream
+    assert _error(streamed, 400)["code"] == "context_length_exceeded"  # a real status, not a 200 stream
     assert _post(guarded.api, _hello(model_id), auth).status_code == 200  # the server goes on
+
+
+def test_idle_sessions_holding_the_pool_never_turn_a_new_chat_away(guarded):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    model_id = httpx.get(guarded.api + "/models", headers=auth, timeout=TIMEOUT_S).json()["data"][0]["id"]
+    for number in range(10):  # ten chats of ~5 blocks each left open, in a pool of 24 blocks
+        message = {"role": "user", "content": f"chat {number}: what should I pack for a week in Lisbon?"}
+        response = _post(guarded.api, {**_hello(model_id), "messages": [message]}, auth)
+        assert response.status_code == 200, response.text
+    assert guarded.metric("clm_pool_blocks_in_use") <= 24
+    assert guarded.metric("clm_sessions") >= 10  # they gave their blocks back, and stay open
+
+
+def test_a_busy_pool_is_a_503_with_retry_after():
+    api = clm_error_to_api(PoolExhaustedError("the KV pool cannot supply 3 blocks"))
+    assert (api.status, api.code, api.retry_after) == (503, "pool_exhausted", 1)
+    assert api.body()["error"]["type"] == "overloaded_error"
 
 
 def test_text_parts_of_a_message_reach_the_model_one_per_line(server, model_id):
@@ -204,3 +234,15 @@ def test_text_parts_of_a_message_reach_the_model_one_per_line(server, model_id):
     assert _post(server.api, body, {"X-Session-Id": "parts"}).status_code == 200
     context = httpx.get(server.api + "/sessions/parts", timeout=TIMEOUT_S).json()["context"]
     assert "Translate to Spanish:\nGood morning" in context
+
+
+def test_an_assistant_refusal_part_in_the_history_reaches_the_model_as_its_text(server, model_id):
+    messages = [
+        {"role": "user", "content": "Tell me a secret."},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot share secrets."}]},
+        {"role": "user", "content": "Then a joke."},
+    ]
+    response = _post(server.api, {**_hello(model_id), "messages": messages}, {"X-Session-Id": "refusal"})
+    assert response.status_code == 200, response.text
+    context = httpx.get(server.api + "/sessions/refusal", timeout=TIMEOUT_S).json()["context"]
+    assert "I cannot share secrets." in context

@@ -1,0 +1,78 @@
+"""Idle conversations give their blocks back when the shared pool runs short (sessions.py)."""
+
+import gc
+
+import pytest
+
+from clm_middleware.adapters import ChatCLM
+from clm_middleware.adapters.messages import Turn, turn_digest
+from clm_middleware.adapters.sessions import SessionRouter
+from clm_middleware.conversation import Conversation
+from clm_middleware.errors import PoolTooSmallError
+
+
+def _turn(role: str, text: str) -> Turn:
+    return Turn(role, text, turn_digest(role, text))
+
+
+def _answered(router: SessionRouter, text: str):
+    """Route a one-message history and answer it, as a chat call does; the session."""
+    route = router.route([_turn("user", text)])
+    conversation = route.session.conversation
+    conversation.add("user", text)
+    reply = conversation.respond()
+    router.done(route.session, [_turn("user", text).digest, turn_digest("assistant", reply.text)])
+    return route.session
+
+
+def test_new_chats_are_answered_when_idle_chats_hold_the_whole_pool(make_engine):
+    engine = make_engine(max_blocks=12)
+    llm = ChatCLM(engine=engine, tagging="signals", max_tokens=4)
+    first = [("user", "chat number 0: tell me about the weather")]
+    reply = llm.invoke(first)
+    for number in range(1, 8):  # each a new conversation; together they would hold far more than 12 blocks
+        assert isinstance(llm.invoke(f"chat number {number}: tell me about the weather").content, str)
+    engine.pool.check_invariants()
+    # the first chat gave its blocks back but stays open: its next call extends it
+    again = llm.invoke([*first, ("assistant", reply.content), ("user", "and tomorrow?")])
+    assert again.response_metadata["conversation_id"] == reply.response_metadata["conversation_id"]
+
+
+def test_under_pressure_only_idle_sessions_give_back_least_recently_used_first(make_engine):
+    engine = make_engine(max_blocks=64)
+    make = lambda cid: Conversation(engine, conversation_id=cid, tagging="signals", max_new_tokens=4)  # noqa: E731
+    router = SessionRouter(make, pool=engine.pool)
+    oldest, newer = _answered(router, "the first chat"), _answered(router, "the second chat")
+    busy = router.route([_turn("user", "a third chat, answering now")]).session
+    busy.conversation.add("user", "a third chat, answering now")
+    busy.conversation.respond()  # holds its chain; the router still marks it busy
+    held = {s.conversation.id: s.conversation.stats()["held_blocks"] for s in (oldest, newer, busy)}
+    assert all(held.values())
+    available = engine.pool.available_blocks()
+    router.give_back_cache(available + 1)  # one block more than there is: the oldest suffices
+    assert oldest.conversation.stats()["held_blocks"] == 0
+    assert newer.conversation.stats()["held_blocks"] == held[newer.conversation.id]
+    router.give_back_cache(engine.pool.num_blocks)  # more than anyone can give: every idle one gives
+    assert newer.conversation.stats()["held_blocks"] == 0
+    assert busy.conversation.stats()["held_blocks"] == held[busy.conversation.id]  # a busy one is never touched
+    assert router.caches_released == 2
+    router.close()
+    assert engine.pool.stats().blocks_in_use == 0
+
+
+def test_a_dropped_router_gives_its_blocks_back_and_stops_listening(make_engine):
+    engine = make_engine(max_blocks=64)
+    make = lambda cid: Conversation(engine, conversation_id=cid, tagging="signals", max_new_tokens=4)  # noqa: E731
+    router = SessionRouter(make, pool=engine.pool)
+    _answered(router, "a chat whose router is dropped")
+    assert engine.pool.stats().blocks_in_use > 0
+    del router
+    gc.collect()
+    assert engine.pool.stats().blocks_in_use == 0
+    assert engine.pool._pressure_listeners == []
+
+
+def test_a_chat_larger_than_the_whole_pool_is_refused_as_too_long(make_engine):
+    llm = ChatCLM(engine=make_engine(max_blocks=4), tagging="signals", max_tokens=4)
+    with pytest.raises(PoolTooSmallError, match="the pool has 4 in all"):
+        llm.invoke("a message much longer than four blocks of sixteen tokens " * 3)
