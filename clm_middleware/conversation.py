@@ -200,22 +200,24 @@ class Conversation:
         """Add a user message and answer it.
 
         If the message cannot be answered as it is (a ``ValueError``: over the budget or
-        the window, a bad setting), it is taken back: the conversation is as it was
-        before the call, and the next ``send`` does not carry it along. If the engine
-        failed (a server gone, the pool full), the message stays, unanswered, and
-        ``respond()`` answers it once the engine is back: no message is lost."""
+        the window, a bad setting), or the user interrupts the turn (Ctrl-C, a
+        ``KeyboardInterrupt``), it is taken back: the conversation is as it was before
+        the call, and the next ``send`` does not carry it along. If the engine failed (a
+        server gone, the pool full), the message stays, unanswered, and ``respond()``
+        answers it once the engine is back: no message is lost."""
         start = len(self.messages)
         self.add("user", text)
         try:
             return self.respond()
-        except ValueError:
+        except (ValueError, KeyboardInterrupt):
             self.discard(start)
             raise
 
     def stream(self, text: str) -> Iterator[str]:
         """Like ``send``, yielding the visible reply as it is generated; then ``last_reply``
         is set. A stream closed before its end takes its message back, as a
-        ``ValueError`` does; an engine failure leaves it pending, as in ``send``. A stream
+        ``ValueError`` or a ``KeyboardInterrupt`` does; an engine failure leaves it
+        pending, as in ``send``. A stream
         left unfinished (a ``break`` out of the loop) is closed by the next call on the
         conversation, which takes its message back before going on."""
         self._close_open_stream()
@@ -226,7 +228,7 @@ class Conversation:
         self.add("user", text)
         try:
             yield from self._runner.turn_steps(None, "", self.generation, None)
-        except (ValueError, GeneratorExit):
+        except (ValueError, GeneratorExit, KeyboardInterrupt):
             self.discard(start)
             raise
 

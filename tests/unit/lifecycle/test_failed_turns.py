@@ -136,3 +136,30 @@ def test_a_turn_cancelled_after_its_compaction_undoes_it(converse, engine):
     assert conversation.turn == 3 and conversation.context.startswith(context.rsplit("<|im_end|>", 1)[0])
     assert [(s.status, s.summary) for s in conversation.segments][: len(states)] == states
     assert engine.pool.stats().blocks_in_use == held
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["send", "stream"])
+def test_a_turn_interrupted_by_ctrl_c_takes_its_message_back(converse, engine, monkeypatch, streamed):
+    conversation = converse(max_new_tokens=16)
+    conversation.send("hello there")
+    held, history = engine.pool.stats().blocks_in_use, [m.content for m in conversation.history]
+    decode = engine.decode
+    steps = 0
+
+    def interrupted(*args, **kwargs):
+        nonlocal steps
+        steps += 1
+        if steps == 2:
+            raise KeyboardInterrupt
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "decode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        if streamed:
+            list(conversation.stream("what is the capital of Peru?"))
+        else:
+            conversation.send("what is the capital of Peru?")
+    monkeypatch.undo()
+    assert [m.content for m in conversation.history] == history  # the next send does not answer it too
+    assert engine.pool.stats().blocks_in_use == held
+    assert conversation.send("and of Chile?").turn == 2
