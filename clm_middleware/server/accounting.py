@@ -23,10 +23,17 @@ from .errors import APIError, unexpected_error
 from .metrics import ServerMetrics
 
 
+class _BodyTooLarge(BaseException):
+    """A body without a ``Content-Length`` (chunked) went past the limit while read. A
+    ``BaseException``: FastAPI answers any ``Exception`` raised while it reads a body
+    with its own 400, which would hide the 413."""
+
+
 class RequestAccounting:
     """Counts each answered request once, at its response's start, under the route's
-    template (one label per endpoint, not per URL); a ``Content-Length`` over
-    ``max_body_bytes`` is a 413 before the body is read."""
+    template (one label per endpoint, not per URL); a body over ``max_body_bytes`` is a
+    413: before it is read when its ``Content-Length`` says so, else (chunked transfer)
+    as soon as the bytes read pass the limit, so no body is ever held whole beyond it."""
 
     def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, max_body_bytes: int) -> None:
         self.app = app
@@ -47,17 +54,29 @@ class RequestAccounting:
                 self._count(scope, message["status"])
             await send(message)
 
+        refusal = APIError(413, f"the request body is over {self.max_body_bytes} bytes", code="body_too_large")
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            refusal = APIError(413, f"the request body is over {self.max_body_bytes} bytes", code="body_too_large")
             await refusal.response()(scope, receive, counting_send)
             return
+        read = 0
+
+        async def bounded_receive() -> Message:
+            nonlocal read
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > self.max_body_bytes:
+                    raise _BodyTooLarge
+            return message
+
         try:
-            await self.app(scope, receive, counting_send)
-        except Exception as error:
+            await self.app(scope, bounded_receive, counting_send)
+        except (Exception, _BodyTooLarge) as error:
             if started:  # half a response is out: nothing to answer with but closing it
                 raise
-            await unexpected_error(error).response()(scope, receive, counting_send)
+            answer = refusal if isinstance(error, _BodyTooLarge) else unexpected_error(error)
+            await answer.response()(scope, receive, counting_send)
 
     def _count(self, scope: Scope, status: int) -> None:
         route: Any = scope.get("route")  # set by the router on the shared scope once it matched

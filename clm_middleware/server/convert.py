@@ -132,11 +132,15 @@ def completion_body(answer: ChatAnswer, model: str, completion_id: str, session_
     }
 
 
-def chunk(completion_id: str, model: str, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+def chunk(
+    completion_id: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None = None
+) -> dict[str, Any]:
+    """One streamed chunk; every chunk of a completion carries its id and its ``created``
+    (the completion's start, in seconds), as OpenAI's do."""
     return {
         "id": completion_id,
         "object": "chat.completion.chunk",
-        "created": int(time.time()),
+        "created": created,
         "model": model,
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
     }
@@ -200,9 +204,22 @@ def _content_text(message: ChatMessage, index: int) -> str:
         return content or ""
     parts = []
     for position, part in enumerate(content):
-        if part.type != "text" or part.text is None:
+        if part.type == "refusal" and message.role == "assistant" and part.refusal is not None:
+            parts.append(part.refusal)  # what the assistant said, as a text part would hold it
+        elif part.type not in ("text", "refusal"):
             raise _bad_message(index, f"content[{position}].type", f"only text parts are supported, got {part.type!r}")
-        parts.append(part.text)
+        elif part.type == "refusal":
+            field = "refusal" if message.role == "assistant" else "type"
+            problem = (
+                "a refusal part needs its refusal text"
+                if field == "refusal"
+                else "only an assistant message holds a refusal part"
+            )
+            raise _bad_message(index, f"content[{position}].{field}", problem)
+        elif part.text is None:
+            raise _bad_message(index, f"content[{position}].text", "a text part needs its text")
+        else:
+            parts.append(part.text)
     return join_text_parts(parts)
 
 
@@ -221,6 +238,9 @@ def _check_tool_choice(choice: Any, tools: list[dict[str, Any]]) -> None:
         raise APIError(400, "tool_choice: needs tools", param="tool_choice")
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
+        if name is None:
+            message = 'tool_choice.function.name: required (e.g. {"type": "function", "function": {"name": "..."}})'
+            raise APIError(400, message, param="tool_choice.function.name")
         if name not in {t["function"]["name"] for t in tools}:
             raise APIError(400, f"tool_choice: no tool named {name!r} in tools", param="tool_choice")
 

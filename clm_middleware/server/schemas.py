@@ -41,6 +41,7 @@ class ToolCall(_Lenient):
 class ContentPart(_Lenient):
     type: str
     text: str | None = None
+    refusal: str | None = None  # an assistant's refusal part, as OpenAI returns it in history
 
 
 class ChatMessage(_Lenient):

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -90,13 +91,14 @@ async def sse(
 ) -> AsyncIterator[str]:
     """A role chunk, content deltas, the tool calls, a finish chunk carrying the ``clm``
     object, the usage chunk if asked, ``[DONE]``."""
+    created = int(time.time())
     try:
-        yield _data(convert.chunk(completion_id, model, {"role": "assistant", "content": ""}))
+        yield _data(convert.chunk(completion_id, created, model, {"role": "assistant", "content": ""}))
         kind, value = first
         if kind == "started":
             kind, value = await events.next()
         while kind == "delta":
-            yield _data(convert.chunk(completion_id, model, {"content": value}))
+            yield _data(convert.chunk(completion_id, created, model, {"content": value}))
             kind, value = await events.next()
         if kind == "error":
             api = clm_error_to_api(value) if isinstance(value, ClmError) else unexpected_error(value)
@@ -106,12 +108,14 @@ async def sse(
             service.metrics.turn(answer.reply.stats)
             if answer.tool_calls:
                 calls = [{"index": i, **c} for i, c in enumerate(convert.tool_calls(answer))]
-                yield _data(convert.chunk(completion_id, model, {"tool_calls": calls}))
-            final = convert.chunk(completion_id, model, {}, answer.finish_reason)
+                yield _data(convert.chunk(completion_id, created, model, {"tool_calls": calls}))
+            final = convert.chunk(completion_id, created, model, {}, answer.finish_reason)
             final["clm"] = convert.extension(answer, session_id)
             yield _data(final)
             if include_usage:
-                yield _data({**convert.chunk(completion_id, model, {}), "choices": [], "usage": convert.usage(answer)})
+                yield _data(
+                    {**convert.chunk(completion_id, created, model, {}), "choices": [], "usage": convert.usage(answer)}
+                )
         yield "data: [DONE]\n\n"
     finally:
         await events.finished()

@@ -53,3 +53,32 @@ def test_an_unexpected_error_is_a_counted_500_and_the_next_request_is_served():
     assert "a bug" not in broken.text and fine.json() == {"ok": True}
     counted = metrics.registry.get_sample_value("clm_requests_total", {"endpoint": "/broken", "status": "500"})
     assert counted == 1.0
+
+
+def test_a_chunked_body_over_the_limit_is_a_413_once_read_past_it():
+    app, metrics = failing_app()
+
+    @app.post("/echo")
+    async def echo(body: dict) -> dict:
+        return {"size": len(body["text"])}
+
+    def chunks(total: int):
+        async def stream():
+            yield b'{"text": "'
+            for _ in range(total // 100):
+                yield b"x" * 100
+            yield b'"}'
+
+        return stream()
+
+    async def run() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            # no Content-Length: the size is known only as the chunks arrive
+            headers = {"Content-Type": "application/json"}
+            over = await client.post("/echo", content=chunks(5000), headers=headers)
+            return over, await client.post("/echo", content=chunks(500), headers=headers)
+
+    over, under = asyncio.run(run())
+    assert over.status_code == 413 and over.json()["error"]["code"] == "body_too_large"
+    assert under.status_code == 200 and under.json() == {"size": 500}
+    assert metrics.registry.get_sample_value("clm_requests_total", {"endpoint": "/echo", "status": "413"}) == 1.0

@@ -63,6 +63,7 @@ def test_a_streamed_reply_equals_the_same_request_unstreamed(client, model_id):
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finish == [whole.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert len({(c.id, c.created, c.model) for c in chunks}) == 1  # one completion: one id, one start time
 
 
 def test_a_required_tool_call_comes_back_parsed_and_its_result_extends_the_session(client, model_id):
