@@ -1,7 +1,7 @@
 """Tools for models whose chat template has no tool support, and the calls they write.
 
-Prompt format (documented in docs/tools.md): the system message lists the tools as
-JSON schemas and asks for calls written as::
+Prompt format (documented in docs/tools.md): the system message lists the tools, one
+signature line each (``signature``), and asks for calls written as::
 
     <tool_call>{"name": "get_weather", "arguments": {"location": "Paris"}}</tool_call>
 
