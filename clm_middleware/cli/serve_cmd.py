@@ -51,6 +51,13 @@ API_KEY_ENV = "CLM_API_KEY"
     f"[default: ${API_KEY_ENV} if set].",
 )
 @click.option(
+    "--allowed-origins",
+    "allowed_origins",
+    multiple=True,
+    help="Browser origin allowed to call the API (CORS), e.g. http://localhost:3000, or * for any "
+    "(repeat for several) [default: none, same-origin only].",
+)
+@click.option(
     "--max-sessions", type=click.IntRange(min=1), default=64, show_default=True, help="Open sessions per tenant."
 )
 @click.option(
@@ -89,6 +96,7 @@ def serve(
     compact_ahead: bool,
     db: Path | None,
     api_keys: tuple[str, ...],
+    allowed_origins: tuple[str, ...],
     max_sessions: int,
     max_concurrent_turns: int,
     max_tokens: int,
@@ -131,6 +139,7 @@ def serve(
         compact_ahead=compact_ahead,
         db=str(db) if db else None,
         api_keys=keys,
+        allowed_origins=allowed_origins,
         max_sessions=max_sessions,
         max_concurrent_turns=max_concurrent_turns,
         generation=generation,

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from clm_middleware.adapters.chat_call import ChatAnswer, ChatRequest
@@ -53,6 +54,14 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
     model_id = service.config.model_id
     created = int(time.time())
 
+    if service.config.allowed_origins:  # preflights answered here; accounting, added after, counts them
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(service.config.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
     app.add_middleware(RequestAccounting, metrics=service.metrics, max_body_bytes=max_body_bytes)
 
     def api_key(request: Request) -> str | None:

@@ -44,6 +44,8 @@ class ServerConfig:
     max_sessions: int = MAX_SESSIONS
     max_concurrent_turns: int = 4  # turns generating at once; more requests wait their turn
     generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(max_new_tokens=256))
+    # browser origins allowed to call the API (CORS; "*" for any); none: same-origin only
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -54,6 +56,9 @@ class ServerConfig:
             raise ConfigError("max_concurrent_turns", f"must be ≥ 1, got {self.max_concurrent_turns}")
         if any(not key for key in self.api_keys):
             raise ConfigError("api_key", "must not be empty")
+        bad = next((o for o in self.allowed_origins if o != "*" and "://" not in o), None)
+        if bad is not None:
+            raise ConfigError("allowed_origins", f"{bad!r} is not an origin; use scheme://host[:port] or *")
 
 
 class StatelessSessions:

@@ -246,3 +246,22 @@ def test_an_assistant_refusal_part_in_the_history_reaches_the_model_as_its_text(
     assert response.status_code == 200, response.text
     context = httpx.get(server.api + "/sessions/refusal", timeout=TIMEOUT_S).json()["context"]
     assert "I cannot share secrets." in context
+
+
+def test_cors_is_off_by_default_and_allowed_origins_answer_preflights(server, launch, tmp_path):
+    preflight = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"}
+    closed = httpx.options(server.api + "/chat/completions", headers=preflight, timeout=TIMEOUT_S)
+    assert "access-control-allow-origin" not in closed.headers  # same-origin only unless asked
+    live = launch(tmp_path, "--allowed-origins", "http://ui.example")
+    try:
+        asked = {**preflight, "Access-Control-Request-Headers": "authorization, content-type"}
+        opened = httpx.options(live.api + "/chat/completions", headers=asked, timeout=TIMEOUT_S)
+        assert opened.status_code == 200 and opened.headers["access-control-allow-origin"] == "http://ui.example"
+        models = httpx.get(live.api + "/models", headers={"Origin": "http://ui.example"}, timeout=TIMEOUT_S)
+        assert models.headers["access-control-allow-origin"] == "http://ui.example"
+        other = httpx.options(
+            live.api + "/chat/completions", headers={**asked, "Origin": "http://evil.example"}, timeout=TIMEOUT_S
+        )
+        assert other.headers.get("access-control-allow-origin") != "http://evil.example"
+    finally:
+        live.stop()
