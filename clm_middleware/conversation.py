@@ -632,6 +632,13 @@ class Conversation:
         if self.store is not None and not self._saved:
             self.store.unregister(self.id)
 
+    def __repr__(self) -> str:
+        budget = self.config.budget
+        return (
+            f"Conversation(id={self.id!r}, turn={self.turn}, messages={len(self.messages)}, "
+            f"budget={budget}, tagging={self.config.tagging.mode!r}, model={self.engine.model_name!r})"
+        )
+
     def __enter__(self) -> Conversation:
         return self
 

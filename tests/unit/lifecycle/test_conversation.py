@@ -634,3 +634,10 @@ def test_a_prompt_that_fills_the_window_says_so_instead_of_blaming_max_new_token
     assert len(conversation.render_prompt(None).token_ids) >= engine.max_positions
     with pytest.raises(ContextWindowError, match=r"fills the model's .* positions: no room is left for a reply"):
         conversation.respond()
+
+
+def test_a_conversation_reads_as_what_it_is(converse):
+    conversation = converse(budget=512, conversation_id="trip-42")
+    conversation.send("hello there")
+    text = repr(conversation)
+    assert text.startswith("Conversation(id='trip-42', turn=1, messages=2, budget=512, tagging='signals', model=")
