@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -262,6 +263,30 @@ class ChatCLM(BaseChatModel):
         if self.engine is not None and not self.model:
             return self.engine.model_name
         return self.model or DEFAULT_MODEL
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ChatCLM:
+        """The same settings (deep-copied) on the same engine (weights and pool, shared as
+        between any two ChatCLM of one model), with no open conversation of its own yet:
+        sessions and their lock belong to one instance."""
+        fields = {name: copy.deepcopy(value, memo) for name, value in self.__dict__.items() if name != "engine"}
+        clone = self.model_copy(update=fields)
+        clone._routers, clone._lock = {}, threading.Lock()
+        return clone
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickled: the settings only. Open conversations (in memory, or in ``store_path``)
+        stay with this process; a ChatCLM around an ``engine`` object cannot be pickled."""
+        if self.engine is not None:
+            raise TypeError(
+                "a ChatCLM built around an engine object cannot be pickled: build it from its "
+                "settings (model=..., engine_url=...) to pickle it"
+            )
+        state = super().__getstate__()
+        return {**state, "__pydantic_private__": None}
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        self._routers, self._lock = {}, threading.Lock()
 
     def conversation(self, conversation_id: str) -> Conversation | None:
         """The managed conversation behind a reply (its ``response_metadata["conversation_id"]``)

@@ -126,3 +126,31 @@ def test_tokens_are_counted_with_the_models_own_tokenizer_and_chat_template(scri
     assert llm.get_num_tokens_from_messages(history) == expected
     kept = trim_messages(history, max_tokens=expected - 1, token_counter=llm, strategy="last", include_system=True)
     assert kept[0] == history[0] and len(kept) < len(history)
+
+
+def test_a_pickled_chatclm_keeps_its_settings_and_starts_without_conversations():
+    import pickle
+
+    original = ChatCLM(budget=512, stop=["END"], max_tokens=7, tagging="signals")
+    restored = pickle.loads(pickle.dumps(original))
+    assert (restored.budget, restored.stop, restored.max_tokens, restored.tagging) == (512, ["END"], 7, "signals")
+    assert restored.conversation("anything") is None
+
+
+def test_a_deep_copy_shares_the_engine_and_keeps_conversations_of_its_own(scripted_llm):
+    import copy
+
+    llm, _ = scripted_llm("hello back", "hi again")
+    first = llm.invoke("hello")
+    twin = copy.deepcopy(llm)
+    assert twin.engine is llm.engine and twin.max_tokens == llm.max_tokens
+    assert twin.conversation(first.response_metadata["conversation_id"]) is None
+    assert twin.invoke("hello").content == "hi again"  # usable: its own sessions and lock
+
+
+def test_pickling_a_chatclm_built_around_an_engine_object_says_how_to_pickle_one(scripted_llm):
+    import pickle
+
+    llm, _ = scripted_llm("x")
+    with pytest.raises(TypeError, match="build it from its settings"):
+        pickle.dumps(llm)
