@@ -180,6 +180,7 @@ class TurnRunner:
         reply_segment = c.new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)
         if kind == LOOP_KIND:
             decisions.append(self._drop_loop(reply_segment, turn))
+            stats.dropped_tokens += len(reply_segment.token_ids)  # it leaves the context as it arrives
         tick = time.perf_counter()
         record_observation(rendered, generation, c.live_segments(), reply_segment, len(prefix_ids))
         # the engine's own observation work (all-position logits, log-softmax, attention probe) counts too

@@ -86,6 +86,8 @@ def test_a_looping_reply_leaves_the_context_at_once_and_stays_in_history_as_deli
     assert conversation.history[-1].content == ("10:30am: " * 3).strip()
     assert "repetition_cut" in first.stats.reply_flags
     assert any(d.reason == "repetition loop" for d in first.decisions)
+    delivered = len(engine.tokenizer.encode(conversation.history[-1].content, add_special_tokens=False))
+    assert first.stats.dropped_tokens == delivered  # what left the context is counted as it leaves
     second = conversation.send("And at 10:30am?")  # sharing its token does not bring the loop back
     assert "10:30am: 10:30am" not in conversation.context and second.stats.reply_flags == []
 
