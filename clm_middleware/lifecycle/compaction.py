@@ -37,7 +37,10 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    most surprising first: what the user said once in passing, "kiwi", "cheap"). If that is not
    enough, folding goes on until the messages after the fold hold half of
    ``recent_share``, the digest makes room again, and then gives up facts too, down to
-   halfway between the low-water mark and the budget; only then does folding go on
+   halfway between the low-water mark and the budget (a segment of facts at least
+   ``MIN_TRIM_TOKENS`` long whose drop would free over twice what is still needed, a
+   pasted log or email, is trimmed to what fits instead: its facts first, then the words
+   the model found most surprising); only then does folding go on
    to the protected exchange. A reply dropped from between two user messages would
    show the model another conversation than the one it is in, and the next reply
    depends most on the last turns as they were said;
@@ -69,6 +72,9 @@ from clm_middleware.lifecycle.rules import eviction_value
 from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Segment, SegmentId, Status
 
 OVERHEAD_TOKENS_PER_SEGMENT = 8  # a marker, a separator, a share of message glue
+# pass 4 trims a segment of facts instead of dropping it whole when it is this long and
+# more than twice what is still needed: a pasted log or email keeps what fits
+MIN_TRIM_TOKENS = 64
 PACE_TURNS = 4  # the pace of a conversation: tokens per turn over its last complete turns
 MIN_CONDENSE_TOKENS = 8  # shorter fact segments are kept whole: a compression would save next to nothing
 DIGEST_GLUE_TOKENS = 1  # a digest line's newline, or the space between two segments of one message
@@ -373,7 +379,30 @@ class Compactor:
                 return
             if length <= fact_target and (_carries_facts(segment) or segment.id in requests):
                 continue
+            if self._trimmed(segment, length - target, result, turn):
+                continue
             self._drop(segment, result, turn)
+
+    def _trimmed(self, segment: Segment, excess: int, result: CompactionResult, turn: int) -> bool:
+        """Trim ``segment`` by ``excess`` tokens instead of dropping it, when it carries facts,
+        is at least ``MIN_TRIM_TOKENS`` long and more than twice ``excess``: the prompt then
+        lands at the mark, not hundreds of tokens under it with the whole text gone."""
+        shown = len(segment.visible_ids)
+        if not _carries_facts(segment) or shown < MIN_TRIM_TOKENS or shown <= 2 * excess:
+            return False
+        tick = time.perf_counter()
+        outcome = self.compressor.trim(segment, shown - excess - OVERHEAD_TOKENS_PER_SEGMENT)
+        result.compression_s += time.perf_counter() - tick
+        if not outcome.ok:
+            return False
+        result.compressions.append((segment, outcome))
+        result.compressed_tokens += outcome.saved_tokens
+        segment.status = Status.COMPRESSED
+        segment.summary, segment.summary_ids, segment.summary_method = outcome.text, outcome.token_ids, outcome.method
+        self._record(segment, Label.COMPRESS, turn, result)
+        if segment not in result.removed:
+            result.removed.append(segment)
+        return True
 
     def _held_requests(self, candidates: list[Segment]) -> set[SegmentId]:
         """The plain-word requests among ``candidates`` that pass 4 keeps like facts: the

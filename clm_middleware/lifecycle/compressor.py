@@ -42,6 +42,7 @@ RARE_WORD_NATS = 8.0
 # what it asked about, in the few tokens a fact takes ("cheap", "north", "clarinet")
 REQUEST_WORDS = 4
 TIGHTENED = "distinctive"  # the method ``tighten`` records: applying it again changes nothing
+TRIMMED = "trimmed"  # the method ``trim`` records: part of the facts kept, the rest let go
 SCORE_CACHE_SEGMENTS = 1024  # word scores kept per compressor (a segment's text never changes)
 _WORD = regex.compile(r"\S+")
 # English function words: high surprisal after a typo or an odd turn of phrase, but
@@ -234,6 +235,43 @@ class Compressor:
         if not words or len(ids) >= current:
             return CompressionResult(False, "none", original_tokens=current, error="not shorter than the original")
         return CompressionResult(True, TIGHTENED, tightened, ids, current)
+
+    def trim(self, segment: Segment, max_tokens: int) -> CompressionResult:
+        """At most about ``max_tokens`` of the segment's visible words, in order: its
+        distinctive tokens first, then the words the model found most surprising where they
+        were said, function words last. Unlike ``tighten`` it lets facts go: the budget's
+        answer to a long segment (a pasted log, an email) when dropping it whole would free
+        far more than needed. It says less, never something else. Fails when nothing fits
+        or the result is not shorter."""
+        current = len(segment.visible_ids)
+        original_words = list(_WORD.finditer(segment.text))
+        try:
+            scores = self._word_scores(segment.text, original_words, segment)
+        except Exception:  # no scores (the engine failed): the words in order
+            scores = [0.0] * len(original_words)
+        facts = {_bare(original_words[i].group()) for i in _kept_words(segment.text, original_words)}
+        surprise: dict[str, float] = {}
+        for word, score in zip(original_words, scores, strict=True):
+            bare = _bare(word.group())
+            surprise[bare] = max(surprise.get(bare, score), score)
+        visible = _WORD.findall(segment.visible_text)
+        bares = [_bare(word) for word in visible]
+        counts = [max(1, len(self.format.encode(" " + word))) for word in visible]
+        order = sorted(
+            range(len(visible)),
+            key=lambda i: (bares[i] not in facts, bares[i] in _FUNCTION_WORDS, -surprise.get(bares[i], 0.0), i),
+        )
+        keep: set[int] = set()
+        used = 0
+        for index in order:
+            if used + counts[index] <= max_tokens:
+                keep.add(index)
+                used += counts[index]
+        trimmed = " ".join(visible[i] for i in sorted(keep))
+        ids = self._encode(trimmed)
+        if not keep or len(ids) >= current:
+            return CompressionResult(False, "none", original_tokens=current, error="nothing fits, or not shorter")
+        return CompressionResult(True, TRIMMED, trimmed, ids, current)
 
     def score_in_order(self, segments: Sequence[Segment]) -> None:
         """Score the tokens of ``segments`` that have no record of the model's own prefill

@@ -256,3 +256,22 @@ def test_a_new_message_over_budget_times_ratio_is_refused_before_any_model_work(
     assert engine.stats.prefill_tokens == computed  # nothing was scored or prefilled for it
     conversation.discard(2)
     assert conversation.send("short again").text is not None
+
+
+def test_trim_keeps_facts_first_then_the_rarest_words_in_order_within_the_room(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    log = scored(ORIGINAL, chat, {"weather": 9.0, "mild": 7.0})
+    room = len(chat.encode(" weather Lisbon, QX7-4821 TP1357 10:40 April 22,"))  # the facts and one word
+    result = compressor(engine, method="extractive").trim(log, room)
+    assert result.ok and result.method == "trimmed" and len(result.token_ids) <= room + 2
+    words = result.text.split()
+    assert words == sorted(words, key=ORIGINAL.index)  # in the order they were said
+    assert {"QX7-4821", "TP1357"} <= set(words) and "weather" in words  # facts, then the rarest word
+    assert "mild" not in words and "the" not in words
+    assert check_faithful(ORIGINAL, result.text).invented == ()
+
+
+def test_trim_with_no_room_for_a_word_fails_and_keeps_the_segment(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    result = compressor(engine, method="extractive").trim(segment(ORIGINAL, chat), 0)
+    assert not result.ok

@@ -641,3 +641,22 @@ def test_a_conversation_reads_as_what_it_is(converse):
     conversation.send("hello there")
     text = repr(conversation)
     assert text.startswith("Conversation(id='trip-42', turn=1, messages=2, budget=512, tagging='signals', model=")
+
+
+def test_a_long_segment_of_facts_is_trimmed_to_what_fits_rather_than_dropped_whole(converse):
+    """Budget pressure on a pasted list (one long segment of facts): dropping it whole would
+    free far more than needed, so it keeps what fits, facts first, and says nothing it did
+    not say."""
+    entries = ", ".join(
+        f"bin {c}{n} holds item X{n * 37}" for c, n in zip("ABCDEFGHJKLMNPQRSTUV", range(10, 30), strict=True)
+    )
+    pasted = "inventory " + entries
+    config = LifecycleConfig(tagging=TaggingConfig(mode="rules"), budget=450)
+    conversation = converse(config=config)
+    _forced_turns(conversation, [(pasted, "Noted."), *((text, "we talked about that.") for text in FILLER)])
+    log = next(s for s in conversation.segments if s.text == pasted)
+    assert log.visible and log.summary_method == "trimmed"
+    kept = log.summary.split()
+    assert 0 < len(kept) < len(pasted.split()) and set(kept) <= set(pasted.split())
+    assert sum(w[0] == "X" and w[1:].rstrip(",").isdigit() for w in kept) >= 3  # facts, not filler words
+    assert conversation.context_tokens <= 450
