@@ -78,12 +78,12 @@ class SessionRouter:
         self.caches_released = 0  # idle sessions that gave their blocks back under pool pressure
         # a pool that can ask for room (cache.block_pool.BlockPool; a remote engine's has none)
         self._pool = pool if hasattr(pool, "add_pressure_listener") else None
-        listener = _PressureListener(self) if self._pool is not None else None
-        if listener is not None:
-            self._pool.add_pressure_listener(listener)
+        self._listener = _PressureListener(self) if self._pool is not None else None
+        if self._listener is not None:
+            self._pool.add_pressure_listener(self._listener)
         # a router dropped without close() (its ChatCLM went out of scope) still gives its
         # conversations' blocks back to the shared pool, and leaves no listener behind
-        self._closer = weakref.finalize(self, _close_all, self._sessions, self._pool, listener)
+        self._closer = weakref.finalize(self, _close_when_collected, self._sessions, self._pool, self._listener)
 
     def route(self, turns: Sequence[Turn], session_id: str | None = None) -> Route:
         """Pick (and mark busy) the conversation to answer ``turns`` with. A blank
@@ -173,7 +173,10 @@ class SessionRouter:
 
     def close(self) -> None:
         with self._lock:
-            self._closer()
+            if self._closer.detach() is not None:  # not collected, not closed before
+                if self._listener is not None:
+                    self._pool.remove_pressure_listener(self._listener)
+                _close_all(self._sessions)
             self._names.clear()
             self._branches.clear()
 
@@ -236,11 +239,19 @@ class _PressureListener:
             router.give_back_cache(num_blocks)
 
 
-def _close_all(sessions: OrderedDict[str, Session], pool: Any, listener: _PressureListener | None) -> None:
-    """Close every conversation of ``sessions`` and stop listening to ``pool`` (run once:
-    by ``SessionRouter.close`` or when the router is collected)."""
-    if listener is not None:
-        pool.remove_pressure_listener(listener)
+def _close_all(sessions: OrderedDict[str, Session]) -> None:
+    """Close every conversation of ``sessions`` (their blocks go back to the pool)."""
     for session in sessions.values():
         session.conversation.close()
     sessions.clear()
+
+
+def _close_when_collected(sessions: OrderedDict[str, Session], pool: Any, listener: _PressureListener | None) -> None:
+    """A router was collected without ``close()``: stop listening to ``pool``, and close its
+    conversations at the pool's next allocation (the collector may run this while the
+    pool is mid-operation in this thread; ``BlockPool.call_soon``)."""
+    if pool is None:
+        _close_all(sessions)
+        return
+    pool.remove_pressure_listener(listener)
+    pool.call_soon(lambda: _close_all(sessions))

@@ -215,11 +215,10 @@ class Conversation:
 
     def stream(self, text: str) -> Iterator[str]:
         """Like ``send``, yielding the visible reply as it is generated; then ``last_reply``
-        is set. A stream closed before its end takes its message back, as a
-        ``ValueError`` or a ``KeyboardInterrupt`` does; an engine failure leaves it
-        pending, as in ``send``. A stream
-        left unfinished (a ``break`` out of the loop) is closed by the next call on the
-        conversation, which takes its message back before going on."""
+        is set. A stream closed before its end takes its message back, as a ``ValueError``
+        or a ``KeyboardInterrupt`` does; an engine failure leaves it pending, as in
+        ``send``. A stream left unfinished (a ``break`` out of the loop) is closed by the
+        next call on the conversation, which takes its message back before going on."""
         self._close_open_stream()
         return self._opened(self._streamed(text))
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -149,6 +149,7 @@ class BlockPool:
         self._hit_blocks = 0
         self._eviction_listeners: list[EvictionListener] = []
         self._pressure_listeners: list[PressureListener] = []
+        self._deferred: deque[Callable[[], None]] = deque()  # see ``call_soon``
 
     # ---------------------------------------------------------------- lookup
 
@@ -230,6 +231,7 @@ class BlockPool:
         without changing anything. Eviction listeners run after the lock is released,
         on copies, so a slow listener (disk) never blocks others.
         """
+        self._run_deferred()
         if num_blocks > self.num_blocks:
             raise PoolTooSmallError(
                 f"the request needs {num_blocks} KV blocks of {self.block_size} tokens; the pool has "
@@ -263,6 +265,21 @@ class BlockPool:
                 block.ref_count = 1
                 allocated.append(block.block_id)
         return allocated
+
+    def call_soon(self, work: Callable[[], None]) -> None:
+        """Run ``work`` at the start of the next allocation, outside the lock. For a
+        finalizer that gives references back: the garbage collector may run it while this
+        thread is inside the pool (its lock is re-entrant), where a release would change
+        the pool mid-operation."""
+        self._deferred.append(work)
+
+    def _run_deferred(self) -> None:
+        while self._deferred:
+            work = self._deferred.popleft()
+            try:
+                work()
+            except Exception:
+                log.exception("deferred pool work failed")
 
     def available_blocks(self) -> int:
         """Blocks an allocation can take now: free ones and cached ones nobody holds."""

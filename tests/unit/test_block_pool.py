@@ -185,6 +185,15 @@ def test_a_removed_pressure_listener_is_not_asked_and_a_short_pool_still_raises(
     assert pool.ref_counts(held) == [1, 1, 1, 1]
 
 
+def test_work_called_soon_runs_at_the_next_allocation_outside_the_lock():
+    pool = make_pool(num_blocks=4)
+    held = pool.allocate(4)
+    pool.call_soon(lambda: pool.release(held))  # as a finalizer would: not now
+    assert pool.stats().blocks_free == 0
+    assert len(pool.allocate(2)) == 2  # ran first, so the room is there
+    pool.check_invariants()
+
+
 def test_release_of_an_unreferenced_block_is_a_caller_bug():
     pool = make_pool()
     with pytest.raises(RuntimeError):
