@@ -233,6 +233,10 @@ class _PressureListener:
     def __init__(self, router: SessionRouter) -> None:
         self._router = weakref.ref(router)
 
+    @property
+    def alive(self) -> bool:
+        return self._router() is not None
+
     def __call__(self, num_blocks: int) -> None:
         router = self._router()
         if router is not None:

@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
+import time
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -179,12 +182,20 @@ class Conversation:
         self._next_index = 0
         self.turn = 0
         self._chain: list[int] = []  # pool blocks of the previous prompt + reply, held
+        self._last_used = time.monotonic()  # the end of the last turn: who gives blocks back first
         self._last_render: RenderedContext | None = None
         self._turn_log: list[TurnStats] = []
         self.journal = ChangeJournal()  # what the next save writes
         self.last_reply: Reply | None = None
         self._open_stream: Generator[str, None, None] | None = None  # a stream not finished or closed yet
+        # held for a turn's whole run (stream open included): the pool's pressure listener
+        # gives the chain back only while no turn runs in another thread (in this one it
+        # may: the running turn holds what its prompt hits already). Re-entrant: a turn
+        # started from inside a stream (a callback) must not wait for itself.
+        self._turn_lock = threading.RLock()
         self._runner = TurnRunner(self)
+        if hasattr(self.engine.pool, "add_pressure_listener"):  # a remote engine's pool has none
+            self.engine.pool.add_pressure_listener(_ReleaseWhenIdle(self))
         self.store = _open_store(store)
         self._saved = False  # whether a save reached the store (abandon removes a row never saved to)
         if self.store is not None:
@@ -313,11 +324,13 @@ class Conversation:
         """``steps`` as the conversation's open stream until it ends or is closed."""
 
         def tracked() -> Generator[str, None, None]:
-            try:
-                yield from steps
-            finally:
-                if self._open_stream is stream:
-                    self._open_stream = None
+            with self._turn_lock:
+                try:
+                    yield from steps
+                finally:
+                    if self._open_stream is stream:
+                        self._open_stream = None
+                    self._last_used = time.monotonic()
 
         stream = tracked()
         self._open_stream = stream
@@ -617,7 +630,9 @@ class Conversation:
         """Give back every pool reference this conversation holds between turns (its last
         prompt + reply, and the blocks of segments it let go K rounds ago); returns how
         many. The blocks stay cached, nobody's, until the pool needs the room: the next
-        turn still hits those left. The conversation stays usable; call it between turns."""
+        turn still hits those left. The conversation stays usable; call it between turns.
+        The engine's pool calls it itself when an allocation finds too little room and no
+        turn of this conversation runs, least recently used conversation first."""
         released = len(self._chain) + self.reclaimer.held_blocks
         self.engine.pool.release(list(reversed(self._chain)))
         self._chain = []
@@ -895,3 +910,33 @@ def _check_stored_ids(
                 f"as its text with the tokenizer of {engine.model_name!r}",
                 hint=f"load it with an engine of {stored_model!r}",
             )
+
+
+class _ReleaseWhenIdle:
+    """A conversation's pressure listener on its engine's pool (held weakly: the pool keeps
+    no conversation alive): gives the chain back when no turn of it runs. ``last_used``
+    orders the pool's listeners, least recently used first."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self._conversation = weakref.ref(conversation)
+        self._pool = conversation.engine.pool
+
+    @property
+    def alive(self) -> bool:
+        return self._conversation() is not None
+
+    @property
+    def last_used(self) -> float:
+        conversation = self._conversation()
+        return conversation._last_used if conversation is not None else 0.0
+
+    def __call__(self, num_blocks: int) -> None:
+        conversation = self._conversation()
+        if conversation is None:  # collected: stop asking
+            self._pool.remove_pressure_listener(self)
+            return
+        if conversation._turn_lock.acquire(blocking=False):  # a turn of it runs in another thread: not now
+            try:
+                conversation.release_cache()
+            finally:
+                conversation._turn_lock.release()

@@ -225,10 +225,11 @@ class BlockPool:
         """Take ``num_blocks`` empty blocks (ref_count 1), evicting LRU blocks if needed.
 
         When the blocks in use leave too little room, the pressure listeners are asked
-        (in order, outside the lock, until the room is there) to give back references
-        that can wait. Raises :class:`PoolTooSmallError` when ``num_blocks`` exceeds the
-        whole pool, :class:`PoolExhaustedError` when the room is still short; either
-        without changing anything. Eviction listeners run after the lock is released,
+        (outside the lock, until the room is there; those with a ``last_used`` time
+        oldest first) to give back references that can wait. Raises
+        :class:`PoolTooSmallError` when ``num_blocks`` exceeds the whole pool,
+        :class:`PoolExhaustedError` when the room is still short; either without
+        changing anything. Eviction listeners run after the lock is released,
         on copies, so a slow listener (disk) never blocks others.
         """
         self._run_deferred()
@@ -240,7 +241,9 @@ class BlockPool:
             )
         evicted: list[EvictedBlock] = []
         allocated = self._allocate_now(num_blocks, evicted)
-        for listener in list(self._pressure_listeners) if allocated is None else []:
+        # least recently used first, for listeners that say (a conversation's ``last_used``)
+        listeners = sorted(self._pressure_listeners, key=lambda listener: getattr(listener, "last_used", 0.0))
+        for listener in listeners if allocated is None else []:
             listener(num_blocks)
             if (allocated := self._allocate_now(num_blocks, evicted)) is not None:
                 break
@@ -436,8 +439,10 @@ class BlockPool:
 
     def add_pressure_listener(self, listener: PressureListener) -> None:
         """Ask ``listener(num_blocks)`` for room when an allocation finds too little (see
-        ``allocate``). It runs in the allocating thread, never under the pool's lock."""
-        self._pressure_listeners.append(listener)
+        ``allocate``). It runs in the allocating thread, never under the pool's lock.
+        Listeners whose ``alive`` says False (their owner was collected) leave here."""
+        live = [known for known in self._pressure_listeners if getattr(known, "alive", True)]
+        self._pressure_listeners = [*live, listener]
 
     def remove_pressure_listener(self, listener: PressureListener) -> None:
         """Stop asking ``listener``; one never added is ignored."""

@@ -6,7 +6,7 @@ import pytest
 
 from clm_middleware.adapters import ChatCLM
 from clm_middleware.adapters.messages import Turn, turn_digest
-from clm_middleware.adapters.sessions import SessionRouter
+from clm_middleware.adapters.sessions import SessionRouter, _PressureListener
 from clm_middleware.conversation import Conversation
 from clm_middleware.errors import PoolTooSmallError
 
@@ -68,7 +68,7 @@ def test_a_dropped_router_gives_its_blocks_back_and_stops_listening(make_engine)
     assert engine.pool.stats().blocks_in_use > 0
     del router
     gc.collect()
-    assert engine.pool._pressure_listeners == []
+    assert not any(isinstance(listener, _PressureListener) for listener in engine.pool._pressure_listeners)
     # the collector may run inside the pool: the blocks go back at its next allocation
     taken = engine.pool.allocate(1)
     assert engine.pool.stats().blocks_in_use == 1
@@ -80,3 +80,49 @@ def test_a_chat_larger_than_the_whole_pool_is_refused_as_too_long(make_engine):
     llm = ChatCLM(engine=make_engine(max_blocks=4), tagging="signals", max_tokens=4)
     with pytest.raises(PoolTooSmallError, match="the pool has 4 in all"):
         llm.invoke("a message much longer than four blocks of sixteen tokens " * 3)
+
+
+def test_idle_conversations_on_one_engine_give_their_blocks_back_least_recently_used_first(make_engine):
+    engine = make_engine(max_blocks=12)
+    chats = [Conversation(engine, tagging="signals", max_new_tokens=4) for _ in range(6)]
+    for number, chat in enumerate(chats):  # together they would hold far more than 12 blocks
+        chat.send(f"conversation number {number}: tell me about the weather")
+    assert chats[0].stats()["held_blocks"] == 0  # the oldest gave its chain back first
+    assert chats[-1].stats()["held_blocks"] > 0  # the one just answered still holds its chain
+    assert chats[0].send("and tomorrow?").turn == 2  # it stays usable
+    engine.pool.check_invariants()
+
+
+def test_a_conversation_whose_turn_runs_keeps_its_blocks_when_another_thread_is_short(scripted):
+    import threading
+
+    from clm_middleware.errors import PoolExhaustedError
+
+    engine, _ = scripted("An earlier answer.", "A long answer that is still streaming word by word.")
+    busy = Conversation(engine, tagging="signals", max_new_tokens=32)
+    busy.send("an earlier turn")
+    held = busy.stats()["held_blocks"]
+    stream = busy.stream("a turn still streaming")
+    next(stream)  # its turn runs, holding the conversation
+    refused = []
+
+    def short_of_room() -> None:
+        try:
+            engine.pool.allocate(engine.pool.available_blocks() + 1)
+        except PoolExhaustedError as error:
+            refused.append(error)
+
+    other = threading.Thread(target=short_of_room)
+    other.start()
+    other.join(timeout=30)
+    assert refused and busy.stats()["held_blocks"] >= held  # not released from another thread mid-turn
+    assert "".join(stream)  # the turn ends as it would have
+
+
+def test_the_pool_forgets_the_listeners_of_collected_conversations(make_engine):
+    engine = make_engine(max_blocks=64)
+    for _ in range(20):
+        Conversation(engine, tagging="signals", max_new_tokens=4).send("a one-off question")
+    gc.collect()
+    Conversation(engine, tagging="signals", max_new_tokens=4)  # registering prunes the dead
+    assert len(engine.pool._pressure_listeners) == 1
