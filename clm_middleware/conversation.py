@@ -188,11 +188,12 @@ class Conversation:
         self.journal = ChangeJournal()  # what the next save writes
         self.last_reply: Reply | None = None
         self._open_stream: Generator[str, None, None] | None = None  # a stream not finished or closed yet
-        # held for a turn's whole run (stream open included): the pool's pressure listener
-        # gives the chain back only while no turn runs in another thread (in this one it
-        # may: the running turn holds what its prompt hits already). Re-entrant: a turn
-        # started from inside a stream (a callback) must not wait for itself.
-        self._turn_lock = threading.RLock()
+        # turns running now (a stream open counts), under a lock held only to change or
+        # read it: the pool's pressure listener gives the chain back only while none runs.
+        # Not a lock held for the turn itself: a stream may be closed from another thread
+        # (an async caller's next call), and a turn may start inside a stream's callback.
+        self._turns_running = 0
+        self._turns_lock = threading.Lock()
         self._runner = TurnRunner(self)
         if hasattr(self.engine.pool, "add_pressure_listener"):  # a remote engine's pool has none
             self.engine.pool.add_pressure_listener(_ReleaseWhenIdle(self))
@@ -324,12 +325,15 @@ class Conversation:
         """``steps`` as the conversation's open stream until it ends or is closed."""
 
         def tracked() -> Generator[str, None, None]:
-            with self._turn_lock:
-                try:
-                    yield from steps
-                finally:
-                    if self._open_stream is stream:
-                        self._open_stream = None
+            with self._turns_lock:
+                self._turns_running += 1
+            try:
+                yield from steps
+            finally:
+                if self._open_stream is stream:
+                    self._open_stream = None
+                with self._turns_lock:
+                    self._turns_running -= 1
                     self._last_used = time.monotonic()
 
         stream = tracked()
@@ -914,8 +918,8 @@ def _check_stored_ids(
 
 class _ReleaseWhenIdle:
     """A conversation's pressure listener on its engine's pool (held weakly: the pool keeps
-    no conversation alive): gives the chain back when no turn of it runs. ``last_used``
-    orders the pool's listeners, least recently used first."""
+    no conversation alive): gives the chain back when no turn of it runs, in any thread.
+    ``last_used`` orders the pool's listeners, least recently used first."""
 
     def __init__(self, conversation: Conversation) -> None:
         self._conversation = weakref.ref(conversation)
@@ -935,8 +939,6 @@ class _ReleaseWhenIdle:
         if conversation is None:  # collected: stop asking
             self._pool.remove_pressure_listener(self)
             return
-        if conversation._turn_lock.acquire(blocking=False):  # a turn of it runs in another thread: not now
-            try:
+        with conversation._turns_lock:  # no turn starts while its chain goes
+            if not conversation._turns_running:
                 conversation.release_cache()
-            finally:
-                conversation._turn_lock.release()

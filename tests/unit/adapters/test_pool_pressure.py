@@ -126,3 +126,24 @@ def test_the_pool_forgets_the_listeners_of_collected_conversations(make_engine):
     gc.collect()
     Conversation(engine, tagging="signals", max_new_tokens=4)  # registering prunes the dead
     assert len(engine.pool._pressure_listeners) == 1
+
+
+def test_a_stream_left_open_in_one_thread_is_closed_by_the_next_call_from_another(scripted):
+    import threading
+
+    engine, _ = scripted("A long answer that is still streaming word by word.", "The next answer.")
+    chat = Conversation(engine, tagging="signals", max_new_tokens=32)
+    opened = []
+    first = threading.Thread(target=lambda: opened.append(next(chat.stream("a question"))))
+    first.start()
+    first.join(timeout=30)
+    assert opened  # left open, unfinished, by a thread that is gone (an async caller's executor)
+    reply = []
+    second = threading.Thread(target=lambda: reply.append(chat.send("another question")))
+    second.start()
+    second.join(timeout=30)
+    assert reply and reply[0].text == "The next answer." and len(chat.history) == 2
+    assert chat.stats()["held_blocks"] > 0
+    taken = engine.pool.allocate(engine.pool.available_blocks() + 1)  # short: the idle chat is asked
+    assert chat.stats()["held_blocks"] == 0  # it gave its chain back: no turn is counted as running
+    engine.pool.release(taken)
