@@ -637,6 +637,10 @@ class Conversation:
         turn still hits those left. The conversation stays usable; call it between turns.
         The engine's pool calls it itself when an allocation finds too little room and no
         turn of this conversation runs, least recently used conversation first."""
+        with self._turns_lock:  # one release at a time, whichever thread asks
+            return self._release_cache_locked()
+
+    def _release_cache_locked(self) -> int:
         released = len(self._chain) + self.reclaimer.held_blocks
         self.engine.pool.release(list(reversed(self._chain)))
         self._chain = []
@@ -941,4 +945,4 @@ class _ReleaseWhenIdle:
             return
         with conversation._turns_lock:  # no turn starts while its chain goes
             if not conversation._turns_running:
-                conversation.release_cache()
+                conversation._release_cache_locked()
