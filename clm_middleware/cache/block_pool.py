@@ -115,6 +115,7 @@ class PoolStats:
 EvictedBlock = tuple[BlockKey, "BlockKey | None", tuple[int, ...], torch.Tensor, torch.Tensor]
 EvictionListener = Callable[[BlockKey, "BlockKey | None", tuple[int, ...], torch.Tensor, torch.Tensor], None]
 """``f(key, parent_key, token_ids, keys, values)`` for a block leaving memory (see ``DiskTier``)."""
+POOL_HINT = "raise max_kv_bytes / max_blocks, lower max_new_tokens, or set a smaller context budget"
 PressureListener = Callable[[int], None]
 """``f(num_blocks)``: an allocation of ``num_blocks`` found too little room; give back
 references that can wait (an idle conversation's cached chain, see ``SessionRouter``)."""
@@ -237,7 +238,7 @@ class BlockPool:
             raise PoolTooSmallError(
                 f"the request needs {num_blocks} KV blocks of {self.block_size} tokens; the pool has "
                 f"{self.num_blocks} in all",
-                hint="raise max_kv_bytes / max_blocks, lower max_new_tokens, or set a smaller context budget",
+                hint=POOL_HINT,
             )
         evicted: list[EvictedBlock] = []
         allocated = self._allocate_now(num_blocks, evicted)
@@ -252,7 +253,7 @@ class BlockPool:
             raise PoolExhaustedError(
                 f"the KV pool cannot supply {num_blocks} blocks: it has {self.num_blocks} blocks of "
                 f"{self.block_size} tokens and {in_use} are held by running requests and open conversations",
-                hint="raise max_kv_bytes / max_blocks, lower max_new_tokens, or set a smaller context budget",
+                hint=POOL_HINT,
             )
         self._notify_evicted(evicted)
         return allocated

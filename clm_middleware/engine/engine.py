@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from clm_middleware.cache.block_pool import BlockPool
+from clm_middleware.cache.block_pool import POOL_HINT, BlockPool
 from clm_middleware.cache.disk import DEFAULT_MIN_FREE_DISK_MB, DiskStats, DiskTier
 from clm_middleware.cache.hashing import extra_key_bytes
 from clm_middleware.cache.layout import KVLayout, PoolConfig
@@ -381,7 +381,7 @@ class Engine:
             raise PoolTooSmallError(
                 f"the prompt plus max_new_tokens ({max_new_tokens}) needs {positions} positions in "
                 f"{needed} KV blocks of {self.block_size} tokens; the pool has {self.pool.num_blocks} in all",
-                hint="raise max_kv_bytes / max_blocks, lower max_new_tokens, or set a smaller context budget",
+                hint=POOL_HINT,
             )
 
     def _check_vocabulary(self, token_ids: list[int], field: str) -> None:

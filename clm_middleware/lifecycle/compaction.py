@@ -396,12 +396,7 @@ class Compactor:
         if not outcome.ok:
             return False
         result.compressions.append((segment, outcome))
-        result.compressed_tokens += outcome.saved_tokens
-        segment.status = Status.COMPRESSED
-        segment.summary, segment.summary_ids, segment.summary_method = outcome.text, outcome.token_ids, outcome.method
-        self._record(segment, Label.COMPRESS, turn, result)
-        if segment not in result.removed:
-            result.removed.append(segment)
+        self._apply_compression(segment, outcome, result, turn)
         return True
 
     def _held_requests(self, candidates: list[Segment]) -> set[SegmentId]:
@@ -550,6 +545,13 @@ class Compactor:
         if not outcome.ok:
             segment.label = Label.KEEP  # nothing is lost: the original stays in the context
             return False
+        self._apply_compression(segment, outcome, result, forced_at)
+        return True
+
+    def _apply_compression(
+        self, segment: Segment, outcome: CompressionResult, result: CompactionResult, forced_at: int | None
+    ) -> None:
+        """Show ``outcome``, a compression or a trim that succeeded, in place of ``segment``."""
         result.compressed_tokens += outcome.saved_tokens
         segment.status = Status.COMPRESSED
         segment.summary, segment.summary_ids, segment.summary_method = (
@@ -559,8 +561,8 @@ class Compactor:
         )
         if forced_at is not None:
             self._record(segment, Label.COMPRESS, forced_at, result)
-        result.removed.append(segment)
-        return True
+        if segment not in result.removed:
+            result.removed.append(segment)
 
     def _tighten(self, segment: Segment, result: CompactionResult) -> None:
         tick = time.perf_counter()

@@ -204,22 +204,19 @@ def _content_text(message: ChatMessage, index: int) -> str:
         return content or ""
     parts = []
     for position, part in enumerate(content):
-        if part.type == "refusal" and message.role == "assistant" and part.refusal is not None:
-            parts.append(part.refusal)  # what the assistant said, as a text part would hold it
-        elif part.type not in ("text", "refusal"):
-            raise _bad_message(index, f"content[{position}].type", f"only text parts are supported, got {part.type!r}")
-        elif part.type == "refusal":
-            field = "refusal" if message.role == "assistant" else "type"
-            problem = (
-                "a refusal part needs its refusal text"
-                if field == "refusal"
-                else "only an assistant message holds a refusal part"
-            )
-            raise _bad_message(index, f"content[{position}].{field}", problem)
-        elif part.text is None:
-            raise _bad_message(index, f"content[{position}].text", "a text part needs its text")
-        else:
+        where = f"content[{position}]"
+        if part.type == "text":
+            if part.text is None:
+                raise _bad_message(index, f"{where}.text", "a text part needs its text")
             parts.append(part.text)
+        elif part.type == "refusal" and message.role == "assistant":
+            if part.refusal is None:
+                raise _bad_message(index, f"{where}.refusal", "a refusal part needs its refusal text")
+            parts.append(part.refusal)  # what the assistant said, as a text part would hold it
+        elif part.type == "refusal":
+            raise _bad_message(index, f"{where}.type", "only an assistant message holds a refusal part")
+        else:
+            raise _bad_message(index, f"{where}.type", f"only text parts are supported, got {part.type!r}")
     return join_text_parts(parts)
 
 
