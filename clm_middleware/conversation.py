@@ -17,7 +17,8 @@ Invariants:
 - A label takes effect at the next compaction; until then the context is unchanged,
   so a turn without a lifecycle change prefills only its new tokens (plus < 1 block).
 - The conversation holds one reference on each block of its last prompt + reply, so
-  another conversation's pressure never evicts it; ``close()`` gives them back.
+  another conversation's pressure never evicts it; ``close()`` gives them back, and so
+  does the pool when it runs short and no turn of it runs, or when it is collected.
 - A turn that fails or is cancelled before its reply is recorded changes nothing the
   model sees: what its restoring and compaction changed goes back (``lifecycle/
   checkpoint.py``), so a refused message never costs the turns before it.
@@ -181,7 +182,7 @@ class Conversation:
         self._segments: dict[SegmentId, Segment] = {}
         self._next_index = 0
         self.turn = 0
-        self._chain: list[int] = []  # pool blocks of the previous prompt + reply, held
+        self._held = _HeldBlocks()  # pool blocks of the previous prompt + reply (its ``chain``)
         self._last_used = time.monotonic()  # the end of the last turn: who gives blocks back first
         self._last_render: RenderedContext | None = None
         self._turn_log: list[TurnStats] = []
@@ -197,6 +198,8 @@ class Conversation:
         self._runner = TurnRunner(self)
         if hasattr(self.engine.pool, "add_pressure_listener"):  # a remote engine's pool has none
             self.engine.pool.add_pressure_listener(_ReleaseWhenIdle(self))
+        # one dropped without close() gives its blocks back all the same
+        weakref.finalize(self, _give_back_when_collected, self.engine.pool, self._held, self.reclaimer)
         self.store = _open_store(store)
         self._saved = False  # whether a save reached the store (abandon removes a row never saved to)
         if self.store is not None:
@@ -592,7 +595,7 @@ class Conversation:
             "parse_rate": self.tagger.parse_rate,
             "reply_flags": dict(Counter(flag for t in log for flag in t.reply_flags)),
             "reply_nll": _mean([t.reply_nll for t in log if t.reply_nll is not None]),
-            "held_blocks": len(self._chain) + self.reclaimer.held_blocks,
+            "held_blocks": len(self._held.chain) + self.reclaimer.held_blocks,
             "pool": self.engine.pool.stats().as_dict(),
             "signals_source": signals_source(self.engine),
         }
@@ -641,11 +644,7 @@ class Conversation:
             return self._release_cache_locked()
 
     def _release_cache_locked(self) -> int:
-        released = len(self._chain) + self.reclaimer.held_blocks
-        self.engine.pool.release(list(reversed(self._chain)))
-        self._chain = []
-        self.reclaimer.close()
-        return released
+        return self._held.give_back(self.engine.pool, self.reclaimer)
 
     def abandon(self) -> None:
         """Close a conversation whose first call failed: one that never saved a turn also
@@ -742,13 +741,13 @@ class Conversation:
     def swap_chain(self, block_ids: list[int]) -> list[int]:
         """Hold ``block_ids`` (the new prompt + reply) as this conversation's chain; returns
         the previous chain, which the caller releases."""
-        previous, self._chain = self._chain, list(block_ids)
+        previous, self._held.chain = self._held.chain, list(block_ids)
         return previous
 
     @property
     def chain_blocks(self) -> int:
         """Pool blocks the conversation holds for its last prompt + reply."""
-        return len(self._chain)
+        return len(self._held.chain)
 
     def log_turn(self, stats: TurnStats) -> None:
         """Append a finished turn's figures to ``turn_log``."""
@@ -850,7 +849,9 @@ class Conversation:
         if self._last_render is None or segment not in self._last_render.spans:
             return []
         size = self.engine.block_size
-        return [self._chain[i] for i in self._last_render.segment_blocks(segment, size) if i < len(self._chain)]
+        return [
+            self._held.chain[i] for i in self._last_render.segment_blocks(segment, size) if i < len(self._held.chain)
+        ]
 
     def is_recently_removed(self, segment: Segment, turn: int) -> bool:
         """Removed within the last ``k`` rounds: its blocks are still held and it can come back."""
@@ -918,6 +919,32 @@ def _check_stored_ids(
                 f"as its text with the tokenizer of {engine.model_name!r}",
                 hint=f"load it with an engine of {stored_model!r}",
             )
+
+
+class _HeldBlocks:
+    """The pool blocks a conversation holds between turns (its last prompt + reply), apart
+    from the conversation so that its finalizer can give them back without keeping it alive."""
+
+    def __init__(self) -> None:
+        self.chain: list[int] = []
+
+    def give_back(self, pool: Any, reclaimer: Reclaimer) -> int:
+        """Release the chain and the reclaimer's delayed holds; returns how many blocks."""
+        released = len(self.chain) + reclaimer.held_blocks
+        pool.release(list(reversed(self.chain)))
+        self.chain = []
+        reclaimer.close()
+        return released
+
+
+def _give_back_when_collected(pool: Any, held: _HeldBlocks, reclaimer: Reclaimer) -> None:
+    """A conversation was collected without ``close()``: its blocks go back at the pool's
+    next allocation (the collector may run this while this thread is inside the pool;
+    ``BlockPool.call_soon``), or at once to a pool that defers nothing."""
+    if hasattr(pool, "call_soon"):
+        pool.call_soon(lambda: held.give_back(pool, reclaimer))
+    else:
+        held.give_back(pool, reclaimer)
 
 
 class _ReleaseWhenIdle:

@@ -147,3 +147,34 @@ def test_a_stream_left_open_in_one_thread_is_closed_by_the_next_call_from_anothe
     taken = engine.pool.allocate(engine.pool.available_blocks() + 1)  # short: the idle chat is asked
     assert chat.stats()["held_blocks"] == 0  # it gave its chain back: no turn is counted as running
     engine.pool.release(taken)
+
+
+def test_a_conversation_dropped_without_close_gives_its_blocks_back(make_engine):
+    engine = make_engine(max_blocks=64)
+    chat = Conversation(engine, tagging="signals", max_new_tokens=4)
+    chat.send("a one-off question")
+    chat.send("and a second one")
+    assert engine.pool.stats().blocks_in_use > 0
+    del chat
+    gc.collect()
+    # the collector may run inside the pool: the blocks go back at its next allocation
+    taken = engine.pool.allocate(1)
+    assert engine.pool.stats().blocks_in_use == 1
+    engine.pool.release(taken)
+    engine.pool.check_invariants()
+
+
+def test_a_closed_conversation_once_collected_releases_nothing_twice(make_engine):
+    engine = make_engine(max_blocks=64)
+    chat = Conversation(engine, tagging="signals", max_new_tokens=4)
+    chat.send("a one-off question")
+    kept = Conversation(engine, tagging="signals", max_new_tokens=4)
+    kept.send("a one-off question")  # the same prompt: it shares the first chat's blocks
+    held = kept.stats()["held_blocks"]
+    chat.close()
+    del chat
+    gc.collect()
+    engine.pool.release(engine.pool.allocate(1))  # runs what the collector deferred
+    assert kept.stats()["held_blocks"] == held
+    assert engine.pool.stats().blocks_in_use == held  # the shared blocks keep one holder
+    engine.pool.check_invariants()
