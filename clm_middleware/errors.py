@@ -73,6 +73,17 @@ class ChatTemplateError(ClmError, ValueError):
     """The tokenizer's chat template cannot be rendered append-only."""
 
 
+class RemoteEngineError(ClmError, RuntimeError):
+    """The serving engine behind a ``RemoteEngine`` could not be reached, answered an
+    error, or broke off a reply. ``status`` is what an HTTP front end answers for it: 503
+    while the engine is down or overloaded (worth a retry), 400 when it refused the request
+    as invalid, 502 for anything else it did wrong."""
+
+    def __init__(self, message: str, *, hint: str | None = None, status: int = 502) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+
+
 class TurnCancelled(ClmError, RuntimeError):
     """The caller cancelled a turn while it was generating (a client went away); the
     turn was undone and its blocks given back."""

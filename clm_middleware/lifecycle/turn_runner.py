@@ -99,6 +99,7 @@ class TurnRunner:
             rendered = c.render_prompt(reply_id)
             prefix_ids = c.chat_format.encode(prefix) if forced is None else []
             generation = self._generate(rendered, prefix_ids, forced, settings, constraint)
+            generation.cancelled = cancelled
             escaped_at = 0  # structured: where the text stood when a loop in a string was last closed
             machinery = shows_machinery(c.protocol_context, (s.visible_text for s in c.live_segments() if s.visible))
             reply_filter = ReplyFilter(
@@ -249,6 +250,12 @@ class TurnRunner:
 
     def _constraint(self, settings: GenerationSettings, prefix_ids: list[int]) -> GrammarConstraint:
         assert settings.response_format is not None
+        if not self.conversation.engine.sees_logits:
+            raise ConfigError(
+                "response_format",
+                "grammar-constrained output needs the logits, which a remote engine does not expose",
+                hint="ask for JSON in the prompt instead, or serve the model with the local engine",
+            )
         return self._grammars().constraint(settings.response_format, prefix_ids)
 
     @staticmethod

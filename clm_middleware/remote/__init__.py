@@ -14,12 +14,13 @@ from clm_middleware.lazy import lazy_namespace
 _EXPORTS = {
     "ClientConfig": "clm_middleware.remote.client",
     "RemoteEngine": "clm_middleware.remote.engine",
-    "RemoteEngineError": "clm_middleware.remote.client",
+    "RemoteEngineError": "clm_middleware.errors",
     "parse_engine_url": "clm_middleware.remote.engine",
 }
 
 if TYPE_CHECKING:
-    from clm_middleware.remote.client import ClientConfig, RemoteEngineError
+    from clm_middleware.errors import RemoteEngineError
+    from clm_middleware.remote.client import ClientConfig
     from clm_middleware.remote.engine import RemoteEngine, parse_engine_url
 
 __getattr__, __dir__ = lazy_namespace(__name__, globals(), _EXPORTS)

@@ -5,27 +5,39 @@ refused or timed-out connection, and ``503 Service Unavailable`` (vLLM and llama
 answer it while loading or overloaded). They apply only before the first byte of a
 response: once tokens have been streamed to the caller, a broken stream is an error,
 never a silent second request (the caller would see tokens twice).
+
+Every failure is a ``RemoteEngineError`` whose ``status`` says whose it is: 503 while
+the engine cannot be reached or is overloaded, 400 when it refused the request as
+invalid, 502 for anything else (an error answer, a broken or unreadable stream).
+
+A stream read on behalf of a caller that can go away (``stream(..., cancelled=)``) is
+read in a thread of its own, and the caller's check is asked every ``CANCEL_POLL_S``
+while the engine sends nothing: a stalled engine never holds a cancelled turn (an HTTP
+client that left) for the read timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+import queue
+import socket
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from clm_middleware.errors import ClmError
+from clm_middleware.errors import ClmError, RemoteEngineError, TurnCancelled
 
 RETRY_ATTEMPTS = 4  # ~0.25 + 0.5 + 1 s of waiting: a server restart, not an outage
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 600.0  # a long prompt's prefill on a CPU server sends nothing for minutes
-
-
-class RemoteEngineError(ClmError, RuntimeError):
-    """The serving engine could not be reached, answered an error, or broke off a reply."""
+CANCEL_POLL_S = 0.25  # how often a waiting stream asks whether its caller went away
+DRAIN_S = 1.0  # after [DONE], how long the stream's end may take before the connection is dropped
+AGAIN = "the turn was undone and no message was lost; retry once the server is back"
 
 
 class _Retryable(Exception):
@@ -74,30 +86,43 @@ class ServerClient:
     def post_json(self, path: str, body: dict[str, Any], *, missing_ok: bool = False) -> Any:
         return self._call("POST", path, body, missing_ok)
 
-    def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def stream(
+        self, path: str, body: dict[str, Any], *, cancelled: Callable[[], bool] | None = None
+    ) -> Iterator[dict[str, Any]]:
         """POST ``body`` with ``stream: true``; yields each server-sent event's JSON.
 
         Closing the iterator closes the connection: the server sees the client leave
-        and stops generating (vLLM aborts the request, llama.cpp frees the slot).
+        and stops generating (vLLM aborts the request, llama.cpp frees the slot). With
+        ``cancelled``, a wait for the next event ends with ``TurnCancelled`` (and the
+        connection closed) within ``CANCEL_POLL_S`` of it saying yes.
         """
         response = self._retrying(lambda: self._open_stream(path, body))
+        reader = None if cancelled is None else _ReaderThread(response, cancelled)
         try:
-            for line in response.iter_lines():
+            for line in response.iter_lines() if reader is None else reader.lines():
                 if not line.startswith("data:"):
                     continue  # comments, event names, keep-alives
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    if reader is not None:
+                        reader.drain(DRAIN_S)
                     return
-                event = json.loads(data)
+                try:
+                    event = json.loads(data)
+                except ValueError as error:
+                    raise RemoteEngineError(
+                        f"{self._where(path)} sent an event that is not JSON: {data[:120]!r}", hint=AGAIN
+                    ) from error
                 if isinstance(event, dict) and "error" in event:
                     raise RemoteEngineError(f"{self._where(path)} reported an error mid-reply: {event['error']}")
                 yield event
         except httpx.HTTPError as error:
             raise RemoteEngineError(
-                f"{self._where(path)} broke off the reply ({type(error).__name__}: {error})",
-                hint="the turn was undone and no message was lost; retry once the server is back",
+                f"{self._where(path)} broke off the reply ({type(error).__name__}: {error})", hint=AGAIN
             ) from error
         finally:
+            if reader is not None and not reader.finished:
+                reader.hang_up()
             response.close()
 
     # -------------------------------------------------------------- internal
@@ -119,16 +144,17 @@ class ServerClient:
                 f"{self._where('')} is unavailable (503) after {self.config.retry_attempts} tries: "
                 f"{error.response_text[:200]}",
                 hint="the server is loading or overloaded; try again later",
+                status=503,
             ) from error
         except (httpx.ConnectError, httpx.ConnectTimeout) as error:
             raise RemoteEngineError(
                 f"cannot reach {self._where('')} after {self.config.retry_attempts} tries ({error})",
                 hint="check that the server runs and --engine names its address",
+                status=503,
             ) from error
         except httpx.HTTPError as error:  # the request went out; the server vanished or stalled before answering
             raise RemoteEngineError(
-                f"{self._where('')} stopped answering mid-request ({type(error).__name__}: {error})",
-                hint="the turn was undone and no message was lost; retry once the server is back",
+                f"{self._where('')} stopped answering mid-request ({type(error).__name__}: {error})", hint=AGAIN
             ) from error
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None, missing_ok: bool) -> Any:
@@ -166,5 +192,68 @@ class ServerClient:
                 detail = detail.get("message", detail)
         except ValueError:
             detail = response.text
-        hint = "check --engine-api-key" if response.status_code in (401, 403) else None
-        raise RemoteEngineError(f"{self._where(path)} answered {response.status_code}: {str(detail)[:300]}", hint=hint)
+        code = response.status_code
+        hint = "check --engine-api-key" if code in (401, 403) else None
+        # the engine judged the request itself invalid (a prompt over its context, a
+        # parameter out of its range): the caller's to fix; anything else is the engine's
+        status = 400 if code in (400, 413, 422) else 502
+        raise RemoteEngineError(f"{self._where(path)} answered {code}: {str(detail)[:300]}", hint=hint, status=status)
+
+
+class _ReaderThread:
+    """``response.iter_lines()`` read in a thread of its own, so that waiting for the next
+    line asks ``cancelled`` every ``CANCEL_POLL_S``, and after every line (a keep-alive
+    comment too): ``TurnCancelled`` once it says yes.
+    The reader's errors are raised in the caller's thread. ``finished``: the reader has
+    ended; until then the response is the reader's, and only ``hang_up`` may touch it."""
+
+    def __init__(self, response: httpx.Response, cancelled: Callable[[], bool]) -> None:
+        self._response, self._cancelled = response, cancelled
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.finished = False
+        threading.Thread(target=self._read, name="clm-remote-stream", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for line in self._response.iter_lines():
+                self._queue.put(("line", line))
+        except BaseException as error:  # handed to the caller's thread
+            self._queue.put(("error", error))
+        else:
+            self._queue.put(("end", None))
+
+    def lines(self) -> Iterator[str]:
+        while True:
+            try:
+                kind, value = self._queue.get(timeout=CANCEL_POLL_S)
+            except queue.Empty:
+                kind, value = "wait", None
+            if kind in ("wait", "line") and self._cancelled():  # keep-alives say nothing either
+                raise TurnCancelled("the turn was cancelled by its caller while the engine sent no reply")
+            if kind == "wait":
+                continue
+            if kind != "line":
+                self.finished = True
+                if kind == "error":
+                    raise value
+                return
+            yield value
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the reader to reach the stream's end (after
+        ``[DONE]``), so that the connection goes back to the pool for the next request."""
+        try:
+            while not self.finished:
+                kind, _ = self._queue.get(timeout=timeout_s)
+                self.finished = kind != "line"
+        except queue.Empty:
+            return
+
+    def hang_up(self) -> None:
+        """Wake a reader blocked on the socket: closing a socket another thread reads
+        does not wake it; shutting it down does. The connection is not reused."""
+        stream = self._response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):  # already closed by the server
+                sock.shutdown(socket.SHUT_RDWR)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from clm_middleware.engine.penalties import CountPenalty, NoRepeatNgram, RepetitionPenalty
+from clm_middleware.engine.penalties import CountPenalty, LogitBias, NoRepeatNgram, RepetitionPenalty
 from clm_middleware.errors import ConfigError
 
 
@@ -28,7 +28,9 @@ class CompletionEvent:
 
 
 def penalty_fields(processors: Sequence[Any], dialect: str) -> dict[str, Any]:
-    """The server's own sampling controls for our penalty processors (engine/penalties.py).
+    """The server's own sampling controls for our penalty processors (engine/penalties.py)
+    and ``logit_bias`` (llama.cpp reads ``[[id, bias], ...]``; vLLM and others OpenAI's
+    ``{"id": bias}``).
 
     Any other processor (a JSON grammar, a caller's function) needs the logits, which a
     remote engine never sees: a ``ConfigError`` rather than a silently unshaped reply.
@@ -40,6 +42,11 @@ def penalty_fields(processors: Sequence[Any], dialect: str) -> dict[str, Any]:
         elif isinstance(processor, CountPenalty):
             fields["frequency_penalty"] = processor.frequency
             fields["presence_penalty"] = processor.presence
+        elif isinstance(processor, LogitBias):
+            if dialect == "llamacpp":
+                fields["logit_bias"] = [[token, bias] for token, bias in processor.bias]
+            else:
+                fields["logit_bias"] = {str(token): bias for token, bias in processor.bias}
         elif isinstance(processor, NoRepeatNgram):
             raise ConfigError("no_repeat_ngram_size", "a remote engine has no n-gram ban; use repetition_penalty")
         else:

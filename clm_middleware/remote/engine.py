@@ -199,7 +199,9 @@ class RemoteEngine:
     ) -> Generation:
         """As ``Engine.generate``; ``use_pool=False`` asks the server not to reuse its cache
         (llama.cpp ``cache_prompt: false``; vLLM and SGLang decide server-side).
-        ``cache_salt`` goes to vLLM as its ``cache_salt`` (tenants share no cached prefix)."""
+        ``cache_salt`` goes to vLLM as its ``cache_salt``; on llama.cpp a slot's cache is
+        reused only by the salt that filled it (``remote/slots.py``): either way tenants
+        share no cached prefix. Other servers have no such field (see docs/deploy.md)."""
         if return_logits:
             raise ConfigError("return_logits", "a remote engine does not return logits")
         prompt, forced = request_ids(prompt_token_ids, forced_token_ids)
@@ -209,6 +211,8 @@ class RemoteEngine:
             extra["stop_token_ids"] = [int(t) for t in stop_token_ids]
         if cache_salt is not None and self.info.dialect == "vllm":
             extra["cache_salt"] = cache_salt
+        elif cache_salt is not None and not self.info.num_slots:
+            _warn_once(self, "shared_cache", "the engine at %s has no cache salt: tenants share its cached prefixes")
         sampling = SamplingParams(
             len(forced) if forced else max_new_tokens, temperature, top_p, seed, top_k=top_k or 0, min_p=min_p or 0.0
         )
@@ -225,7 +229,7 @@ class RemoteEngine:
             observe=observe or _NO_OBSERVATION,
             forced=forced,
         )
-        fields = {"extra": extra, "top_k": top_k, "min_p": min_p}
+        fields = {"extra": extra, "top_k": top_k, "min_p": min_p, "salt": cache_salt}
         return Generation(request, self.tokenizer, lambda req, result: self._run(req, result, fields))
 
     def score(
@@ -294,7 +298,7 @@ class RemoteEngine:
         started = time.perf_counter()
         stats = result.stats
         forced = request.forced
-        slot = self.slots.pick(request.prompt) if request.use_pool else None
+        claim = self.slots.pick(request.prompt, fields["salt"], reuse=request.use_pool)
         body = completion_body(
             model=self.info.model_id,
             dialect=self.info.dialect,
@@ -306,8 +310,8 @@ class RemoteEngine:
             min_p=fields["min_p"],
             seed=request.sampling.seed,
             stop=request.stop,
-            cache_prompt=request.use_pool,
-            slot=slot,
+            cache_prompt=request.use_pool if claim is None else claim.reuse,
+            slot=None if claim is None else claim.slot,
             prompt_logprobs=bool(request.observe.logprobs) and self.signals_source == "server",
             extra=fields["extra"],
         )
@@ -315,7 +319,7 @@ class RemoteEngine:
         text: list[str] = []
         got_ids = False
         first_at = None
-        events = self.client.stream("/v1/completions", body)
+        events = self.client.stream("/v1/completions", body, cancelled=result.cancelled)
         try:
             for raw in events:
                 event = parse_event(raw)
@@ -350,7 +354,9 @@ class RemoteEngine:
             elif not got_ids and "".join(text):
                 # A server that names no token ids: the reply re-tokenized (a prefix may
                 # then differ from what the server cached; it is said in the log once).
-                _warn_retokenized(self)
+                _warn_once(
+                    self, "retokenized", "the engine at %s returns no token ids: replies are re-tokenized locally"
+                )
                 for token in self.tokenizer.encode("".join(text), add_special_tokens=False):
                     result.token_ids.append(int(token))
                     yield int(token)
@@ -363,7 +369,7 @@ class RemoteEngine:
         finally:
             events.close()
             generated = [] if forced else result.token_ids
-            self.slots.record(slot, request.prompt + generated)
+            self.slots.record(claim, request.prompt + generated)
             stats.cached_tokens = min(len(request.prompt), last.cached_tokens or 0)
             stats.prefill_tokens = len(request.prompt) - stats.cached_tokens
             stats.generated_tokens = len(result.token_ids) if not forced else 0
@@ -376,10 +382,11 @@ def _finish_reason(server: str | None) -> str:
     return "stop" if server == "stop" else "length"
 
 
-def _warn_retokenized(engine: RemoteEngine) -> None:
-    if not engine.memo.get("warned_retokenized"):
-        engine.memo["warned_retokenized"] = True
-        log.warning("the engine at %s returns no token ids: replies are re-tokenized locally", engine.url)
+def _warn_once(engine: RemoteEngine, what: str, message: str) -> None:
+    """Log ``message`` (with the engine's URL) the first time ``what`` happens."""
+    if not engine.memo.get(f"warned_{what}"):
+        engine.memo[f"warned_{what}"] = True
+        log.warning(message, engine.url)
 
 
 def _eos_ids(tokenizer: Any) -> frozenset[int]:

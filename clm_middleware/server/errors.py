@@ -9,6 +9,9 @@ only that). ``clm_error_to_api`` maps the library's errors:
   than the whole pool has) → 400, ``code`` = ``context_length_exceeded``;
 - ``PoolExhaustedError`` (running requests hold the room; idle conversations have already
   given theirs back) → 503 with ``Retry-After``;
+- ``RemoteEngineError`` (the serving engine behind a remote engine) → its ``status``: 503
+  with ``Retry-After`` while the engine is down or overloaded, 400 when it refused the
+  request as invalid, 502 for anything else it did wrong;
 - any other ``ClmError`` → 400 when it is the caller's to fix (a ``ValueError``), else 500.
 """
 
@@ -22,7 +25,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clm_middleware.errors import ClmError, ConfigError, ContextWindowError, PoolExhaustedError, PoolTooSmallError
+from clm_middleware.errors import (
+    ClmError,
+    ConfigError,
+    ContextWindowError,
+    PoolExhaustedError,
+    PoolTooSmallError,
+    RemoteEngineError,
+)
 from clm_middleware.lifecycle.compaction import ContextBudgetError
 
 log = logging.getLogger("clm_middleware.server")
@@ -57,6 +67,11 @@ def clm_error_to_api(error: ClmError) -> APIError:
         return APIError(400, str(error), param="messages", code="context_length_exceeded")
     if isinstance(error, PoolExhaustedError):
         return APIError(503, str(error), code="pool_exhausted", retry_after=RETRY_AFTER_S)
+    if isinstance(error, RemoteEngineError):
+        log.error("the serving engine failed a request: %s", error)
+        code = {503: "engine_unavailable", 400: "engine_rejected"}.get(error.status, "engine_error")
+        retry_after = RETRY_AFTER_S if error.status == 503 else None
+        return APIError(error.status, str(error), code=code, retry_after=retry_after)
     if isinstance(error, ValueError):
         return APIError(400, str(error))
     log.error("request failed: %s", error)

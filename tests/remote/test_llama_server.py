@@ -232,6 +232,46 @@ def test_clm_serve_in_front_of_the_engine_answers_the_openai_client(llama_server
         live.stop()
 
 
+def test_conversations_sharing_a_long_system_prompt_each_extend_their_own_slot(remote):
+    system = "You are the help desk of a large airline. " + "Answer politely, briefly and only about flights. " * 40
+    chats = [Conversation(remote, system_prompt=system, tagging="rules", max_new_tokens=8) for _ in range(2)]
+    questions = ["Can I bring a bicycle?", "And a surfboard?", "What about a cat?"]
+    for turn, question in enumerate(questions):
+        for chat in chats:  # taking turns, as two users of one server do
+            reply = chat.send(question)
+            if turn:  # its own slot holds its last prompt and reply: only the new message is computed
+                assert reply.stats.prefill_tokens < 40, (turn, reply.stats)
+    for chat in chats:
+        chat.close()
+
+
+def test_a_tenant_never_hits_the_prompt_another_tenant_left_in_a_slot(remote, smollm2_tokenizer):
+    secret = smollm2_tokenizer.apply_chat_template(
+        [{"role": "system", "content": "The vault code is 7731-ZETA."}, {"role": "user", "content": "Hello."}],
+        add_generation_prompt=True,
+        return_dict=False,
+    )
+    alice = remote.generate(secret, max_new_tokens=4, cache_salt="alice").result()
+    bob = remote.generate(secret, max_new_tokens=4, cache_salt="bob").result()
+    assert bob.stats.cached_tokens == 0  # the same prompt, but alice's: computed afresh
+    again = remote.generate(secret + alice.token_ids, max_new_tokens=4, cache_salt="alice").result()
+    assert again.stats.cached_tokens >= len(secret)  # her own slot still serves her
+
+
+def test_logit_bias_reaches_the_server(remote, smollm2_tokenizer):
+    from clm_middleware.engine.penalties import LogitBias
+
+    prompt = smollm2_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three colours."}], add_generation_prompt=True, return_dict=False
+    )
+    plain = remote.generate(prompt, max_new_tokens=1, use_pool=False).result()
+    banned = plain.token_ids[0]
+    biased = remote.generate(
+        prompt, max_new_tokens=1, use_pool=False, logits_processors=[LogitBias(((banned, -100.0),))]
+    ).result()
+    assert biased.token_ids and biased.token_ids[0] != banned
+
+
 def test_a_server_killed_mid_turn_gives_a_clear_error_and_loses_no_message(llama_server, smollm2_tokenizer, tmp_path):
     config = ClientConfig(llama_server.url, retry_attempts=2, read_timeout_s=60.0)
     remote = RemoteEngine(llama_server.url, smollm2_tokenizer, signals="none", client_config=config)

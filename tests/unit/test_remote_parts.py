@@ -8,14 +8,14 @@ import socket
 import pytest
 
 from clm_middleware.engine import Engine
-from clm_middleware.engine.penalties import CountPenalty, NoRepeatNgram, RepetitionPenalty
+from clm_middleware.engine.penalties import CountPenalty, LogitBias, NoRepeatNgram, RepetitionPenalty
 from clm_middleware.engine.protocol import KVPool, ServingEngine, signals_source
 from clm_middleware.errors import ConfigError
 from clm_middleware.remote import ClientConfig, RemoteEngine, RemoteEngineError, parse_engine_url
 from clm_middleware.remote.client import ServerClient
 from clm_middleware.remote.completion import completion_body, parse_event, penalty_fields
 from clm_middleware.remote.null_pool import NullPool
-from clm_middleware.remote.slots import SlotTable
+from clm_middleware.remote.slots import SlotClaim, SlotTable
 
 
 def test_the_local_engine_satisfies_the_protocol(engine: Engine):
@@ -123,24 +123,71 @@ def test_penalties_become_the_servers_own_fields_and_other_processors_are_refuse
         penalty_fields([lambda ids, logits: logits], "vllm")
 
 
+def test_logit_bias_goes_to_the_server_in_its_own_format():
+    bias = LogitBias(((5, -100.0), (9, 2.5)))
+    assert penalty_fields([bias], "llamacpp") == {"logit_bias": [[5, -100.0], [9, 2.5]]}
+    assert penalty_fields([bias], "vllm") == {"logit_bias": {"5": -100.0, "9": 2.5}}
+
+
+def _served(slots: SlotTable, prompt: list[int], reply: list[int], salt: str | None = None) -> int:
+    """Pick a slot for ``prompt`` and record it answered with ``reply``; the slot."""
+    claim = slots.pick(prompt, salt)
+    slots.record(claim, [*prompt, *reply])
+    return claim.slot
+
+
 def test_a_conversation_keeps_its_slot_turn_after_turn():
     slots = SlotTable(2)
     a1, b1 = [1, 2, 3, 5, 6], [1, 2, 9]  # same system prompt, different conversations
-    assert slots.pick(a1) == 0
-    slots.record(0, [*a1, 4])
-    assert slots.pick(b1) == 1  # an empty slot, not a's (which b would only partly reuse)
-    slots.record(1, [*b1, 8])
-    assert slots.pick([*a1, 4, 5, 6]) == 0
-    assert slots.pick([*b1, 8, 7]) == 1
+    assert _served(slots, a1, [4]) == 0
+    assert _served(slots, b1, [8]) == 1  # an empty slot, not a's (which b would only partly reuse)
+    assert slots.pick([*a1, 4, 5, 6]).slot == 0
+    assert slots.pick([*b1, 8, 7]).slot == 1
+
+
+def test_conversations_sharing_a_long_system_prompt_each_keep_their_own_slot():
+    system = list(range(100, 148))  # most of either slot's content
+    a, b = [*system, 1], [*system, 2]
+    assert _served(slots := SlotTable(2), a, [3]) == 0
+    assert _served(slots, b, [4]) == 1  # not slot 0, which b would reuse 48 of 50 of
+    for turn in range(3):  # taking turns, each extends its own slot: no re-prefill
+        a, b = [*a, 3, 5 + turn], [*b, 4, 7 + turn]
+        assert _served(slots, a[:-1], [a[-1]]) == 0
+        assert _served(slots, b[:-1], [b[-1]]) == 1
 
 
 def test_after_a_lifecycle_change_the_slot_reused_the_most_wins_and_no_slots_means_none():
     slots = SlotTable(2)
-    slots.record(slots.pick([1, 2, 3, 4, 5, 6, 7, 8]), [1, 2, 3, 4, 5, 6, 7, 8])  # a long history in 0
-    slots.record(slots.pick([1, 2, 9, 9]), [1, 2, 9, 9])  # a short managed context in 1
-    assert slots.pick([1, 2, 9, 5]) == 1  # shares 3 of 4 there, 2 of 8 in slot 0
-    assert slots.pick([1, 2, 3, 4, 5, 6, 0]) == 0  # its own slot after a change at the end
+    _served(slots, [1, 2, 3, 4, 5, 6, 7], [8])  # a long history in 0
+    _served(slots, [1, 2, 9], [9])  # a short managed context in 1
+    assert _served(slots, [1, 2, 9, 5], []) == 1  # shares 3 of 4 there, 2 of 8 in slot 0
+    assert _served(slots, [1, 2, 3, 4, 5, 6, 0], []) == 0  # its own slot after a change at the end
     assert SlotTable(0).pick([1]) is None
+
+
+def test_a_busy_slot_is_not_sent_a_second_request_while_another_is_idle():
+    slots = SlotTable(2)
+    _served(slots, [1, 2, 3], [4])
+    _served(slots, [7, 8], [9])
+    running = slots.pick([1, 2, 3, 4, 5])  # extends slot 0, which stays busy until recorded
+    assert running.slot == 0
+    assert slots.pick([1, 2, 3, 4, 5, 6]).slot == 1  # slot 0 would queue it behind the first
+    slots.record(running, [1, 2, 3, 4, 5, 6])
+
+
+def test_a_slot_is_reused_only_by_the_tenant_that_filled_it():
+    slots = SlotTable(2)
+    secret = [1, 2, 3, 4, 5]
+    first = slots.pick(secret, "alice")
+    assert not first.reuse  # an empty slot under a salt: the server's own prompt cache is not trusted
+    slots.record(first, [*secret, 6])
+    bob = slots.pick(secret, "bob")
+    assert bob.slot == 1 and not bob.reuse  # alice's slot is not his, and the empty one reuses nothing
+    slots.record(bob, [*secret, 7])
+    assert slots.pick([*secret, 6, 8], "alice") == SlotClaim(0, True)
+    carol = slots.pick(secret, "carol")  # every idle slot is another tenant's: one is taken, cold
+    assert not carol.reuse
+    assert slots.pick([1], reuse=False).reuse is False  # a call that asks for no reuse gets none
 
 
 def test_the_null_pool_holds_nothing_and_reports_zeros():

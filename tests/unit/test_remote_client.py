@@ -1,0 +1,149 @@
+"""The remote engine's HTTP client against a loopback server that misbehaves on purpose:
+which status each failure carries, a stream that is not JSON, and a stalled stream whose
+caller goes away (remote/client.py)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+import pytest
+
+from clm_middleware.errors import RemoteEngineError, TurnCancelled
+from clm_middleware.remote.client import ClientConfig, ServerClient
+from clm_middleware.server.errors import clm_error_to_api
+
+EVENT = b'data: {"choices": [{"text": "a", "finish_reason": null}]}\n\n'
+
+
+class _Engine:
+    """A loopback server; every POST is answered by ``behaviour(handler)``."""
+
+    def __init__(self, behaviour) -> None:
+        owner = self
+        self.hung_up = threading.Event()  # a stalled stream's client closed the connection
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                behaviour(self, owner)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Engine:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _answer(status: int, body: bytes, content_type: str = "application/json"):
+    def behaviour(handler: http.server.BaseHTTPRequestHandler, _: _Engine) -> None:
+        handler.send_response(status)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    return behaviour
+
+
+def _stream(chunks: list[bytes], stall_s: float = 0.0):
+    """Send ``chunks`` as an event stream, then stay silent for ``stall_s`` (until the
+    client hangs up) before ending it."""
+
+    def behaviour(handler: http.server.BaseHTTPRequestHandler, owner: _Engine) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        for chunk in chunks:
+            handler.wfile.write(chunk)
+            handler.wfile.flush()
+        deadline = time.monotonic() + stall_s
+        while time.monotonic() < deadline:
+            try:  # a client that hung up makes a write fail, sooner or later
+                handler.wfile.write(b": keep waiting\n\n")
+                handler.wfile.flush()
+            except OSError:
+                owner.hung_up.set()
+                return
+            time.sleep(0.1)
+
+    return behaviour
+
+
+def _client(engine: _Engine) -> ServerClient:
+    return ServerClient(ClientConfig(engine.url, retry_attempts=1, read_timeout_s=30.0))
+
+
+@pytest.mark.parametrize(
+    ("engine_status", "status", "code"),
+    [(500, 502, "engine_error"), (400, 400, "engine_rejected"), (503, 503, "engine_unavailable")],
+)
+def test_an_engine_error_answer_carries_whose_it_is_to_the_http_front(engine_status, status, code):
+    body = b'{"error": {"message": "something went wrong there"}}'
+    with _Engine(_answer(engine_status, body)) as engine:
+        client = _client(engine)
+        with pytest.raises(RemoteEngineError, match="something went wrong there") as raised:
+            list(client.stream("/v1/completions", {"prompt": [1]}))
+        client.close()
+    assert raised.value.status == status
+    api = clm_error_to_api(raised.value)
+    assert (api.status, api.code) == (status, code)
+    assert (api.retry_after is not None) == (status == 503)
+
+
+def test_an_html_error_page_is_a_502_naming_the_engine():
+    with _Engine(_answer(500, b"<html><body>Bad things</body></html>", "text/html")) as engine:
+        client = _client(engine)
+        with pytest.raises(RemoteEngineError, match="answered 500: <html>") as raised:
+            client.post_json("/v1/completions", {})
+        client.close()
+    assert raised.value.status == 502
+
+
+def test_an_event_that_is_not_json_is_a_remote_engine_error_not_a_crash():
+    with _Engine(_stream([EVENT, b"data: {not json\n\n"])) as engine:
+        client = _client(engine)
+        events = client.stream("/v1/completions", {"prompt": [1]})
+        assert next(events)["choices"][0]["text"] == "a"
+        with pytest.raises(RemoteEngineError, match="not JSON") as raised:
+            next(events)
+        client.close()
+    assert raised.value.status == 502
+
+
+def test_a_stalled_stream_ends_soon_after_its_caller_goes_away_and_hangs_up_on_the_engine():
+    gone = threading.Event()
+    with _Engine(_stream([EVENT], stall_s=20.0)) as engine:
+        client = _client(engine)
+        events = client.stream("/v1/completions", {"prompt": [1]}, cancelled=gone.is_set)
+        assert next(events)["choices"][0]["text"] == "a"
+        threading.Timer(0.3, gone.set).start()
+        started = time.monotonic()
+        with pytest.raises(TurnCancelled):
+            next(events)  # the engine sends nothing more: only the cancellation ends the wait
+        assert time.monotonic() - started < 5.0
+        assert engine.hung_up.wait(timeout=5.0)
+        client.close()
+
+
+def test_a_cancellable_stream_that_ends_normally_yields_every_event():
+    done = b'data: {"choices": [{"text": "b", "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    with _Engine(_stream([EVENT, done])) as engine:
+        client = _client(engine)
+        texts = [e["choices"][0]["text"] for e in client.stream("/v1/completions", {}, cancelled=lambda: False)]
+        client.close()
+    assert texts == ["a", "b"]
