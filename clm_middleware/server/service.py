@@ -163,7 +163,7 @@ def summary(conversation: Conversation) -> dict[str, Any]:
         "id": conversation.id,
         "object": "clm.session",
         "messages": len(conversation.history),
-        "turns": stats["turns"],
+        "turns": conversation.turn,  # a fork counts the turns of the history it shares, as its replies' clm.turn does
         "context_tokens": stats["context_tokens"],
         "hit_rate": stats["hit_rate"],
     }

@@ -265,3 +265,16 @@ def test_cors_is_off_by_default_and_allowed_origins_answer_preflights(server, la
         assert other.headers.get("access-control-allow-origin") != "http://evil.example"
     finally:
         live.stop()
+
+
+def test_a_forked_session_lists_the_turns_of_the_history_it_shares(server, model_id):
+    messages = [{"role": "user", "content": "fork me: first"}]
+    for text in ("fork me: second", "fork me: third", None):
+        answer = _post(server.api, {"model": model_id, "messages": messages, "max_tokens": 4}).json()
+        messages += [answer["choices"][0]["message"]] + ([{"role": "user", "content": text}] if text else [])
+    edited = [*messages[:-2], {"role": "user", "content": "fork me: another third"}]  # the third asked again
+    forked = _post(server.api, {"model": model_id, "messages": edited, "max_tokens": 4}).json()
+    assert forked["clm"]["route"] == "fork" and forked["clm"]["turn"] == 3
+    listed = httpx.get(server.api + "/sessions", timeout=TIMEOUT_S).json()["data"]
+    session = next(s for s in listed if s["id"] == forked["clm"]["conversation_id"])
+    assert session["turns"] == 3  # not 1: the fork shares two answered turns
