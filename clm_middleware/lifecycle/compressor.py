@@ -6,13 +6,18 @@ Two methods:
   self-information (mean ``-log p`` of their tokens, from the model's own prefill,
   as in Selective-Context / LLMLingua) until ``1 / target_ratio`` of their tokens are
   kept; function and filler words ("the", "great", "please") only when nothing else
-  would be. It can only delete, so it cannot invent a fact.
+  would be. It can only delete, so it cannot invent a fact; and it never deletes a
+  negation while keeping what it negates ("not available on Tuesday" never becomes
+  "available Tuesday"; ``negation.py``).
 - ``abstractive``: the summarizer model rewrites the text with the summarizer prompt.
-  Accepted only if shorter, containing every distinctive token of the original and
-  no distinctive token the original lacks; otherwise the extractive result is used.
+  Accepted only if shorter, containing every distinctive token of the original, no
+  distinctive token the original lacks, and a negation where the original has one;
+  otherwise the extractive result is used.
 
-A compression that does not come out shorter fails, and the caller keeps the
-original: nothing is ever lost (the original always stays in the store).
+Deleting methods keep a word where it was judged worth keeping, never at another place
+the same word recurs. A reply that calls a tool is never cut down (a call is kept or
+dropped whole). A compression that does not come out shorter fails, and the caller
+keeps the original: nothing is ever lost (the original always stays in the store).
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.distinctive import bare_word, distinctive_spans, distinctive_tokens, missing_from
+from clm_middleware.lifecycle.negation import has_negation, with_negations
 from clm_middleware.lifecycle.segments import Segment, SegmentId
 from clm_middleware.render import ChatFormat
+from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
 
 METHODS = ("auto", "extractive", "abstractive")
 SMALL_MODEL_PARAMETERS = 1_000_000_000  # below this, "auto" compresses extractively
@@ -97,18 +104,22 @@ class CompressionResult:
 class CompressionCheck:
     missing: tuple[str, ...]
     invented: tuple[str, ...]
+    lost_negation: bool = False  # the original negates something and the summary nothing
 
     @property
     def faithful(self) -> bool:
-        return not self.missing and not self.invented
+        return not self.missing and not self.invented and not self.lost_negation
 
 
 def check_faithful(original: str, summary: str) -> CompressionCheck:
-    """Every distinctive token of ``original`` is in ``summary``, and ``summary`` adds none.
+    """Every distinctive token of ``original`` is in ``summary``, ``summary`` adds none,
+    and it keeps a negation if ``original`` has one.
 
     Missing is judged per token (a multi-word name must appear whole); invented per
     word inside the summary's distinctive tokens, so rewording around a fact is fine
-    but a number, code or name the original never said is not.
+    but a number, code or name the original never said is not. A summary with no
+    negator at all of a text that has one may say the opposite ("not available on
+    Tuesday" → "available Tuesday"), so it is refused too.
     """
     required = distinctive_tokens(original)
     original_folded = original.casefold()
@@ -118,11 +129,30 @@ def check_faithful(original: str, summary: str) -> CompressionCheck:
         for word in _FACT_WORD.findall(summary[start:end].casefold())
         if word not in original_folded
     }
-    return CompressionCheck(tuple(sorted(missing_from(required, summary))), tuple(sorted(invented)))
+    lost_negation = has_negation(original) and not has_negation(summary)
+    return CompressionCheck(tuple(sorted(missing_from(required, summary))), tuple(sorted(invented)), lost_negation)
 
 
 def _bare(word: str) -> str:
     return bare_word(word).casefold()
+
+
+def is_function_word(word: str) -> bool:
+    return _bare(word) in _FUNCTION_WORDS
+
+
+def _aligned(visible: list[str], original: list[regex.Match[str]]) -> list[int | None]:
+    """For each word of ``visible`` (a text made by deleting words of ``original``), the
+    index of the original word it is, in order; None for one that is not (an abstractive
+    summary's own wording)."""
+    indices: list[int | None] = []
+    start = 0
+    for word in visible:
+        found = next((i for i in range(start, len(original)) if original[i].group() == word), None)
+        indices.append(found)
+        if found is not None:
+            start = found + 1
+    return indices
 
 
 def _kept_words(text: str, words: list[regex.Match[str]]) -> set[int]:
@@ -157,6 +187,12 @@ def word_means(
 def _recorded(surprisal: list[float | None] | None, segment: Segment) -> list[float | None] | None:
     """``surprisal`` if it is a value per token of ``segment``."""
     return surprisal if surprisal is not None and len(surprisal) == len(segment.token_ids) else None
+
+
+def _whole_only(tokens: int) -> CompressionResult:
+    """A reply that calls a tool: a call cut down to some of its words is broken JSON that
+    may name the wrong tool (``{"name": "Dr. Okafor",``), so it stays whole or leaves whole."""
+    return CompressionResult(False, "none", original_tokens=tokens, error="a tool call is kept or dropped whole")
 
 
 class Compressor:
@@ -208,6 +244,8 @@ class Compressor:
         not shorter.
         """
         current = len(segment.visible_ids)
+        if TOOL_CALL_OPEN in segment.text:
+            return _whole_only(current)
         # judged on the original text: in a condensed text, sentence breaks are artifacts
         # that would make a name look like a sentence's first word
         original_words = list(_WORD.finditer(segment.text))
@@ -220,17 +258,28 @@ class Compressor:
                 return CompressionResult(False, "none", original_tokens=current, error="no distinctive token")
             scores = [0.0] * len(original_words)
         visible = _WORD.findall(segment.visible_text)
+        aligned = _aligned(visible, original_words)
         shown = {_bare(word) for word in visible}
         content = [
-            (score, bare)
-            for word, score in zip(original_words, scores, strict=True)
+            (score, index)
+            for index, (word, score) in enumerate(zip(original_words, scores, strict=True))
             if (bare := _bare(word.group())) in shown and bare not in _FUNCTION_WORDS and any(c.isalnum() for c in bare)
         ]
-        required |= {bare for score, bare in content if score >= RARE_WORD_NATS}
+        kept = _kept_words(segment.text, original_words) | {i for score, i in content if score >= RARE_WORD_NATS}
         if plain:  # its most informative words: what it asked about, as the model read it
-            required |= {bare for _, bare in sorted(content, key=lambda pair: -pair[0])[:REQUEST_WORDS]}
-        words = [word for word in visible if _bare(word) in required]
-        tightened = " ".join(words)
+            kept |= {i for _, i in sorted(content, key=lambda pair: -pair[0])[:REQUEST_WORDS]}
+        required |= {_bare(original_words[i].group()) for i in kept}
+        # a word is kept where it was judged, not wherever it recurs ("77121-B never
+        # arrived" must not borrow the "arrived" of another order); a word no original
+        # word matches (an abstractive summary's) is kept by what it is
+        chosen = {
+            position
+            for position, (word, index) in enumerate(zip(visible, aligned, strict=True))
+            if (index in kept if index is not None else _bare(word) in required)
+        }
+        chosen = with_negations(visible, chosen, is_function_word)
+        tightened = " ".join(visible[i] for i in sorted(chosen))
+        words = [visible[i] for i in sorted(chosen)]
         ids = self._encode(tightened)
         if not words or len(ids) >= current:
             return CompressionResult(False, "none", original_tokens=current, error="not shorter than the original")
@@ -244,6 +293,8 @@ class Compressor:
         far more than needed. It says less, never something else. Fails when nothing fits
         or the result is not shorter."""
         current = len(segment.visible_ids)
+        if TOOL_CALL_OPEN in segment.text:
+            return _whole_only(current)
         original_words = list(_WORD.finditer(segment.text))
         try:
             scores = self._word_scores(segment.text, original_words, segment)
@@ -267,6 +318,7 @@ class Compressor:
             if used + counts[index] <= max_tokens:
                 keep.add(index)
                 used += counts[index]
+        keep = with_negations(visible, keep, is_function_word)  # a few tokens over, never the opposite
         trimmed = " ".join(visible[i] for i in sorted(keep))
         ids = self._encode(trimmed)
         if not keep or len(ids) >= current:
@@ -303,6 +355,8 @@ class Compressor:
 
     def compress(self, segment: Segment) -> CompressionResult:
         original_tokens = len(segment.token_ids)
+        if TOOL_CALL_OPEN in segment.text:
+            return _whole_only(original_tokens)
         rejected = None
         if self.method == "abstractive":
             try:
@@ -346,7 +400,8 @@ class Compressor:
             return "summary not shorter"
         check = check_faithful(original, summary)
         if not check.faithful:
-            return f"unfaithful summary (missing {list(check.missing)}, invented {list(check.invented)})"
+            lost = ", lost its negation" if check.lost_negation else ""
+            return f"unfaithful summary (missing {list(check.missing)}, invented {list(check.invented)}{lost})"
         return CompressionResult(True, "abstractive", summary, ids, original_tokens)
 
     def _abstractive(self, text: str) -> str:
@@ -384,6 +439,7 @@ class Compressor:
             if index not in keep:
                 keep.add(index)
                 kept += token_counts[index]
+        keep = with_negations([w.group() for w in words], keep, is_function_word)
         return " ".join(words[i].group() for i in sorted(keep))
 
     def _word_scores(self, text: str, words: list[regex.Match[str]], segment: Segment) -> list[float]:

@@ -275,3 +275,44 @@ def test_trim_with_no_room_for_a_word_fails_and_keeps_the_segment(engine):
     chat = ChatFormat.from_tokenizer(engine.tokenizer)
     result = compressor(engine, method="extractive").trim(segment(ORIGINAL, chat), 0)
     assert not result.ok
+
+
+NEGATED = "I am not available on Tuesday 14 May, but Thursday 16 May works well for the whole family."
+
+
+def test_no_deleting_method_keeps_a_negated_clause_without_its_negation(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    squeezer = compressor(engine, method="extractive")
+    results = [
+        squeezer.compress(segment(NEGATED, chat)),
+        squeezer.tighten(segment(NEGATED, chat)),
+        squeezer.trim(segment(NEGATED, chat), len(chat.encode(NEGATED)) // 2),
+    ]
+    for result in results:
+        assert result.ok and "Tuesday" in result.text
+        assert "not available on Tuesday" in result.text, result  # never "available Tuesday"
+        assert check_faithful(NEGATED, result.text).faithful
+
+
+def test_tighten_keeps_a_word_where_it_was_judged_not_where_it_recurs(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    orders = "Order 77120-B arrived but the blender was broken; order 77121-B never arrived at all."
+    result = compressor(engine, method="extractive").tighten(scored(orders, chat, {"arrived": 9.0}))
+    assert result.ok and result.text == "77120-B arrived 77121-B"  # not "77121-B arrived"
+
+
+def test_a_reply_that_calls_a_tool_is_never_cut_down(engine):
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    arguments = '{"doctor": "Dr. Okafor", "slot": "B-214"}'
+    call = f'Booking it now. <tool_call>{{"name": "book", "arguments": {arguments}}}</tool_call>'
+    squeezer = compressor(engine, method="extractive")
+    reply = segment(call, chat)
+    for result in (squeezer.compress(reply), squeezer.tighten(reply), squeezer.trim(reply, 8)):
+        assert not result.ok and "whole" in result.error
+
+
+def test_an_abstractive_summary_that_loses_the_negation_is_unfaithful():
+    original = "I am not flying on April 22 with TP1357."
+    assert check_faithful(original, "Flying April 22 TP1357.").lost_negation
+    assert not check_faithful(original, "Flying April 22 TP1357.").faithful
+    assert check_faithful(original, "Not flying April 22 on TP1357.").faithful
