@@ -91,7 +91,7 @@ def bench(
     """
     from clm_middleware.cli.output import turn_progress
     from clm_middleware.cli.plot import plot_reports
-    from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes, report_settings
+    from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes, read_or_report, report_settings
     from clm_middleware.cli.setup import (
         LifecycleOptions,
         build_engine,
@@ -99,7 +99,6 @@ def bench(
         sibling_engine,
     )
     from clm_middleware.replay.bench import comparison_rows, header, to_markdown
-    from clm_middleware.replay.formats import read_transcripts
     from clm_middleware.replay.report import ReplayReport
     from clm_middleware.replay.runner import ReplayOptions, count_turns, replay_interleaved
 
@@ -114,16 +113,22 @@ def bench(
         raise click.BadParameter(f"give two or more distinct modes from {', '.join(BENCH_MODES)}", param_hint="--modes")
     if "truncate" in chosen and budget is None:
         raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")
-    transcripts = read_transcripts(transcript, transcript_format)
+    transcripts = read_or_report(
+        transcript,
+        transcript_format,
+        None,
+        {report_dir / f"{mode}.json": mode for mode in chosen} if report_dir else {},
+    )
     from clm_middleware.replay.formats import declared_tools_note
 
     if (note := declared_tools_note(transcripts)) is not None:
         Console(stderr=True).print(f"[yellow]warning: {note}[/yellow]", highlight=False)
     probes = load_probes(transcript, probes_path)
     first = build_engine(**engine_options)
-    factories, reports, lifecycles = {}, {}, {}
+    factories, reports, lifecycles, engines = {}, {}, {}, {}
     for index, mode in enumerate(chosen):
         engine = first if index == 0 else sibling_engine(first)  # own pool, shared weights
+        engines[mode] = engine
         options = ReplayOptions(
             mode=mode,
             max_new_tokens=max_new_tokens,
@@ -162,7 +167,8 @@ def bench(
         first.close()  # spill to the disk tier, if one is set
         for mode, report in reports.items():
             add_retention(report, lifecycles[mode].drivers, probes)
-        reports[chosen[0]].disk_stats = first.disk_stats()
+        for mode, report in reports.items():  # zeros for the engines without a disk tier: every report has the fields
+            report.disk_stats = engines[mode].disk_stats()
         if report_dir:
             for mode, report in reports.items():
                 report.write(report_dir / f"{mode}.json")

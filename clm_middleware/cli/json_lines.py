@@ -2,12 +2,15 @@
 
 Every line has a ``type``: ``turn`` (an answered turn: the fields of its report record,
 see docs/report.md, with ``role: "assistant"`` and the ``reply`` text), ``failed_turn``
-(``--on-error skip`` went past it: ``turn``, ``conversation_id``, ``error``),
+(``--on-error skip`` went past it, or ``stop`` stopped at it: ``turn``,
+``conversation_id``, ``error``),
 ``skipped_record`` (a transcript record that could not be read: ``error`` names where),
 ``error`` (``clm chat``: a message was refused; the chat goes on) and, last, ``totals``
-(``clm replay``: the report's totals). Lines are written and flushed as they happen, so
-a script can follow a long run; nothing else is written to stdout in this mode (progress
-and warnings go to stderr). JSON is ASCII-escaped, so any terminal encoding can carry it.
+(``clm replay``: the report's totals and ``complete``; also written when the replay stops
+at a failed turn, whose ``failed_turn`` line comes first, or is interrupted). Lines are
+written and flushed as they happen, so a script can follow a long run; nothing else is
+written to stdout in this mode (progress and warnings go to stderr). JSON is
+ASCII-escaped, so any terminal encoding can carry it.
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ def failure_line(failure: Failure) -> dict[str, Any]:
 
 
 def totals_line(report: ReplayReport) -> dict[str, Any]:
-    return {"type": "totals", "mode": report.mode, "model": report.model, **report.totals()}
+    return {
+        "type": "totals",
+        "mode": report.mode,
+        "model": report.model,
+        "complete": report.complete,
+        **report.totals(),
+    }
 
 
 def chat_turn_line(conversation_id: str, reply: Any) -> dict[str, Any]:

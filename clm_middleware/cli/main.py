@@ -26,6 +26,9 @@ class ClmGroup(click.Group):
             return super().invoke(ctx)
         except ClmError as error:
             raise click.ClickException(str(error)) from None
+        except KeyboardInterrupt:  # before a command's own handling (loading the model): 130, not click's 1
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
 
 
 @click.group(cls=ClmGroup)

@@ -101,14 +101,15 @@ def replay(
     Several conversations in one file replay one after another through one pool, so
     prefixes they share (a system prompt, a document) are cache hits.
     """
+    from clm_middleware.cli.runs import read_or_report
     from clm_middleware.errors import TranscriptError
-    from clm_middleware.replay.formats import read_transcripts
 
     if mode == "truncate" and budget is None:  # before the model loads (seconds)
         raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")
     # the file first: a bad transcript is named before torch and the model load (seconds)
     skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
-    transcripts = read_transcripts(transcript, transcript_format, skipped)[:limit]
+    transcripts = read_or_report(transcript, transcript_format, skipped, {report_path: mode} if report_path else {})
+    transcripts = transcripts[:limit]
 
     from clm_middleware.cli import json_lines as lines
     from clm_middleware.cli.output import replies_text, summary_table, turn_progress, turn_table
@@ -166,8 +167,11 @@ def replay(
         if json_lines:
             lines.emit(lines.turn_line(record))
 
+    told: set[int] = set()  # the failures already written (a failure may be told on failing or on stopping)
+
     def failed(failure: Failure, advance: Callable[[], None] = lambda: None) -> None:
         advance()
+        told.add(id(failure))
         if json_lines:
             lines.emit(lines.failure_line(failure))
         else:
@@ -205,7 +209,16 @@ def replay(
                 on_failure=lambda failure: failed(failure, advance),
             )
 
-    finish_on_failure(run, save, stderr)
+    def stop() -> None:  # a failed turn under --on-error stop, Ctrl-C or SIGTERM
+        report.complete = False
+        save()
+        if json_lines:
+            for failure in report.failures:
+                if id(failure) not in told:
+                    lines.emit(lines.failure_line(failure))
+            lines.emit(lines.totals_line(report))
+
+    finish_on_failure(run, stop, stderr)
     save()
     if json_lines:
         lines.emit(lines.totals_line(report))

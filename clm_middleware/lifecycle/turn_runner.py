@@ -91,8 +91,10 @@ class TurnRunner:
             compaction = c.compactor.run(c.live_messages(), c.segment_map(), turn, c.fold, history=c.messages)
             c.fold = compaction.fold
             self._after_compaction(compaction, turn, stats, decisions)
-            if c.take_format_change() and not stats.compaction:
-                stats.compaction = "format"  # protocol left or tools changed: the prompt's start moved
+            # protocol left or tools changed: the start of a prompt this conversation ran moved
+            # (before its first turn there is none: tools bound at the start change nothing)
+            if c.take_format_change() and c.turn_log and not stats.compaction:
+                stats.compaction = "format"
             stats.phases["compaction_s"] = time.perf_counter() - tick - stats.phases["compression_s"]
             reply_id = c.next_segment_id()
             stats.protocol_context = c.protocol_context

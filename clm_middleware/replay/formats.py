@@ -6,10 +6,12 @@
   ``{"messages": [...]}``, LangChain ``{"messages": [{"type", "data"}]}``), the usual way
   datasets ship, is read one conversation per line, in whichever of those formats.
 - ``openai``: a list of OpenAI chat messages, ``{"messages": [...]}``, or a list of
-  such objects (``traj`` is accepted for ``messages``); tool calls and tool messages
-  included.
+  such objects or of bare message lists (``traj``, and Hugging Face chat datasets'
+  ``conversations`` of ``{"role", "content"}``, are accepted for ``messages``); tool
+  calls and tool messages included.
 - ``sharegpt``: ``{"conversations": [{"from": "human"|"gpt"|"system", "value": ...}]}``,
-  or a list of them.
+  or a list of them; a ``system`` field beside ``conversations`` (LLaMA-Factory) is the
+  system message.
 - ``langchain``: ``messages_to_dict`` output, ``[{"type": "human"|"ai"|"system"|"tool",
   "data": {...}}]``, messages dumped flat (``[m.model_dump() for m in messages]``:
   ``{"type", "content", ...}``), or ``{"messages": [...]}`` of either.
@@ -63,8 +65,25 @@ _LANGCHAIN_ROLES = {"human": "user", "ai": "assistant", "system": "system", "too
 def read_transcripts(
     path: str | Path, fmt: str = "auto", skipped: list[TranscriptError] | None = None
 ) -> list[Transcript]:
-    """Read ``path`` in format ``fmt`` (``auto`` sniffs it); ``skipped``: see the module docstring."""
-    path = Path(path)
+    """Read ``path`` in format ``fmt`` (``auto`` sniffs it); ``skipped``: see the module
+    docstring. Conversation ids are unique: a second conversation with the id of an
+    earlier one (two lines both ``"id": "x"``) is ``x#2``, never a continuation of it."""
+    return _unique_ids(_read_transcripts(Path(path), fmt, skipped))
+
+
+def _unique_ids(transcripts: list[Transcript]) -> list[Transcript]:
+    seen: dict[str, int] = {}
+    unique = []
+    for transcript in transcripts:
+        name = transcript.conversation_id
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            transcript = dataclasses.replace(transcript, conversation_id=f"{name}#{seen[name]}")
+        unique.append(transcript)
+    return unique
+
+
+def _read_transcripts(path: Path, fmt: str, skipped: list[TranscriptError] | None) -> list[Transcript]:
     if fmt not in FORMATS:
         raise TranscriptError(str(path), None, f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     text = _read_text(path, skipped)
@@ -105,6 +124,8 @@ def _first_record(text: str) -> Any:
 def _conversation_per_line(text: str) -> bool:
     """Whether the first line is a whole conversation, not one message."""
     first = _first_record(text)
+    if isinstance(first, list):  # a bare list of messages per line
+        return bool(first) and isinstance(first[0], dict) and "role" in first[0]
     return (
         isinstance(first, dict)
         and "role" not in first
@@ -150,7 +171,11 @@ def _looks_like_json_lines(text: str) -> bool:
 
 def _detect(data: Any, path: str) -> str:
     first = data[0] if isinstance(data, list) and data else data
+    if isinstance(first, list) and first and isinstance(first[0], dict) and "role" in first[0]:
+        return "openai"  # a list of conversations, each a bare list of messages
     if isinstance(first, dict):
+        if _role_content_conversations(first):
+            return "openai"  # {"conversations": [{"role", "content"}, ...]}: Hugging Face chat datasets
         if "conversations" in first or ("from" in first and "value" in first):
             return "sharegpt"
         if _is_langchain_message(first):
@@ -178,11 +203,18 @@ def _openai(data: Any, path: str, skipped: list[TranscriptError] | None = None) 
     return _each(data, path, skipped, _openai_conversation)
 
 
+def _role_content_conversations(item: dict[str, Any]) -> bool:
+    turns = item.get("conversations")
+    return isinstance(turns, list) and bool(turns) and isinstance(turns[0], dict) and "role" in turns[0]
+
+
 def _openai_conversation(item: Any, number: int, path: str) -> Transcript:
     where = f"$[{number}]"
+    if isinstance(item, list):  # a bare list of messages
+        return Transcript(f"{Path(path).stem}-{number}", _openai_messages(item, path, where), path)
     if not isinstance(item, dict):
         raise TranscriptError(path, None, f"{where}: expected an object with a messages list")
-    messages = item.get("messages", item.get("traj"))
+    messages = item.get("messages", item.get("traj", item.get("conversations")))
     if not isinstance(messages, list):
         raise TranscriptError(path, None, f'{where}: expected a "messages" list')
     name = str(item.get("id", item.get("conversation_id", item.get("task_id", number))))
@@ -267,6 +299,13 @@ def _sharegpt_conversation(item: Any, number: int, path: str) -> Transcript:
     if not isinstance(turns, list):
         raise TranscriptError(path, None, f'{where}: expected {{"conversations": [...]}}')
     messages = []
+    system = item.get("system")  # LLaMA-Factory's layout: the system prompt beside the turns
+    if isinstance(system, str) and system.strip():
+        messages.append(
+            _checked(
+                lambda: message_from_record({"role": "system", "content": system}, path, None), path, f"{where}.system"
+            )
+        )
     for index, turn in enumerate(turns):
         at = f"{where}.conversations[{index}]"
         if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):

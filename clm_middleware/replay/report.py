@@ -118,7 +118,7 @@ class ReplayReport:
             "failed_turns": sum(f.turn is not None for f in self.failures),
             "skipped_records": sum(f.turn is None for f in self.failures),
             **self.disk_stats,
-            **lifecycle_totals(turns),
+            **lifecycle_totals(turns, self.mode),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -153,7 +153,11 @@ def quality_totals(turns: list[TurnRecord]) -> dict[str, Any]:
     ``flagged_replies`` and ``generated_replies``."""
     scored = [t for t in turns if t.reply_nll is not None and t.forced_tokens]
     weight = sum(t.forced_tokens for t in scored)
-    generated = [t for t in turns if not t.forced_tokens and t.reply_nll is None and not t.extra.get("unanswered")]
+    generated = [
+        t
+        for t in turns
+        if not t.forced_tokens and t.reply_nll is None and not (t.extra.get("unanswered") or t.extra.get("empty_reply"))
+    ]
     return {
         "reply_nll": sum(t.reply_nll * t.forced_tokens for t in scored) / weight if weight else None,
         "reply_flags": _count(flag for turn in generated for flag in turn.reply_flags),
@@ -162,10 +166,11 @@ def quality_totals(turns: list[TurnRecord]) -> dict[str, Any]:
     }
 
 
-def lifecycle_totals(turns: list[TurnRecord]) -> dict[str, Any]:
-    """Totals of the fields the ``clm`` mode adds; empty for other modes."""
+def lifecycle_totals(turns: list[TurnRecord], mode: str = "clm") -> dict[str, Any]:
+    """Totals of the fields the ``clm`` mode adds (zeros when no turn ran: a report of the
+    mode always has them); empty for other modes."""
     managed = [t.extra for t in turns if "decisions" in t.extra]
-    if not managed:
+    if not managed and mode != "clm":
         return {}
     from clm_middleware.lifecycle.turn import PHASES, sum_decision_counts
 

@@ -194,6 +194,10 @@ def replay_interleaved(
                             # token decoded, but there is no reply to judge (not a generated one)
                             record.reply_flags = []
                             record.extra["unanswered"] = True
+                        elif teacher_force and not record.forced_tokens and not answer.tool_calls:
+                            # the transcript's reply is empty: nothing to force, nothing to judge
+                            record.reply_flags = []
+                            record.extra["empty_reply"] = True
                         report.turns.append(record)
                         if on_turn is not None:
                             on_turn(mode, record)

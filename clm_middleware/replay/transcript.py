@@ -103,6 +103,10 @@ def _jsonl_line(raw: str, path: Path, number: int) -> tuple[str, Message]:
     return str(conversation), message
 
 
+_OR_CALLS = {"assistant": ' or "tool_calls"', "tool": ""}
+_ARTICLE = {"assistant": "an", "tool": "a"}
+
+
 def message_from_record(record: dict[str, Any], path: str, line: int | None) -> Message:
     """Validate one ``{"role", "content", ...}`` record."""
     role = record.get("role")
@@ -137,6 +141,12 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
             raise TranscriptError(path, line, f'"{where}" must be an object with a string "name"')
     if role != "assistant" and tool_calls:
         raise TranscriptError(path, line, f"a {role} message cannot carry tool calls")
+    if "content" not in record and not tool_calls:  # a reply or tool result under another key ("text")
+        raise TranscriptError(
+            path,
+            line,
+            f'{_ARTICLE[role]} {role} message needs a "content"{_OR_CALLS[role]}; got keys {sorted(record)}',
+        )
     return Message(
         role=role,
         content=content,

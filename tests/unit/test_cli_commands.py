@@ -193,6 +193,26 @@ def test_bench_writes_markdown_and_plot_with_clm(tmp_path):
     assert plot.exists()
 
 
+def test_every_bench_report_carries_the_disk_totals(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    reports = tmp_path / "reports"
+    result = run(
+        "bench",
+        str(path),
+        "--model",
+        "tiny",
+        "--teacher-force",
+        "--modes",
+        "prefix,stateless",
+        "--report-dir",
+        str(reports),
+    )
+    assert result.exit_code == 0, result.output
+    for mode in ("prefix", "stateless"):
+        assert "disk_hits" in json.loads((reports / f"{mode}.json").read_text())["totals"]
+
+
 def test_errors_are_one_line_with_where_and_what(tmp_path):
     bad_role = tmp_path / "roles.json"
     bad_role.write_text(json.dumps({"conversations": [{"from": "robot", "value": "beep"}]}))

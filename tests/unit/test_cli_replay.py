@@ -333,3 +333,46 @@ def test_a_terminated_replay_writes_the_report_of_its_finished_turns(tmp_path):
     assert process.returncode == 143, stderr
     report = json.loads(report_path.read_text())
     assert report["complete"] is False and 1 <= len(report["turns"]) < 40
+
+
+def _replay(*args: str):
+    return CliRunner().invoke(cli, ["replay", *args, "--model", "tiny", "--max-new-tokens", "4"])
+
+
+def test_a_transcript_that_cannot_be_read_leaves_a_failed_report_not_an_old_one(tmp_path):
+    report_path = tmp_path / "report.json"
+    assert _replay(str(write_transcript(tmp_path / "good.jsonl")), "--report", str(report_path)).exit_code == 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"role": "user", "content": "hi"}\n{"role": \n')
+    result = _replay(str(bad), "--report", str(report_path))
+    assert result.exit_code == 1 and "bad.jsonl:2" in result.output
+    report = json.loads(report_path.read_text())
+    assert report["complete"] is False and report["turns"] == []
+    assert "bad.jsonl:2" in report["failures"][0]["error"]
+
+
+def test_a_clm_report_has_its_lifecycle_totals_even_when_no_turn_ran(tmp_path):
+    report_path = tmp_path / "report.json"
+    system_only = write_transcript(tmp_path / "system.jsonl", TRANSCRIPT[:1])
+    assert _replay(str(system_only), "--mode", "clm", "--report", str(report_path)).exit_code == 0
+    totals = json.loads(report_path.read_text())["totals"]
+    assert totals["turns"] == 0 and totals["compactions"] == {} and totals["dropped_tokens"] == 0
+
+
+def test_the_json_stream_tells_the_failed_turn_and_the_totals_when_a_replay_stops(tmp_path):
+    too_long = write_transcript(tmp_path / "long.jsonl", [{"role": "user", "content": "word " * 3000}])
+    result = _replay(str(too_long), "--json", "--teacher-force")
+    assert result.exit_code == 1
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [line["type"] for line in lines] == ["failed_turn", "totals"]
+    assert lines[-1]["complete"] is False
+
+
+def test_an_empty_recorded_reply_is_not_counted_as_a_generated_one(tmp_path):
+    report_path = tmp_path / "report.json"
+    chat = [TRANSCRIPT[1], {"role": "assistant", "content": ""}, TRANSCRIPT[5], TRANSCRIPT[6]]
+    path = write_transcript(tmp_path / "empty.jsonl", chat)
+    assert _replay(str(path), "--teacher-force", "--report", str(report_path)).exit_code == 0
+    report = json.loads(report_path.read_text())
+    assert report["turns"][0]["empty_reply"] is True and report["turns"][0]["reply_flags"] == []
+    assert report["totals"]["generated_replies"] == 0

@@ -274,3 +274,41 @@ def test_a_structure_error_in_a_folder_with_a_colon_names_the_path_once(tmp_path
     message = str(raised.value)
     assert message.startswith(f'{folder / "conv.json"}: $[0].messages[1]: a message needs a "role"')
     assert message.count("conv.json") == 1
+
+
+def test_conversations_sharing_an_id_stay_two_conversations(tmp_path):
+    path = tmp_path / "two.jsonl"
+    chat = {"id": "x", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    path.write_text(json.dumps(chat) + "\n" + json.dumps(chat) + "\n")
+    assert [t.conversation_id for t in read_transcripts(path)] == ["two-x", "two-x#2"]
+
+
+def test_hugging_face_conversations_of_role_and_content_are_read(tmp_path):
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    path = tmp_path / "hf.json"
+    path.write_text(json.dumps([{"conversations": turns}]))
+    assert [m.role for m in read_transcripts(path)[0].messages] == ["user", "assistant"]
+
+
+def test_a_jsonl_file_of_bare_message_lists_is_one_conversation_per_line(tmp_path):
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    path = tmp_path / "lists.jsonl"
+    path.write_text(json.dumps(turns) + "\n" + json.dumps(turns[:1]) + "\n")
+    assert [len(t.messages) for t in read_transcripts(path)] == [2, 1]
+
+
+def test_a_sharegpt_system_field_is_the_system_message(tmp_path):
+    path = tmp_path / "sg.json"
+    chat = {"system": "You are a pirate.", "conversations": [{"from": "human", "value": "hi"}]}
+    path.write_text(json.dumps([chat]))
+    messages = read_transcripts(path)[0].messages
+    assert (messages[0].role, messages[0].content) == ("system", "You are a pirate.")
+
+
+@pytest.mark.parametrize("role", ["assistant", "tool"])
+def test_a_reply_or_tool_result_without_content_is_an_error_naming_the_line(tmp_path, role):
+    path = tmp_path / "misnamed.jsonl"
+    lines = [{"role": "user", "content": "hi"}, {"role": role, "text": "hello"}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    with pytest.raises(TranscriptError, match=r'misnamed.jsonl:2: .* needs a "content"'):
+        read_transcripts(path)

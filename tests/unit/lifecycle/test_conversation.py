@@ -660,3 +660,13 @@ def test_a_long_segment_of_facts_is_trimmed_to_what_fits_rather_than_dropped_who
     assert 0 < len(kept) < len(pasted.split()) and set(kept) <= set(pasted.split())
     assert sum(w[0] == "X" and w[1:].rstrip(",").isdigit() for w in kept) >= 3  # facts, not filler words
     assert conversation.context_tokens <= 450
+
+
+def test_tools_bound_before_the_first_turn_are_no_format_change_but_later_ones_are(converse):
+    conversation = converse(budget=600, tagging="rules")
+    conversation.set_tools_prompt("You may call get_weather(city).")
+    conversation.add("user", "What is the weather in Porto?")
+    assert conversation.respond("Sunny.").stats.compaction == ""  # nothing was computed before it
+    conversation.set_tools_prompt("You may call get_weather(city) and get_time(city).")
+    conversation.add("user", "And the time?")
+    assert conversation.respond("Noon.").stats.compaction == "format"  # the prompt's start moved
