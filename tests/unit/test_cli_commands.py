@@ -197,17 +197,8 @@ def test_every_bench_report_carries_the_disk_totals(tmp_path):
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
     reports = tmp_path / "reports"
-    result = run(
-        "bench",
-        str(path),
-        "--model",
-        "tiny",
-        "--teacher-force",
-        "--modes",
-        "prefix,stateless",
-        "--report-dir",
-        str(reports),
-    )
+    modes = ["--modes", "prefix,stateless", "--report-dir", str(reports)]
+    result = run("bench", str(path), "--model", "tiny", "--teacher-force", *modes)
     assert result.exit_code == 0, result.output
     for mode in ("prefix", "stateless"):
         assert "disk_hits" in json.loads((reports / f"{mode}.json").read_text())["totals"]
