@@ -1,8 +1,8 @@
 """Distinctive tokens: the words a compression must never lose or invent.
 
-Numbers, codes, times, dates, amounts, emails, URLs and names carry the facts of a
-conversation ("order 88412", "QX7-4821", "6:20 am", "March 1st", "$121", "Casa do
-Jardim"). They are found by rules, not by the model, so the check is the same for
+Numbers, codes, times, dates, amounts, emails, URLs, names and quoted identifiers carry
+the facts of a conversation ("order 88412", "QX7-4821", "6:20 am", "March 1st", "$121",
+"Casa do Jardim", "No module named 'yaml'", "run `make test`"). They are found by rules, not by the model, so the check is the same for
 every model and cannot be argued with. A distinctive *span* may cover several words
 ("6:20 am", "New York City", "Abbey Court Hotel (Hyde Park)"); compressions keep
 every word a span touches.
@@ -23,6 +23,9 @@ _CONNECTOR = r"(?:of|de|do|da|del|la|le|du|von|van|by|the|and|&|y)"
 _PATTERNS = [
     ("email", r"(?<![\w.+-])[\w.+-]++@[\w-]++(?:\.[\w-]++)+"),
     ("url", r"https?://\S+|www\.\S+"),
+    # text in backticks, and one quoted identifier ('yaml', "config.json"): what a user or a
+    # log names verbatim (a module, a flag, a file), lowercase or not
+    ("literal", r"`[^`\n]{1,80}`|(?<![\w'\"])(?:'[\p{L}_][\w.\-/]{1,40}'|\"[\p{L}_][\w.\-/]{1,40}\")(?![\w'\"])"),
     ("time", r"(?i:\b\d{1,2}(?::\d{2})?\s?(?:[ap]\.?m\b\.?))|\b\d{1,2}:\d{2}\b"),
     ("money", r"[$€£¥]\s?\d[\d,]*(?:\.\d+)?|(?i:\b\d[\d,]*(?:\.\d+)?\s?(?:euros?|dollars?|usd|eur|gbp)\b)"),
     (

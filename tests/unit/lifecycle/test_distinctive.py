@@ -95,3 +95,20 @@ def test_the_dos_fix_keeps_codes_that_start_mid_text():
         "a-b-c-9",
         "a.b+c@ex-ample.org",
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "literal"),
+    [
+        ("ModuleNotFoundError: No module named 'yaml' when I run it", "yaml"),
+        ('open "config.json" first', "config.json"),
+        ("then run `pip install -e .` again", "`pip install -e .`"),
+    ],
+)
+def test_a_quoted_identifier_or_backticked_text_is_distinctive(text, literal):
+    assert literal in distinctive_tokens(text)
+
+
+@pytest.mark.parametrize("text", ["I don't know, it's the user's call", 'He said "I will come" later'])
+def test_apostrophes_and_quoted_sentences_are_not_literals(text):
+    assert distinctive_tokens(text) == set()
