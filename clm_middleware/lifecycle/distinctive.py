@@ -3,9 +3,9 @@
 Numbers, codes, times, dates, amounts, emails, URLs, names and quoted identifiers carry
 the facts of a conversation ("order 88412", "QX7-4821", "6:20 am", "March 1st", "$121",
 "Casa do Jardim", "No module named 'yaml'", "run `make test`"). They are found by rules,
-not by the model, so the check is the same for every model and cannot be argued with. A distinctive *span* may cover several words
-("6:20 am", "New York City", "Abbey Court Hotel (Hyde Park)"); compressions keep
-every word a span touches.
+not by the model, so the check is the same for every model and cannot be argued with.
+A distinctive *span* may cover several words ("6:20 am", "New York City", "Abbey Court
+Hotel (Hyde Park)"); compressions keep every word a span touches.
 """
 
 from __future__ import annotations
