@@ -91,7 +91,8 @@ def bench(
     """
     from clm_middleware.cli.output import turn_progress
     from clm_middleware.cli.plot import plot_reports
-    from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes, read_or_report, report_settings
+    from clm_middleware.cli.read import read_or_report
+    from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes, report_settings
     from clm_middleware.cli.setup import (
         LifecycleOptions,
         build_engine,

@@ -101,7 +101,7 @@ def replay(
     Several conversations in one file replay one after another through one pool, so
     prefixes they share (a system prompt, a document) are cache hits.
     """
-    from clm_middleware.cli.runs import read_or_report
+    from clm_middleware.cli.read import read_or_report
     from clm_middleware.errors import TranscriptError
 
     if mode == "truncate" and budget is None:  # before the model loads (seconds)

@@ -19,8 +19,8 @@ from rich.console import Console
 
 from clm_middleware.errors import ClmError
 from clm_middleware.evaluation.probes import Probe, read_probes, retention
-from clm_middleware.replay.formats import probes_beside, read_transcripts
-from clm_middleware.replay.report import Failure, ReplayReport
+from clm_middleware.replay.formats import probes_beside
+from clm_middleware.replay.report import ReplayReport
 from clm_middleware.replay.runner import ReplayOptions
 
 
@@ -44,21 +44,6 @@ def report_settings(transcript: Path, options: ReplayOptions, engine: Any, lifec
     if options.mode in ("clm", "truncate"):
         settings.update(lifecycle.settings())
     return settings
-
-
-def read_or_report(transcript: Path, transcript_format: str, skipped: list | None, reports: dict[Path, str]) -> list:
-    """The transcript's conversations (``read_transcripts``); when it cannot be read, each
-    of ``reports`` (path → mode) is written first, as a run that failed before its first
-    turn (``complete: false``, the error in ``failures``): a report left from an earlier
-    run never stands for this one."""
-    try:
-        return read_transcripts(transcript, transcript_format, skipped)
-    except ClmError as error:
-        for path, mode in reports.items():
-            failed = ReplayReport(mode=mode, model="", settings={"transcript": str(transcript)}, complete=False)
-            failed.failures.append(Failure(str(error)))
-            failed.write(path)
-        raise
 
 
 def load_probes(transcript: Path, probes_path: Path | None) -> list[Probe]:

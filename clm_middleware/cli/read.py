@@ -1,0 +1,28 @@
+"""Reading a command's transcript before anything heavy loads (torch, the model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from clm_middleware.errors import ClmError, TranscriptError
+from clm_middleware.replay.formats import read_transcripts
+
+
+def read_or_report(
+    transcript: Path, transcript_format: str, skipped: list[TranscriptError] | None, reports: dict[Path, str]
+) -> list[Any]:
+    """The transcript's conversations (``read_transcripts``); when it cannot be read, each
+    of ``reports`` (path → mode) is written first, as a run that failed before its first
+    turn (``complete: false``, the error in ``failures``): a report left from an earlier
+    run never stands for this one."""
+    try:
+        return read_transcripts(transcript, transcript_format, skipped)
+    except ClmError as error:
+        from clm_middleware.replay.report import Failure, ReplayReport
+
+        for path, mode in reports.items():
+            failed = ReplayReport(mode=mode, model="", settings={"transcript": str(transcript)}, complete=False)
+            failed.failures.append(Failure(str(error)))
+            failed.write(path)
+        raise
