@@ -154,9 +154,20 @@ class SessionRouter:
             return list(self._sessions.values())
 
     def named(self, session_id: str) -> Session | None:
-        """The session a caller named ``session_id``, or the one of that conversation id."""
+        """The latest branch of the session a caller named ``session_id``, else the session
+        of that conversation id."""
         with self._lock:
             return self._sessions.get(self._names.get(session_id, session_id))
+
+    def listed(self, key: str) -> Session | None:
+        """The session of conversation id ``key`` (as a server lists its sessions), else
+        the latest branch of the session named ``key``. An id comes first: a named
+        session's first conversation has the name as its id, so under ``named`` that id
+        would reach the name's latest branch instead, and deleting every listed id would
+        close one branch twice and leave another open."""
+        with self._lock:
+            found = self._sessions.get(key)
+            return found if found is not None else self._sessions.get(self._names.get(key, key))
 
     def give_back_cache(self, num_blocks: int) -> None:
         """The pool is short of ``num_blocks``: idle conversations release the blocks they

@@ -316,8 +316,9 @@ class Conversation:
     ) -> Iterator[str]:
         """Like ``respond``, yielding the visible answer as it is generated.
 
-        ``cancelled`` is asked after every generated token; once it says yes, the turn
-        stops with ``TurnCancelled``, as if it had never started (its blocks go back).
+        ``cancelled`` is asked after every generated token, and before every prefill chunk
+        of the prompt; once it says yes, the turn stops with ``TurnCancelled``, as if it
+        had never started (its blocks go back).
         A stream left unfinished is closed by the next call on the conversation.
         """
         self._close_open_stream()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,7 +35,7 @@ from clm_middleware.engine.generation import Generation, Request
 from clm_middleware.engine.prefill import force, prefill
 from clm_middleware.engine.reuse import PrefixHit, match_prefix, store_computed
 from clm_middleware.engine.sampling import choose_token
-from clm_middleware.errors import PoolExhaustedError
+from clm_middleware.errors import PoolExhaustedError, TurnCancelled
 
 if TYPE_CHECKING:
     from clm_middleware.engine.engine import Engine
@@ -57,9 +57,17 @@ class RequestRunner:
     def _prefill(
         self, engine: Engine, request: Request, result: Generation, arena: WorkingCache, start: int, hit: PrefixHit
     ) -> torch.Tensor:
-        """Compute the prompt from ``start`` on (engine/prefill.py); the last position's logits."""
+        """Compute the prompt from ``start`` on (engine/prefill.py); the last position's
+        logits. Before each chunk it asks the call's ``cancelled``: a caller who went away
+        does not wait for a long prompt (``TurnCancelled``)."""
+
+        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+            if result.cancelled is not None and result.cancelled():
+                raise TurnCancelled("the turn was cancelled by its caller while its prompt was computed")
+            return engine.forward(*args, **kwargs)
+
         done = prefill(
-            engine.forward,
+            forward,
             engine.model,
             request,
             arena,

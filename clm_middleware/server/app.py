@@ -32,7 +32,7 @@ from .errors import APIError, clm_error_to_api, install_error_handlers, unexpect
 from .metrics import CONTENT_TYPE
 from .schemas import ChatCompletionRequest
 from .service import ChatService, detail, summary
-from .streaming import TurnEvents, sse
+from .streaming import Event, TurnEvents, sse
 
 SESSION_HEADER = "x-session-id"
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
@@ -151,7 +151,9 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
         completion_id = convert.completion_id()
         events = await start_turn(chat, tenant)
         if body.stream:
-            first = await events.next()
+            first = await _next_unless_gone(events, request)
+            if first is None:  # the client left before the first text; the turn was undone
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
             if first[0] == "error":  # failed before its first token: a real status, not a 200 stream
                 await events.finished()
                 error = first[1]
@@ -168,17 +170,26 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
     return app
 
 
-async def _answer_unless_gone(events: TurnEvents, request: Request) -> ChatAnswer | None:
-    """The turn's answer (its error is raised), or None once the client has gone away:
-    then the turn is cancelled and undone before this returns, as a stream's is."""
+async def _next_unless_gone(events: TurnEvents, request: Request) -> Event | None:
+    """The turn's next event, or None once the client has gone away: then the turn is
+    cancelled and undone (mid-prefill too) before this returns."""
     while True:
         try:
-            kind, value = await asyncio.wait_for(events.next(), DISCONNECT_POLL_S)
+            return await asyncio.wait_for(events.next(), DISCONNECT_POLL_S)
         except TimeoutError:
             if await request.is_disconnected():
                 await events.finished()
                 return None
-            continue
+
+
+async def _answer_unless_gone(events: TurnEvents, request: Request) -> ChatAnswer | None:
+    """The turn's answer (its error is raised), or None once the client has gone away:
+    then the turn is cancelled and undone before this returns, as a stream's is."""
+    while True:
+        event = await _next_unless_gone(events, request)
+        if event is None:
+            return None
+        kind, value = event
         if kind == "done":
             return value
         if kind == "error":

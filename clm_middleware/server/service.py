@@ -130,7 +130,7 @@ class ChatService:
         return [summary(s.conversation) for s in self.router(tenant).sessions()]
 
     def session(self, tenant: str | None, session_id: str) -> Session | None:
-        return self.router(tenant).named(session_id)
+        return self.router(tenant).listed(session_id)
 
     def close(self) -> None:
         with self._lock:

@@ -1,12 +1,14 @@
 """A turn streamed as server-sent events, generated in a worker thread.
 
 ``TurnEvents`` runs the call in a thread and hands its events to the event loop:
-``("started", None)`` at the first token, ``("delta", text)``, then ``("done", answer)``
-or ``("error", exception)``. The request handler waits for the first event before it
-answers, so a turn that fails before its first token (pool exhausted, context too long)
+``("started", None)`` once the engine admitted the request (its first prefill chunk or
+token), ``("delta", text)``, then ``("done", answer)`` or ``("error", exception)``. The
+request handler waits for the first event before it answers (watching for the client to
+leave meanwhile), so a turn that fails at admission (pool exhausted, context too long)
 gets a real error status; later errors arrive as an ``error`` event. A client that goes
-away sets ``cancelled``: the turn stops at its next token, is undone (``ChatCall``) and
-gives its blocks back, and the response ends only after that.
+away sets ``cancelled``: the turn stops at its next token, or at its next prefill chunk
+while it computes the prompt, is undone (``ChatCall``) and gives its blocks back, and the
+response ends only after that.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ Event = tuple[str, Any]
 
 
 class TurnEvents:
-    """Pass ``tick`` as the call's ``cancelled`` callback (asked after every token), then
-    ``start(call)``. The first event is ``("started", None)`` once the first token exists
-    (the pool admitted the request), or the turn's ``done`` / ``error``."""
+    """Pass ``tick`` as the call's ``cancelled`` callback (asked before every prefill chunk
+    and after every token), then ``start(call)``. The first event is ``("started", None)``
+    once it is first asked (the engine admitted the request), or the turn's ``done`` /
+    ``error``."""
 
     def __init__(self, on_finished: Callable[[], None] | None = None) -> None:
         self.cancelled = threading.Event()

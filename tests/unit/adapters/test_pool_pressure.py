@@ -178,3 +178,19 @@ def test_a_closed_conversation_once_collected_releases_nothing_twice(make_engine
     assert kept.stats()["held_blocks"] == held
     assert engine.pool.stats().blocks_in_use == held  # the shared blocks keep one holder
     engine.pool.check_invariants()
+
+
+def test_a_listed_conversation_id_reaches_its_conversation_even_where_a_name_shares_it(make_engine):
+    engine = make_engine(max_blocks=64)
+    make = lambda cid: Conversation(engine, conversation_id=cid, tagging="signals", max_new_tokens=4)  # noqa: E731
+    router = SessionRouter(make, pool=engine.pool)
+    first = router.route([_turn("user", "one history")], session_id="nm").session
+    first.conversation.add("user", "one history")
+    first.conversation.respond()
+    router.done(first, [_turn("user", "one history").digest])
+    other = router.route([_turn("user", "another history")], session_id="nm").session  # the name's new branch
+    assert first.conversation.id == "nm" and other.conversation.id != "nm"
+    assert router.listed("nm") is first  # the id "nm" is the first conversation's
+    assert router.listed(other.conversation.id) is other
+    assert router.named("nm") is other  # the name follows its latest branch
+    router.close()

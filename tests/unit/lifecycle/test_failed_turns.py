@@ -163,3 +163,22 @@ def test_a_turn_interrupted_by_ctrl_c_takes_its_message_back(converse, engine, m
     assert [m.content for m in conversation.history] == history  # the next send does not answer it too
     assert engine.pool.stats().blocks_in_use == held
     assert conversation.send("and of Chile?").turn == 2
+
+
+def test_a_turn_cancelled_while_its_long_prompt_is_computed_stops_at_the_next_chunk(converse, engine, monkeypatch):
+    conversation = converse(max_new_tokens=8)
+    held = engine.pool.stats().blocks_in_use
+    chunks = []
+    forward = engine.forward
+
+    def counted(*args, **kwargs):
+        chunks.append(len(args[0]))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "forward", counted)
+    conversation.add("user", "a long pasted text " * 120)  # several prefill chunks
+    with pytest.raises(TurnCancelled):
+        for _ in conversation.respond_stream(cancelled=lambda: bool(chunks)):  # it leaves after the first chunk
+            pass
+    assert len(chunks) == 1  # the rest of the prompt was never computed
+    assert conversation.turn == 0 and engine.pool.stats().blocks_in_use == held
