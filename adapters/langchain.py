@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
 
-from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.exceptions import OutputParserException
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -430,6 +432,80 @@ class ChatCLM(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        for visible, chunk in self._chunks(messages, stop, kwargs, None):
+            if visible and run_manager is not None:
+                run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
+            yield chunk
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """Built from ``_stream``: one code path for invoke and stream."""
+        return _merged(list(self._stream(messages, stop=stop, run_manager=run_manager, **kwargs)))
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """The turn runs in a worker thread; a caller that goes away (its task cancelled,
+        the stream closed) stops it at its next token or prefill chunk, and the turn is
+        undone before this returns: the chat's next call extends it as if the cancelled
+        call had never been made."""
+        loop = asyncio.get_running_loop()
+        gone = threading.Event()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        def produce() -> None:
+            try:
+                for item in self._chunks(messages, stop, kwargs, gone.is_set):
+                    loop.call_soon_threadsafe(queue.put_nowait, ("chunk", item))
+                loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
+            except BaseException as error:  # handed to the caller's task
+                loop.call_soon_threadsafe(queue.put_nowait, ("error", error))
+
+        worker = loop.run_in_executor(None, produce)
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise value
+                visible, chunk = value
+                if visible and run_manager is not None:
+                    await run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
+                yield chunk
+        finally:
+            if not worker.done():
+                gone.set()
+                with contextlib.suppress(Exception):  # TurnCancelled: the undone turn
+                    await asyncio.shield(worker)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """Built from ``_astream``, so that a cancelled ``ainvoke`` stops its turn."""
+        return _merged([chunk async for chunk in self._astream(messages, stop=stop, run_manager=run_manager, **kwargs)])
+
+    def _chunks(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        cancelled: Callable[[], bool] | None,
+    ) -> Iterator[tuple[bool, ChatGenerationChunk]]:
+        """The turn's chunks, each with whether it is visible text (else the final message)."""
         unknown_call_arguments(kwargs)
         model = kwargs.get("model") or self.model
         engine = self._engine(kwargs.get("model"))
@@ -443,38 +519,11 @@ class ChatCLM(BaseChatModel):
             response_format=_response_format(kwargs.get("response_format")),
             session_id=self._session_id(kwargs),
         )
-        call = ChatCall(router, engine, request)
+        call = ChatCall(router, engine, request, cancelled)
         for visible in call.stream():
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=visible))
-            if run_manager is not None:
-                run_manager.on_llm_new_token(visible, chunk=chunk)
-            yield chunk
+            yield True, ChatGenerationChunk(message=AIMessageChunk(content=visible))
         assert call.answer is not None
-        yield ChatGenerationChunk(message=self._final_message(call.answer, engine, model))
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        """Built from ``_stream``: one code path for invoke and stream."""
-        merged: AIMessageChunk | None = None
-        last: AIMessageChunk | None = None
-        for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
-            merged = chunk.message if merged is None else merged + chunk.message
-            last = chunk.message
-        assert merged is not None and last is not None
-        message = AIMessage(
-            content=merged.content,
-            tool_calls=last.tool_calls,  # parsed once, with invalid calls kept apart
-            invalid_tool_calls=last.invalid_tool_calls,
-            usage_metadata=last.usage_metadata,
-            response_metadata=last.response_metadata,
-            id=merged.id,
-        )
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        yield False, ChatGenerationChunk(message=self._final_message(call.answer, engine, model))
 
     # ------------------------------------------------------------ counting
 
@@ -661,6 +710,24 @@ def _complete_reply(message: BaseMessage) -> BaseMessage:
             llm_output=str(message.text),
         )
     return message
+
+
+def _merged(chunks: list[ChatGenerationChunk]) -> ChatResult:
+    """One result of a turn's chunks: the text merged, the rest from the final message."""
+    assert chunks
+    merged = chunks[0].message
+    for chunk in chunks[1:]:
+        merged = merged + chunk.message
+    last = chunks[-1].message
+    message = AIMessage(
+        content=merged.content,
+        tool_calls=last.tool_calls,  # parsed once, with invalid calls kept apart
+        invalid_tool_calls=last.invalid_tool_calls,
+        usage_metadata=last.usage_metadata,
+        response_metadata=last.response_metadata,
+        id=merged.id,
+    )
+    return ChatResult(generations=[ChatGeneration(message=message)])
 
 
 def _response_format(value: Any) -> ResponseFormat | None:

@@ -188,3 +188,40 @@ def test_chat_messages_with_a_known_role_read_as_that_role_and_others_are_refuse
     assert loose.usage_metadata["input_token_details"]["cache_read"] > 0  # served from the first call's blocks
     with pytest.raises(ConfigError, match="ChatMessage role 'narrator'"):
         llm.invoke([ChatMessage(role="narrator", content="Once upon a time.")])
+
+
+def test_a_cancelled_ainvoke_stops_its_turn_and_the_next_call_extends_the_chat(tiny_model, tiny_tok):
+    import asyncio
+    import threading
+
+    from clm_middleware.adapters import ChatCLM
+    from clm_middleware.engine import Engine
+    from clm_middleware.models import ScriptedReplies
+
+    replies = ["A1.", "word " * 50, "A2."]
+    script = ScriptedReplies([*tiny_tok.encode(r, add_special_tokens=False), tiny_tok.eos_token_id] for r in replies)
+    decoding, release = threading.Event(), threading.Event()
+
+    def gate(generated, logits):  # holds the second turn at its second token until released
+        if len(generated) == 1 and script.started > 1:
+            decoding.set()
+            release.wait(timeout=30)
+        return logits
+
+    engine = Engine(tiny_model, tiny_tok, logits_processors=[script, gate])
+    llm = ChatCLM(engine=engine, tagging="signals", max_tokens=64)
+    h1, h2 = HumanMessage("First question here."), HumanMessage("Second one.")
+    a1 = llm.invoke([h1])
+
+    async def cancel_mid_turn() -> None:
+        task = asyncio.create_task(llm.ainvoke([h1, a1, h2]))
+        assert await asyncio.to_thread(decoding.wait, 30)
+        task.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(cancel_mid_turn(), timeout=60))
+    assert len(llm.conversation(conversation_of(a1)).history) == 2  # nothing of the cancelled turn stays
+    again = llm.invoke([h1, a1, h2])
+    assert conversation_of(again) == conversation_of(a1)  # extended, not forked
