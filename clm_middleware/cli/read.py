@@ -14,10 +14,11 @@ def read_or_report(
 ) -> list[Any]:
     """The transcript's conversations (``read_transcripts``); when it cannot be read, each
     of ``reports`` (path → mode) is written first, as a run that failed before its first
-    turn (``complete: false``, the error in ``failures``): a report left from an earlier
-    run never stands for this one."""
+    turn (``complete: false``, the error in ``failures``); when it can, an earlier run's
+    report at those paths is removed. Either way a report left from an earlier run never
+    stands for this one."""
     try:
-        return read_transcripts(transcript, transcript_format, skipped)
+        transcripts = read_transcripts(transcript, transcript_format, skipped)
     except ClmError as error:
         from clm_middleware.replay.report import Failure, ReplayReport
 
@@ -26,3 +27,6 @@ def read_or_report(
             failed.failures.append(Failure(str(error)))
             failed.write(path)
         raise
+    for path in reports:  # until this run writes its own (Ctrl-C while the model loads leaves none)
+        path.unlink(missing_ok=True)
+    return transcripts

@@ -376,3 +376,14 @@ def test_an_empty_recorded_reply_is_not_counted_as_a_generated_one(tmp_path):
     report = json.loads(report_path.read_text())
     assert report["turns"][0]["empty_reply"] is True and report["turns"][0]["reply_flags"] == []
     assert report["totals"]["generated_replies"] == 0
+
+
+def test_a_run_that_fails_before_its_first_turn_leaves_no_earlier_report_behind(tmp_path):
+    report_path = tmp_path / "report.json"
+    chat = str(write_transcript(tmp_path / "good.jsonl"))
+    assert _replay(chat, "--report", str(report_path)).exit_code == 0
+    result = CliRunner().invoke(
+        cli, ["replay", chat, "--model", str(tmp_path / "no-such-model"), "--report", str(report_path)]
+    )
+    assert result.exit_code == 1
+    assert not report_path.exists()  # the earlier run's report does not stand for this one
