@@ -167,11 +167,12 @@ def replay(
         if json_lines:
             lines.emit(lines.turn_line(record))
 
-    told: set[int] = set()  # the failures already written (a failure may be told on failing or on stopping)
+    told = 0  # report.failures[:told] are written: they are told in order, as they are appended
 
     def failed(failure: Failure, advance: Callable[[], None] = lambda: None) -> None:
+        nonlocal told
         advance()
-        told.add(id(failure))
+        told += 1
         if json_lines:
             lines.emit(lines.failure_line(failure))
         else:
@@ -213,9 +214,8 @@ def replay(
         report.complete = False
         save()
         if json_lines:
-            for failure in report.failures:
-                if id(failure) not in told:
-                    lines.emit(lines.failure_line(failure))
+            for failure in report.failures[told:]:  # the one a stop raised on
+                lines.emit(lines.failure_line(failure))
             lines.emit(lines.totals_line(report))
 
     finish_on_failure(run, stop, stderr)

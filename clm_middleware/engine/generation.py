@@ -76,9 +76,9 @@ class Generation(Iterator[int]):
         self.prompt_logprobs: list[float | None] | None = None
         self.token_logprobs: list[float] = []
         self.attention: torch.Tensor | None = None
-        # set by the caller before iterating: asked by an engine that waits on something
-        # other than its own compute (a remote server), so that a caller who went away
-        # does not wait for it; ``TurnCancelled`` then ends the iteration
+        # set by the caller before iterating: asked by the engine before each prefill chunk
+        # and while it waits on a remote server, so that a caller who went away does not
+        # wait for a long prompt; ``TurnCancelled`` then ends the iteration
         self.cancelled: Callable[[], bool] | None = None
         self._tokenizer = tokenizer
         self._steps = steps_factory(request, self)

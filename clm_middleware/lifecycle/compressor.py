@@ -277,9 +277,8 @@ class Compressor:
             for position, (word, index) in enumerate(zip(visible, aligned, strict=True))
             if (index in kept if index is not None else _bare(word) in required)
         }
-        chosen = with_negations(visible, chosen, is_function_word)
-        tightened = " ".join(visible[i] for i in sorted(chosen))
-        words = [visible[i] for i in sorted(chosen)]
+        words = [visible[i] for i in sorted(with_negations(visible, chosen, is_function_word))]
+        tightened = " ".join(words)
         ids = self._encode(tightened)
         if not words or len(ids) >= current:
             return CompressionResult(False, "none", original_tokens=current, error="not shorter than the original")

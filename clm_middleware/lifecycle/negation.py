@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from clm_middleware.lifecycle.distinctive import bare_word
+
 _NEGATORS = frozenset(
     [
         "not",
@@ -63,7 +65,7 @@ _APOSTROPHES = str.maketrans("", "", "'’")
 
 
 def _bare(word: str) -> str:
-    return word.strip(".,;:!?()[]\"'’”“").casefold()
+    return bare_word(word).casefold()
 
 
 def is_negator(word: str) -> bool:

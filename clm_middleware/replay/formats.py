@@ -125,7 +125,7 @@ def _conversation_per_line(text: str) -> bool:
     """Whether the first line is a whole conversation, not one message."""
     first = _first_record(text)
     if isinstance(first, list):  # a bare list of messages per line
-        return bool(first) and isinstance(first[0], dict) and "role" in first[0]
+        return _is_message_list(first)
     return (
         isinstance(first, dict)
         and "role" not in first
@@ -171,10 +171,10 @@ def _looks_like_json_lines(text: str) -> bool:
 
 def _detect(data: Any, path: str) -> str:
     first = data[0] if isinstance(data, list) and data else data
-    if isinstance(first, list) and first and isinstance(first[0], dict) and "role" in first[0]:
+    if _is_message_list(first):
         return "openai"  # a list of conversations, each a bare list of messages
     if isinstance(first, dict):
-        if _role_content_conversations(first):
+        if _is_message_list(first.get("conversations")):
             return "openai"  # {"conversations": [{"role", "content"}, ...]}: Hugging Face chat datasets
         if "conversations" in first or ("from" in first and "value" in first):
             return "sharegpt"
@@ -203,9 +203,9 @@ def _openai(data: Any, path: str, skipped: list[TranscriptError] | None = None) 
     return _each(data, path, skipped, _openai_conversation)
 
 
-def _role_content_conversations(item: dict[str, Any]) -> bool:
-    turns = item.get("conversations")
-    return isinstance(turns, list) and bool(turns) and isinstance(turns[0], dict) and "role" in turns[0]
+def _is_message_list(value: Any) -> bool:
+    """A list of OpenAI-style messages (its first one has a ``role``)."""
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and "role" in value[0]
 
 
 def _openai_conversation(item: Any, number: int, path: str) -> Transcript:
