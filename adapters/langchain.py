@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import copy
 import functools
 import threading
@@ -41,6 +39,7 @@ from .messages import to_turn
 from .sessions import SessionRouter
 from .settings import chat_settings, check_settings, resolve_aliases, unknown_arguments, unknown_call_arguments
 from .tools import required_tool
+from .worker_events import WorkerEvents
 
 Stops = list[str] | None
 
@@ -458,22 +457,17 @@ class ChatCLM(BaseChatModel):
         the stream closed) stops it at its next token or prefill chunk, and the turn is
         undone before this returns: the chat's next call extends it as if the cancelled
         call had never been made."""
-        loop = asyncio.get_running_loop()
-        gone = threading.Event()
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        events = WorkerEvents()
 
         def produce() -> None:
-            try:
-                for item in self._chunks(messages, stop, kwargs, gone.is_set):
-                    loop.call_soon_threadsafe(queue.put_nowait, ("chunk", item))
-                loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
-            except BaseException as error:  # handed to the caller's task
-                loop.call_soon_threadsafe(queue.put_nowait, ("error", error))
+            for item in self._chunks(messages, stop, kwargs, events.cancelled.is_set):
+                events.post("chunk", item)
+            events.post("end", None)
 
-        worker = loop.run_in_executor(None, produce)
+        events.start(produce)
         try:
             while True:
-                kind, value = await queue.get()
+                kind, value = await events.next()
                 if kind == "end":
                     return
                 if kind == "error":
@@ -483,10 +477,8 @@ class ChatCLM(BaseChatModel):
                     await run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
                 yield chunk
         finally:
-            if not worker.done():
-                gone.set()
-                with contextlib.suppress(Exception):  # TurnCancelled: the undone turn
-                    await asyncio.shield(worker)
+            if not events.done:
+                await events.finished()  # the turn stops and is undone before the caller goes on
 
     async def _agenerate(
         self,

@@ -1,6 +1,6 @@
 """A turn streamed as server-sent events, generated in a worker thread.
 
-``TurnEvents`` runs the call in a thread and hands its events to the event loop:
+``TurnEvents`` (a ``WorkerEvents``) runs the call in a thread and hands its events to the loop:
 ``("started", None)`` once the engine admitted the request (its first prefill chunk or
 token), ``("delta", text)``, then ``("done", answer)`` or ``("error", exception)``. The
 request handler waits for the first event before it answers (watching for the client to
@@ -13,74 +13,43 @@ response ends only after that.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from clm_middleware.adapters.chat_call import ChatAnswer, ChatCall
+from clm_middleware.adapters.worker_events import Event, WorkerEvents
 from clm_middleware.errors import ClmError
 
 from . import convert
 from .errors import clm_error_to_api, unexpected_error
 from .service import ChatService
 
-Event = tuple[str, Any]
 
-
-class TurnEvents:
+class TurnEvents(WorkerEvents):
     """Pass ``tick`` as the call's ``cancelled`` callback (asked before every prefill chunk
-    and after every token), then ``start(call)``. The first event is ``("started", None)``
-    once it is first asked (the engine admitted the request), or the turn's ``done`` /
-    ``error``."""
+    and after every token), then ``start_call(call)``. The first event is ``("started",
+    None)`` once it is first asked (the engine admitted the request), or the turn's
+    ``done`` / ``error``."""
 
     def __init__(self, on_finished: Callable[[], None] | None = None) -> None:
-        self.cancelled = threading.Event()
-        self._on_finished = on_finished  # called once on the event loop when the turn is done or undone
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        super().__init__(on_finished)  # called once on the event loop when the turn is done or undone
         self._started = False
-        self._call: ChatCall | None = None
-        self._worker: asyncio.Future | None = None
 
     def tick(self) -> bool:
         if not self._started:
             self._started = True
-            self._post("started", None)
+            self.post("started", None)
         return self.cancelled.is_set()
 
-    def start(self, call: ChatCall) -> None:
-        self._call = call
-        self._worker = self._loop.run_in_executor(None, self._produce)
+    def start_call(self, call: ChatCall) -> None:
+        def produce() -> None:
+            for delta in call.stream():  # a cancelled turn raises TurnCancelled, undone
+                self.post("delta", delta)
+            self.post("done", call.answer)
 
-    async def next(self) -> Event:
-        return await self._queue.get()
-
-    async def finished(self) -> None:
-        """Stop the turn if it still runs, and wait until it is done or undone."""
-        self.cancelled.set()
-        if self._worker is not None:
-            await asyncio.shield(self._worker)
-
-    def _post(self, kind: str, value: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is gone (shutting down): nobody listens
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, value))
-
-    def _produce(self) -> None:
-        assert self._call is not None
-        try:
-            for delta in self._call.stream():  # a cancelled turn raises TurnCancelled, undone
-                self._post("delta", delta)
-            self._post("done", self._call.answer)
-        except BaseException as error:  # handed to the event loop, which answers it
-            self._post("error", error)
-        finally:  # the worker, not the response, ends the turn: a stream never started still releases
-            if self._on_finished is not None:
-                with contextlib.suppress(RuntimeError):
-                    self._loop.call_soon_threadsafe(self._on_finished)
+        self.start(produce)
 
 
 async def sse(
