@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from loopback_http import LoopbackServer, send
 
 from clm_middleware.errors import RemoteEngineError, TurnCancelled
 from clm_middleware.remote.client import ClientConfig, ServerClient
@@ -17,74 +18,38 @@ from clm_middleware.server.errors import clm_error_to_api
 EVENT = b'data: {"choices": [{"text": "a", "finish_reason": null}]}\n\n'
 
 
-class _Engine:
-    """A loopback server; every POST is answered by ``behaviour(handler)``."""
-
-    def __init__(self, behaviour) -> None:
-        owner = self
-        self.hung_up = threading.Event()  # a stalled stream's client closed the connection
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                behaviour(self, owner)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> _Engine:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def _answer(status: int, body: bytes, content_type: str = "application/json"):
-    def behaviour(handler: http.server.BaseHTTPRequestHandler, _: _Engine) -> None:
-        handler.send_response(status)
-        handler.send_header("Content-Type", content_type)
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
-
-    return behaviour
+    return lambda handler: send(handler, status, body, content_type)
 
 
-def _stream(chunks: list[bytes], stall_s: float = 0.0):
+class _Stream:
     """Send ``chunks`` as an event stream, then stay silent for ``stall_s`` (until the
-    client hangs up) before ending it."""
+    client hangs up, which sets ``hung_up``) before ending it."""
 
-    def behaviour(handler: http.server.BaseHTTPRequestHandler, owner: _Engine) -> None:
+    def __init__(self, chunks: list[bytes], stall_s: float = 0.0) -> None:
+        self.chunks, self.stall_s = chunks, stall_s
+        self.hung_up = threading.Event()
+
+    def __call__(self, handler: http.server.BaseHTTPRequestHandler) -> None:
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream")
         handler.send_header("Connection", "close")
         handler.end_headers()
-        for chunk in chunks:
+        for chunk in self.chunks:
             handler.wfile.write(chunk)
             handler.wfile.flush()
-        deadline = time.monotonic() + stall_s
+        deadline = time.monotonic() + self.stall_s
         while time.monotonic() < deadline:
             try:  # a client that hung up makes a write fail, sooner or later
                 handler.wfile.write(b": keep waiting\n\n")
                 handler.wfile.flush()
             except OSError:
-                owner.hung_up.set()
+                self.hung_up.set()
                 return
             time.sleep(0.1)
 
-    return behaviour
 
-
-def _client(engine: _Engine) -> ServerClient:
+def _client(engine: LoopbackServer) -> ServerClient:
     return ServerClient(ClientConfig(engine.url, retry_attempts=1, read_timeout_s=30.0))
 
 
@@ -94,7 +59,7 @@ def _client(engine: _Engine) -> ServerClient:
 )
 def test_an_engine_error_answer_carries_whose_it_is_to_the_http_front(engine_status, status, code):
     body = b'{"error": {"message": "something went wrong there"}}'
-    with _Engine(_answer(engine_status, body)) as engine:
+    with LoopbackServer(on_post=_answer(engine_status, body)) as engine:
         client = _client(engine)
         with pytest.raises(RemoteEngineError, match="something went wrong there") as raised:
             list(client.stream("/v1/completions", {"prompt": [1]}))
@@ -106,7 +71,7 @@ def test_an_engine_error_answer_carries_whose_it_is_to_the_http_front(engine_sta
 
 
 def test_an_html_error_page_is_a_502_naming_the_engine():
-    with _Engine(_answer(500, b"<html><body>Bad things</body></html>", "text/html")) as engine:
+    with LoopbackServer(on_post=_answer(500, b"<html><body>Bad things</body></html>", "text/html")) as engine:
         client = _client(engine)
         with pytest.raises(RemoteEngineError, match="answered 500: <html>") as raised:
             client.post_json("/v1/completions", {})
@@ -115,7 +80,7 @@ def test_an_html_error_page_is_a_502_naming_the_engine():
 
 
 def test_an_event_that_is_not_json_is_a_remote_engine_error_not_a_crash():
-    with _Engine(_stream([EVENT, b"data: {not json\n\n"])) as engine:
+    with LoopbackServer(on_post=_Stream([EVENT, b"data: {not json\n\n"])) as engine:
         client = _client(engine)
         events = client.stream("/v1/completions", {"prompt": [1]})
         assert next(events)["choices"][0]["text"] == "a"
@@ -127,7 +92,8 @@ def test_an_event_that_is_not_json_is_a_remote_engine_error_not_a_crash():
 
 def test_a_stalled_stream_ends_soon_after_its_caller_goes_away_and_hangs_up_on_the_engine():
     gone = threading.Event()
-    with _Engine(_stream([EVENT], stall_s=20.0)) as engine:
+    stalled = _Stream([EVENT], stall_s=20.0)
+    with LoopbackServer(on_post=stalled) as engine:
         client = _client(engine)
         events = client.stream("/v1/completions", {"prompt": [1]}, cancelled=gone.is_set)
         assert next(events)["choices"][0]["text"] == "a"
@@ -136,13 +102,13 @@ def test_a_stalled_stream_ends_soon_after_its_caller_goes_away_and_hangs_up_on_t
         with pytest.raises(TurnCancelled):
             next(events)  # the engine sends nothing more: only the cancellation ends the wait
         assert time.monotonic() - started < 5.0
-        assert engine.hung_up.wait(timeout=5.0)
+        assert stalled.hung_up.wait(timeout=5.0)
         client.close()
 
 
 def test_a_cancellable_stream_that_ends_normally_yields_every_event():
     done = b'data: {"choices": [{"text": "b", "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
-    with _Engine(_stream([EVENT, done])) as engine:
+    with LoopbackServer(on_post=_Stream([EVENT, done])) as engine:
         client = _client(engine)
         texts = [e["choices"][0]["text"] for e in client.stream("/v1/completions", {}, cancelled=lambda: False)]
         client.close()

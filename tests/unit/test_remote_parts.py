@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from loopback_http import LoopbackServer, send
 
 from clm_middleware.engine import Engine
 from clm_middleware.engine.penalties import CountPenalty, LogitBias, NoRepeatNgram, RepetitionPenalty
@@ -210,52 +211,33 @@ def test_a_server_that_does_not_listen_is_a_clear_error_after_the_retries(tiny_t
 
 
 class _Unavailable:
-    """A loopback HTTP server that answers 503 to its first ``failures`` requests, then 200."""
+    """Answers 503 to its first ``failures`` GETs, then 200; counts them in ``requests``."""
 
     def __init__(self, failures: int) -> None:
-        import http.server
-        import threading
+        self.failures, self.requests = failures, 0
 
-        self.requests = 0
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                owner.requests += 1
-                status, body = (503, b"loading model") if owner.requests <= failures else (200, b'{"ok": true}')
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> _Unavailable:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def __call__(self, handler) -> None:
+        self.requests += 1
+        if self.requests <= self.failures:
+            send(handler, 503, b"loading model", "text/plain")
+        else:
+            send(handler, 200, b'{"ok": true}', "application/json")
 
 
 def test_a_503_is_retried_until_the_server_answers():
-    with _Unavailable(failures=2) as server:
+    unavailable = _Unavailable(failures=2)
+    with LoopbackServer(on_get=unavailable) as server:
         client = ServerClient(ClientConfig(server.url, retry_attempts=3))
         assert client.get_json("/health") == {"ok": True}
-        assert server.requests == 3
+        assert unavailable.requests == 3
         client.close()
 
 
 def test_a_server_that_stays_unavailable_is_a_clear_error_naming_503():
-    with _Unavailable(failures=10) as server:
+    unavailable = _Unavailable(failures=10)
+    with LoopbackServer(on_get=unavailable) as server:
         client = ServerClient(ClientConfig(server.url, retry_attempts=2))
         with pytest.raises(RemoteEngineError, match=r"unavailable \(503\) after 2 tries: loading model"):
             client.get_json("/health")
-        assert server.requests == 2
+        assert unavailable.requests == 2
         client.close()
