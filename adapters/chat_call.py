@@ -123,8 +123,10 @@ class ChatCall:
             settings = request.settings
             if tools and not request.parallel_tool_calls:
                 settings = dataclasses.replace(settings, end_after=(*settings.end_after, CLOSE))
-            if request.response_format is not None:
-                prefix = "{"  # every format is an object: the model starts inside it
+            if request.response_format is not None and not required:
+                # an object's reply starts inside it; the grammar leads any other document.
+                # A required call wins, as on OpenAI: response_format shapes a text answer
+                prefix = "{" if request.response_format.is_object else None
                 settings = dataclasses.replace(settings, response_format=request.response_format)
             elif required and (call_format := tool_call_format(self.engine, required, tools)) is not None:
                 settings = dataclasses.replace(settings, response_format=call_format)

@@ -38,7 +38,7 @@ from .chat_call import ChatAnswer, ChatCall, ChatRequest, system_sections
 from .messages import to_turn
 from .sessions import SessionRouter
 from .settings import chat_settings, check_settings, resolve_aliases, unknown_arguments, unknown_call_arguments
-from .tools import required_tool
+from .tools import check_tools, required_tool
 from .worker_events import WorkerEvents
 
 Stops = list[str] | None
@@ -339,6 +339,7 @@ class ChatCLM(BaseChatModel):
         may pick among several tools, its own log-probabilities choose among the bound names.
         """
         formatted = [convert_to_openai_tool(tool) for tool in tools]
+        check_tools(formatted)
         if formatted:
             required_tool(tool_choice, formatted)  # a name no bound tool has fails here, in every spelling
         return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)

@@ -28,21 +28,53 @@ class Turn:
 
 
 def message_text(message: BaseMessage) -> str:
-    """The text of a message's content: text blocks joined; other blocks named, not dropped silently."""
+    """The text of a message's content: text blocks joined; blocks with data a tool
+    returns (``json``, ``search_result``, a text ``document``, ``custom_tool_call_output``,
+    a dict without a type) as their text; media named, not dropped silently; reasoning
+    left out (a template shows a model its earlier answers, not its earlier thoughts)."""
     content = message.content
     if isinstance(content, str):
         return content
-    parts = []
-    for block in content:
-        if isinstance(block, str):
-            parts.append(block)
-        elif isinstance(block, dict) and block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif isinstance(block, dict) and block.get("type") in ("tool_use", "tool_call"):
-            continue  # rendered from tool_calls
-        elif isinstance(block, dict):
-            parts.append(f"[{block.get('type', 'content')} omitted]")
+    parts = [text for block in content if (text := _block_text(block)) is not None]
     return join_text_parts(parts)
+
+
+def _block_text(block: Any) -> str | None:
+    """What the model reads of one content block; None for a block it is not shown."""
+    if isinstance(block, str):
+        return block
+    if not isinstance(block, dict):
+        return _as_json(block)
+    kind = block.get("type")
+    if kind in ("text", "text-plain"):
+        return str(block.get("text", ""))
+    if kind in ("tool_use", "tool_call", "tool_call_chunk", "server_tool_call", "reasoning", "thinking"):
+        return None  # tool calls are rendered from ``tool_calls``; thoughts are not shown
+    if kind == "json":
+        return _as_json(block.get("json"))
+    if kind == "search_result":
+        return _search_result_text(block)
+    if kind == "custom_tool_call_output":
+        output = block.get("output")
+        return output if isinstance(output, str) else _as_json(output)
+    if kind == "document" and isinstance(block.get("source"), dict) and block["source"].get("type") == "text":
+        return join_text_parts(p for p in (block.get("title"), str(block["source"].get("data", ""))) if p)
+    if kind is None:
+        return _as_json(block)  # a tool's plain dict, e.g. [{"temp": 21}]
+    return f"[{kind} omitted]"  # image, audio, video, file, a binary document
+
+
+def _search_result_text(block: dict[str, Any]) -> str:
+    """A search result as its title, source and text (Anthropic's and LangChain's shape:
+    ``content`` a list of text blocks)."""
+    body = block.get("content")
+    texts = [body] if isinstance(body, str) else [t for item in body or () if (t := _block_text(item)) is not None]
+    head = [str(block[key]) for key in ("title", "source") if block.get(key)]
+    return join_text_parts([*head, *texts])
+
+
+def _as_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 # ChatMessage's free-form role, as OpenAI and LangChain spell the roles a chat template knows
@@ -78,8 +110,8 @@ def to_turn(message: BaseMessage) -> Turn:
     elif isinstance(message, ToolMessage):
         role = "tool"
         text = message_text(message)
-        if getattr(message, "status", "success") == "error":
-            text = f"Error: {text}"
+        if getattr(message, "status", "success") == "error" and not text.lstrip().lower().startswith("error"):
+            text = f"Error: {text}"  # LangGraph's ToolNode already writes "Error: ..."
     else:
         raise ConfigError(
             "messages",

@@ -22,6 +22,7 @@ import regex
 
 from clm_middleware.errors import ConfigError
 from clm_middleware.render.tool_calls import CLOSE, OPEN
+from clm_middleware.structured.format import ResponseFormat
 
 _CALL = regex.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", regex.DOTALL)
 
@@ -43,8 +44,9 @@ def tools_prompt(tools: Sequence[dict[str, Any]], template_tools: str | None = N
 
 
 def signature(tool: dict[str, Any]) -> str:
-    """``- name(a: string, b?: integer): description``; a parameter of a complex type
-    shows its JSON schema, and one with a description gets an indented line.
+    """``- name(a: string, b?: integer, c?: string | null): description``; a parameter of a
+    complex type shows its JSON schema, and one with a description gets an indented line.
+    ``tool`` passed ``check_tools``.
 
     Compact on purpose: small models copy whatever JSON schema they are shown into
     their arguments, and a schema costs many tokens of context on every turn.
@@ -54,16 +56,44 @@ def signature(tool: dict[str, Any]) -> str:
     required = set(parameters.get("required") or ())
     parts, notes = [], []
     for name, spec in (parameters.get("properties") or {}).items():
-        kind = spec.get("type")
+        spec = spec if isinstance(spec, dict) else {}  # a boolean schema: true admits anything
+        kind = spec.get("type", "any")
+        kinds = kind if isinstance(kind, list) else [kind]
         if "enum" in spec:
             kind = " | ".join(json.dumps(v) for v in spec["enum"])
-        elif kind not in _SIMPLE_TYPES:
+        elif all(k in _SIMPLE_TYPES or k == "any" for k in kinds):
+            kind = " | ".join(kinds)
+        else:
             kind = json.dumps({k: v for k, v in spec.items() if k not in ("title", "description")}, sort_keys=True)
         parts.append(f"{name}{'' if name in required else '?'}: {kind}")
         if spec.get("description"):
             notes.append(f"    {name}: {spec['description']}")
     description = function.get("description", "")
     return "\n".join([f"- {function.get('name')}({', '.join(parts)}): {description}".rstrip(": "), *notes])
+
+
+def check_tools(tools: Sequence[dict[str, Any]], *, field: str = "tools") -> None:
+    """Raise ``ConfigError`` naming the field (``tools[1].function.parameters.required``)
+    unless each tool's ``parameters`` is a JSON Schema for an object whose ``properties``
+    map names to schemas and whose ``required`` lists names, with only the types JSON
+    Schema defines (``"type": ["string", "null"]`` included): a tool must be callable
+    with the arguments its schema admits, and a malformed one is the caller's mistake."""
+    for index, tool in enumerate(tools):
+        where = f"{field}[{index}].function.parameters"
+        parameters = tool.get("function", tool).get("parameters")
+        if parameters is None:
+            continue
+        if not isinstance(parameters, dict):
+            raise ConfigError(where, f"must be a JSON schema object, got {type(parameters).__name__}")
+        if parameters.get("type", "object") != "object":
+            raise ConfigError(f"{where}.type", "must be 'object': a tool's arguments are a JSON object")
+        properties = parameters.get("properties", {})
+        if not isinstance(properties, dict) or not all(isinstance(p, dict | bool) for p in properties.values()):
+            raise ConfigError(f"{where}.properties", "must map each argument's name to its JSON schema (an object)")
+        required = parameters.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
+            raise ConfigError(f"{where}.required", "must be a list of argument names")
+        ResponseFormat.from_schema(parameters, field=where)  # JSON Schema's types, JSON throughout
 
 
 def split_tool_calls(text: str) -> tuple[str, list[str]]:
@@ -93,7 +123,7 @@ def parse_tool_calls(
     for number, payload in enumerate(payloads, start=1):
         call_id = f"call_{uuid.uuid4().hex[:24]}"
         if last_cut and number == len(payloads):
-            invalid.append(_invalid(None, payload, call_id, CUT_CALL))
+            invalid.append(_invalid(_cut_call_name(payload), payload, call_id, CUT_CALL))
             continue
         data, problem = _load_call(payload)
         if problem is not None:
@@ -140,6 +170,15 @@ def _load_call(payload: str) -> tuple[Any, str | None]:
         with contextlib.suppress(json.JSONDecodeError):
             return json.loads(text + closers), None
     return None, problem
+
+
+_CALL_NAME = regex.compile(r'\A\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _cut_call_name(payload: str) -> str | None:
+    """The tool a cut call names, when its name was written out whole before the cut."""
+    match = _CALL_NAME.match(payload)
+    return json.loads(f'"{match.group(1)}"') if match else None
 
 
 CUT_CALL = "the reply reached max_tokens before this call was complete; raise max_tokens"

@@ -151,7 +151,7 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
         completion_id = convert.completion_id()
         events = await start_turn(chat, tenant)
         if body.stream:
-            first = await _next_unless_gone(events, request)
+            first = await _next_unless_gone(events, _ClientWatch(request))
             if first is None:  # the client left before the first text; the turn was undone
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
             if first[0] == "error":  # failed before its first token: a real status, not a 200 stream
@@ -161,7 +161,7 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             stream = sse(service, events, first, completion_id, model_id, session_id, include_usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        answer = await _answer_unless_gone(events, request)
+        answer = await _answer_unless_gone(events, _ClientWatch(request))
         if answer is None:  # nobody reads a response; the turn was undone
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         service.metrics.turn(answer.reply.stats)
@@ -170,23 +170,44 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
     return app
 
 
-async def _next_unless_gone(events: TurnEvents, request: Request) -> Event | None:
+class _ClientWatch:
+    """Asks whether the request's client is still there, at most every ``DISCONNECT_POLL_S``
+    however fast the turn's events come (asking on every token would cost a receive each)."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.asked = time.monotonic()
+
+    async def gone(self) -> bool:
+        if time.monotonic() - self.asked < DISCONNECT_POLL_S:
+            return False
+        self.asked = time.monotonic()
+        return await self.request.is_disconnected()
+
+
+async def _next_unless_gone(events: TurnEvents, watch: _ClientWatch) -> Event | None:
     """The turn's next event, or None once the client has gone away: then the turn is
-    cancelled and undone (mid-prefill too) before this returns."""
+    cancelled and undone (mid-prefill too) before this returns. The client is asked
+    about every ``DISCONNECT_POLL_S`` whether events come or not."""
     while True:
         try:
-            return await asyncio.wait_for(events.next(), DISCONNECT_POLL_S)
+            event = await asyncio.wait_for(events.next(), DISCONNECT_POLL_S)
         except TimeoutError:
-            if await request.is_disconnected():
-                await events.finished()
-                return None
+            event = None
+        if event is not None and event[0] != "delta":
+            return event  # the turn has ended: its answer is stored, nothing is left to undo
+        if await watch.gone():
+            await events.finished()
+            return None
+        if event is not None:
+            return event
 
 
-async def _answer_unless_gone(events: TurnEvents, request: Request) -> ChatAnswer | None:
+async def _answer_unless_gone(events: TurnEvents, watch: _ClientWatch) -> ChatAnswer | None:
     """The turn's answer (its error is raised), or None once the client has gone away:
     then the turn is cancelled and undone before this returns, as a stream's is."""
     while True:
-        event = await _next_unless_gone(events, request)
+        event = await _next_unless_gone(events, watch)
         if event is None:
             return None
         kind, value = event

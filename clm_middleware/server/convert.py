@@ -15,6 +15,7 @@ from typing import Any
 
 from clm_middleware.adapters.chat_call import ChatAnswer, ChatRequest
 from clm_middleware.adapters.messages import Turn, assistant_text, turn_digest
+from clm_middleware.adapters.tools import check_tools
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.render.chat_format import lone_surrogate
@@ -44,6 +45,7 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
     if len(stops) > MAX_STOPS or any(not s for s in stops):
         raise APIError(400, f"stop: give at most {MAX_STOPS} non-empty strings", param="stop")
     tools = [spec.model_dump(exclude_none=True) for spec in body.tools or []]
+    check_tools(tools)
     _check_tool_choice(body.tool_choice, tools)
     settings = GenerationSettings(
         max_new_tokens=body.max_completion_tokens or body.max_tokens or defaults.max_new_tokens,

@@ -114,6 +114,8 @@ def install_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return APIError(400, f"the request body is not valid JSON: {first.get('msg')}").response()
         content_type = request.headers.get("content-type", "")
+        if param is None and not await request.body():
+            return APIError(400, "the request body is empty; send the request as a JSON object").response()
         if param is None and "json" not in content_type.lower():
             # FastAPI reads a body as JSON only when its Content-Type says so (curl -d sends a form type)
             sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"

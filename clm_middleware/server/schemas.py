@@ -26,6 +26,17 @@ class _Lenient(BaseModel):
     # are not numbers any field takes
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, values: Any) -> Any:
+        """OpenAI's API takes ``null`` for an optional field as "not given" (clients send
+        ``"n": null``, ``"stream": null``, ``"stream_options": {"include_usage": null}``):
+        such a field gets its default, at any depth of the request."""
+        if isinstance(values, dict):
+            defaults = {name for name, f in cls.model_fields.items() if not f.is_required() and f.default is not None}
+            values = {k: v for k, v in values.items() if not (v is None and k in defaults)}
+        return values
+
 
 class FunctionCall(_Lenient):
     name: str
@@ -53,7 +64,7 @@ class ChatMessage(_Lenient):
 
 
 class FunctionSpec(_Lenient):
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")  # as OpenAI: letters, digits, _ and -
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -104,13 +115,3 @@ class ChatCompletionRequest(_Lenient):
     logit_bias: dict[str, float] | None = None  # token id (as a string) → bias in [-100, 100]
     user: str | None = None
     metadata: dict[str, str] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_the_default(cls, values: Any) -> Any:
-        """OpenAI's API takes ``null`` for an optional field as "not given" (clients send
-        ``"n": null``, ``"stream": null``): such a field gets its default."""
-        if isinstance(values, dict):
-            defaults = {name for name, f in cls.model_fields.items() if not f.is_required() and f.default is not None}
-            values = {k: v for k, v in values.items() if not (v is None and k in defaults)}
-        return values

@@ -101,6 +101,14 @@ class ResponseFormat:
         return cls.from_schema(schema, name=None if name is None else str(name), field=where)
 
     @property
+    def is_object(self) -> bool:
+        """Whether every document this format admits is a JSON object (a reply may then
+        open with ``{``): any object, or a schema whose root says ``"type": "object"``
+        (or has ``properties`` and no ``type``)."""
+        schema = self.schema
+        return schema is None or schema.get("type", "object" if "properties" in schema else None) == "object"
+
+    @property
     def schema(self) -> dict[str, Any] | None:
         """The schema as a fresh dict (``None``: any JSON object)."""
         return None if self.schema_json is None else json.loads(self.schema_json)

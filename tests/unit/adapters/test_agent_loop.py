@@ -5,7 +5,10 @@ import asyncio
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel
+
+from clm_middleware.adapters.tools import parse_tool_calls
 
 
 @tool
@@ -195,6 +198,7 @@ def test_a_required_call_is_written_under_the_tools_schema_so_no_required_argume
     assert message.tool_calls == []
     [call] = message.invalid_tool_calls
     assert call["args"].startswith('{"name": "add", "arguments": {"a": 2, "b": ')
+    assert call["name"] == "add"
     assert call["error"] == "the reply reached max_tokens before this call was complete; raise max_tokens"
 
 
@@ -211,6 +215,15 @@ def test_a_call_renders_the_same_whether_the_conversation_is_remembered_or_rebui
     ]
     contexts = [conversation_behind(llm, a).context for llm, a in zip((remembered, rebuilt), answers, strict=True)]
     assert contexts[0] == contexts[1] and CALL in contexts[0]
+
+
+@pytest.mark.parametrize(
+    ("payload", "name"),
+    [('{"name": "add", "arguments": {"a": 1', "add"), ('{"name": "ad', None), ('{"nam', None)],
+)
+def test_a_cut_call_is_invalid_and_names_its_tool_when_the_name_was_written_whole(payload, name):
+    valid, [invalid] = parse_tool_calls([payload], [convert_to_openai_tool(add)], last_cut=True)
+    assert valid == [] and (invalid["name"], invalid["args"]) == (name, payload)
 
 
 def test_a_call_cut_by_max_tokens_is_invalid_and_the_reply_ends_by_length(scripted_llm):

@@ -30,6 +30,10 @@ def _error(response: httpx.Response, status: int) -> dict:
     return body["error"]
 
 
+def _tool(parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
+
+
 def _hello(model_id: str, **extra) -> dict:
     return {"model": model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, **extra}
 
@@ -61,6 +65,12 @@ def _hello(model_id: str, **extra) -> dict:
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
         ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]}, "messages[0].content"),
         ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [_tool({"type": "object", "properties": "x"})]}, "tools[0].function.parameters.properties"),
+        ({"tools": [_tool({"properties": {"city": "string"}})]}, "tools[0].function.parameters.properties"),
+        ({"tools": [_tool({"properties": {"city": {}}, "required": "city"})]}, "tools[0].function.parameters.required"),
+        ({"tools": [_tool({"type": "string"})]}, "tools[0].function.parameters.type"),
+        ({"tools": [_tool({"properties": {"city": {"type": "bogus"}}})]}, "tools[0].function.parameters"),
+        ({"tools": [{"type": "function", "function": {"name": "my tool!"}}]}, "tools[0].function.name"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
@@ -104,11 +114,46 @@ def test_null_for_an_optional_field_means_its_default(server, model_id):
     nulls = {"n": None, "stream": None, "frequency_penalty": None, "presence_penalty": None}
     response = _post(server.api, {**_hello(model_id), **nulls, "max_tokens": 4})
     assert response.status_code == 200 and len(response.json()["choices"]) == 1
+    streamed = _post(server.api, {**_hello(model_id), "stream": True, "stream_options": {"include_usage": None}})
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+
+
+def test_a_nullable_argument_type_list_is_served_and_a_required_call_is_made(server, model_id):
+    # OpenAI's strict mode writes an optional argument as {"type": ["string", "null"]}
+    tool = _tool({"type": "object", "properties": {"city": {"type": ["string", "null"]}}, "required": ["city"]})
+    response = _post(server.api, {**_hello(model_id), "tools": [tool], "tool_choice": "required", "max_tokens": 40})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_a_json_schema_whose_root_is_not_an_object_is_served(server, model_id):
+    schema = {"type": "array", "items": {"enum": ["red", "blue"]}, "minItems": 1, "maxItems": 2}
+    fmt = {"type": "json_schema", "json_schema": {"name": "colours", "schema": schema}}
+    response = _post(server.api, {**_hello(model_id), "response_format": fmt, "max_tokens": 40})
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and set(json.loads(choice["message"]["content"])) <= {"red", "blue"}
+
+
+def test_a_required_call_wins_over_a_response_format(server, model_id):
+    # as on OpenAI: response_format shapes a text answer; a required tool call is still made
+    tool = _tool({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+    body = {**_hello(model_id), "tools": [tool], "tool_choice": "required", "max_tokens": 40}
+    response = _post(server.api, {**body, "response_format": {"type": "json_object"}})
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] == (
+        "get_weather"
+    )
 
 
 def test_a_body_that_is_not_json_is_a_400(server):
     error = _error(_post(server.api, "{not json"), 400)
     assert "JSON" in error["message"]
+
+
+def test_an_empty_body_is_a_400_saying_it_is_empty(server):
+    assert "body is empty" in _error(_post(server.api, b""), 400)["message"]
 
 
 def test_an_unknown_model_is_a_404(server, model_id):

@@ -1,0 +1,62 @@
+"""What the model reads of a LangChain message's content blocks (adapters/messages.py)."""
+
+from __future__ import annotations
+
+import json
+
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+from clm_middleware.adapters.messages import message_text, to_turn
+
+
+def _tool(content, **fields) -> ToolMessage:
+    return ToolMessage(content=content, tool_call_id="c1", **fields)
+
+
+def test_a_tool_result_of_json_blocks_reaches_the_model_as_its_json():
+    text = message_text(_tool([{"type": "json", "json": {"city": "Lisbon", "temp_c": 21}}]))
+    assert json.loads(text) == {"city": "Lisbon", "temp_c": 21}
+
+
+def test_a_tool_result_of_plain_dicts_reaches_the_model_as_json():
+    assert json.loads(message_text(_tool([{"temp": 21, "sky": "sunny"}]))) == {"temp": 21, "sky": "sunny"}
+
+
+def test_a_search_result_block_reads_as_its_title_source_and_text():
+    block = {
+        "type": "search_result",
+        "title": "Tram 28",
+        "source": "https://example.org/tram",
+        "content": [{"type": "text", "text": "Runs every 12 minutes."}],
+    }
+    assert message_text(_tool([block])) == "Tram 28\nhttps://example.org/tram\nRuns every 12 minutes."
+
+
+def test_text_documents_and_custom_tool_outputs_are_read_and_media_named():
+    content = [
+        {"type": "document", "source": {"type": "text", "data": "Clause 4: no refunds."}, "title": "Terms"},
+        {"type": "custom_tool_call_output", "output": "exit code 0"},
+        {"type": "image", "url": "https://example.org/a.png"},
+    ]
+    assert message_text(_tool(content)) == "Terms\nClause 4: no refunds.\nexit code 0\n[image omitted]"
+
+
+def test_reasoning_blocks_of_a_sent_back_reply_are_not_shown_to_the_model():
+    reply = AIMessage(
+        content=[{"type": "reasoning", "reasoning": "The user wants..."}, {"type": "text", "text": "Hi!"}]
+    )
+    assert message_text(reply) == "Hi!"
+
+
+def test_an_error_tool_result_is_marked_once():
+    assert to_turn(_tool("sunny", status="error")).text == "Error: sunny"
+    # LangGraph's ToolNode already writes "Error: ..." into a failed call's message
+    assert (
+        to_turn(_tool("Error: ValueError('unknown city')", status="error")).text == "Error: ValueError('unknown city')"
+    )
+
+
+def test_text_parts_are_joined_one_per_line():
+    assert message_text(HumanMessage(content=["Translate to Spanish:", {"type": "text", "text": "Good morning"}])) == (
+        "Translate to Spanish:\nGood morning"
+    )
