@@ -8,7 +8,8 @@ from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel
 
-from clm_middleware.adapters.tools import parse_tool_calls
+from clm_middleware.adapters.tools import parse_tool_calls, signature
+from clm_middleware.errors import ConfigError
 
 
 @tool
@@ -304,3 +305,15 @@ def test_a_history_re_sent_with_new_tool_call_ids_extends_the_conversation(scrip
         assert answer.response_metadata["turn"] == 2 * round_number + 2  # extended, not rebuilt
         history += [AIMessage(answer.content), HumanMessage("And now?")]
     assert len(conversation_ids) == 1
+
+
+def test_a_nullable_argument_is_shown_as_a_type_union():
+    tool = {"name": "find", "parameters": {"type": "object", "properties": {"city": {"type": ["string", "null"]}}}}
+    assert signature(tool) == "- find(city?: string | null)"
+
+
+def test_binding_a_tool_with_malformed_parameters_is_an_error_naming_the_field(scripted_llm):
+    llm, _ = scripted_llm("hi")
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "city"}}}
+    with pytest.raises(ConfigError, match=r"tools\[0\]\.function\.parameters\.required"):
+        llm.bind_tools([bad])
