@@ -117,7 +117,8 @@ def summary_table(report: ReplayReport) -> Table:
         ("final context tokens", totals["final_context_tokens"]),
     ]
     if totals["reply_nll"] is not None:
-        rows.append(("reply NLL (teacher-forced)", f"{totals['reply_nll']:.3f} nats/token"))
+        # over the replies fed as recorded: all under --teacher-force, else recorded tool calls and the like
+        rows.append(("reply NLL (recorded replies)", f"{totals['reply_nll']:.3f} nats/token"))
     if totals["generated_replies"]:
         flags = ", ".join(f"{name} {count}" for name, count in sorted(totals["reply_flags"].items()))
         rows.append(

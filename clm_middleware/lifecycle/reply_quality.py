@@ -25,8 +25,8 @@ add up the total, and you can add up the total``), and generation stops there (f
 ``repetition_cut``): a repeated sentence tells the user nothing, and a small greedy
 model that repeats one rarely stops on its own. Clauses of fewer than
 ``REPEAT_MIN_WORDS`` words count only in a run: the same one ``REPEAT_RUN`` times in a
-row (``very, very, very, very, ...``) is cut before its last; said twice or three
-times ("No, no, no!") it stays. Punctuation never counts.
+row (``very, very, very, very, very, very, ...``) is cut before its last; said up to
+five times ("No, no, no, no, no.") it stays. Punctuation never counts.
 
 The patterns are also usable on partial text (``could_become_artifact``), so a stream
 holds back a suffix that may still turn into a marker instead of showing half of one.
@@ -44,7 +44,9 @@ LOOP_SHARE = 0.5  # half the n-grams are repeats: the text says the same thing t
 LOOP_MIN_TOKENS = 12  # shorter replies ("Yes. Yes.") are not judged
 
 REPEAT_MIN_WORDS = 3  # "Yes. Yes." or "OK." twice is not a loop worth cutting
-REPEAT_RUN = 4  # ...but a short clause four times in a row is ("very, very, very, very, ...")
+# ...but a short clause six times in a row is ("very, very, very, very, very, very, ..."): at
+# four, "No, no, no, no, no. I'm sorry for the mix-up" was cut to "No, no, no," and ended
+REPEAT_RUN = 6
 
 _MARKER = r"\[\s*seg(?:ment)?[\s_#-]*\d{1,9}\s*\]"
 _TAG = r"\[\s*/?\s*lifecycle\s*\]"

@@ -82,8 +82,8 @@ def test_a_looping_reply_leaves_the_context_at_once_and_stays_in_history_as_deli
     first = conversation.send("When does it open?")
     assert "repetition_loop" in first.stats.reply_flags
     assert "10:30am" not in conversation.context
-    # a short clause four times in a row is cut before the fourth: the user gets three
-    assert conversation.history[-1].content == ("10:30am: " * 3).strip()
+    # a short clause six times in a row is cut before the sixth: the user gets five
+    assert conversation.history[-1].content == ("10:30am: " * 5).strip()
     assert "repetition_cut" in first.stats.reply_flags
     assert any(d.reason == "repetition loop" for d in first.decisions)
     delivered = len(engine.tokenizer.encode(conversation.history[-1].content, add_special_tokens=False))
@@ -194,8 +194,13 @@ def test_a_clause_that_repeats_inside_a_sentence_is_cut_too():
 @pytest.mark.parametrize(
     ("raw", "delivered"),
     [
-        ("The pickpockets are very, very, very, very, very, very, very", "The pickpockets are very, very, very, very,"),
-        ("Yes. Yes. Yes. Yes. Yes.", "Yes. Yes. Yes."),
+        (
+            "The pickpockets are very, very, very, very, very, very, very, very, very",
+            "The pickpockets are very, very, very, very, very, very,",
+        ),
+        ("Yes. Yes. Yes. Yes. Yes. Yes. Yes.", "Yes. Yes. Yes. Yes. Yes."),
+        # emphasis up to five times stays, and the reply goes on (SmolLM2 on a support chat)
+        ("No, no, no, no, no. I'm sorry for the mix-up.", "No, no, no, no, no. I'm sorry for the mix-up."),
         ("No, no, no! I said it twice, no, no.", "No, no, no! I said it twice, no, no."),  # emphasis stays
         ("It is very, very good, very, very good.", "It is very, very good, very, very good."),  # not in a row
     ],
