@@ -1,8 +1,9 @@
 """Distinctive tokens: the words a compression must never lose or invent.
 
-Numbers, codes, times, dates, amounts, emails, URLs, names and quoted identifiers carry
-the facts of a conversation ("order 88412", "QX7-4821", "6:20 am", "March 1st", "$121",
-"Casa do Jardim", "No module named 'yaml'", "run `make test`"). They are found by rules,
+Numbers, codes, times, dates, amounts, emails, URLs, names, quoted identifiers and what
+code names (paths, files, identifiers) carry the facts of a conversation ("order 88412",
+"QX7-4821", "6:20 am", "March 1st", "$121", "Casa do Jardim", "No module named 'yaml'",
+"run `make test`", "loader.py, line 14, in parse_row"). They are found by rules,
 not by the model, so the check is the same for every model and cannot be argued with.
 A distinctive *span* may cover several words ("6:20 am", "New York City", "Abbey Court
 Hotel (Hyde Park)"); compressions keep every word a span touches.
@@ -26,6 +27,20 @@ _PATTERNS = [
     # text in backticks, and one quoted identifier ('yaml', "config.json"): what a user or a
     # log names verbatim (a module, a flag, a file), lowercase or not
     ("literal", r"`[^`\n]{1,80}`|(?<![\w'\"])(?:'[\p{L}_][\w.\-/]{1,40}'|\"[\p{L}_][\w.\-/]{1,40}\")(?![\w'\"])"),
+    # what code and logs name: a path ("/home/dana/etl/loader.py", "src/io.py", "C:\\logs"), a
+    # dotted name ("loader.py", "csv.DictReader", "os.path.join()": a segment after a dot
+    # has two characters or more, so "e.g" is none), a snake_case or camelCase identifier
+    # ("parse_row", "KeyError", "parseRow") and a field list ("id;date;Amount;currency")
+    (
+        "identifier",
+        r"(?<![\w/.~])(?:~|\.{1,2})?+(?:/[\w.\-]++){2,}+/?"
+        r"|(?<![\w/.])[\w\-]++(?:/[\w\-]++)++\.\p{L}{1,5}\b"
+        r"|\b\p{L}:\\[\w.\-]++(?:\\[\w.\-]++)*+\\?"
+        r"|(?<![\w.])[\p{L}_]\w*+(?:\.[\p{L}_]\w++)++(?:\(\))?+(?!\w)"
+        r"|(?<![\w.])_*+\p{L}[\p{L}\p{N}]*+(?:_++[\p{L}\p{N}]++)++_*+(?!\w)"
+        r"|\b\p{Ll}++\p{Lu}[\p{L}\p{N}]*+\b|\b\p{Lu}\p{Ll}++(?:\p{Lu}[\p{Ll}\p{N}]*+)++\b"
+        r"|(?<![\w;,|])[\p{L}_]\w*+(?:[;,|][\p{L}_]\w*+){2,}+(?![\w;,|])",
+    ),
     ("time", r"(?i:\b\d{1,2}(?::\d{2})?\s?(?:[ap]\.?m\b\.?))|\b\d{1,2}:\d{2}\b"),
     ("money", r"[$€£¥]\s?\d[\d,]*(?:\.\d+)?|(?i:\b\d[\d,]*(?:\.\d+)?\s?(?:euros?|dollars?|usd|eur|gbp)\b)"),
     (

@@ -112,3 +112,26 @@ def test_a_quoted_identifier_or_backticked_text_is_distinctive(text, literal):
 @pytest.mark.parametrize("text", ["I don't know, it's the user's call", 'He said "I will come" later'])
 def test_apostrophes_and_quoted_sentences_are_not_literals(text):
     assert distinctive_tokens(text) == set()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            'Traceback:\n  File "/home/dana/etl/loader.py", line 14, in parse_row',
+            {"/home/dana/etl/loader.py", "14", "parse_row"},
+        ),
+        ("The CSV header is: id;date;Amount;currency .", {"csv", "id;date;amount;currency"}),
+        ("Do I need to tell csv.DictReader that?", {"csv.dictreader"}),
+        ("Edit src/utils/io.py, then run ~/bin/deploy.sh", {"src/utils/io.py", "~/bin/deploy.sh"}),
+        ("It is in C:\\Users\\ana\\notes.txt", {"c:\\users\\ana\\notes.txt"}),
+        ("ValueError again, from parseRow in loader.py", {"valueerror", "parserow", "loader.py"}),
+    ],
+)
+def test_paths_files_and_identifiers_that_code_names_are_distinctive(text, expected):
+    assert distinctive_tokens(text) == expected
+
+
+@pytest.mark.parametrize("text", ["e.g. this, i.e. that", "and/or in km/h", "it is what it is. Then go"])
+def test_abbreviations_and_slashed_words_are_not_identifiers(text):
+    assert distinctive_tokens(text) == set()
