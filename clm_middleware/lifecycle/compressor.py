@@ -23,7 +23,7 @@ keeps the original: nothing is ever lost (the original always stays in the store
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,6 +182,30 @@ def word_means(
             index += 1
         means.append(total / count if count else 0.0)
     return means
+
+
+REPEAT_WINDOW = 12  # words: a content word said again this close is what the sentence is about
+REPEAT_MAX_TIMES = 3  # said more often in one text it is its frame ("bin A10 holds item X370, bin B11 ...")
+
+
+def _with_repeats(words: list[regex.Match[str]], scores: list[float]) -> list[float]:
+    """``scores`` with a content word that the speaker says again within ``REPEAT_WINDOW``
+    words (two or three times in the text) scored as a rare one (``RARE_WORD_NATS``) where
+    it was said before: "allergic to peanuts, so nothing with peanuts at all" is about
+    peanuts, however predictable the word is after "allergic to" (and it is less so each
+    time it comes back). A word said more often is the text's frame, not its point."""
+    bares = [_bare(word.group()) for word in words]
+    times = Counter(bares)
+    last_seen: dict[str, int] = {}
+    scored = list(scores)
+    for index, bare in enumerate(bares):
+        if bare in _FUNCTION_WORDS or not any(c.isalpha() for c in bare) or times[bare] > REPEAT_MAX_TIMES:
+            continue
+        before = last_seen.get(bare)
+        if before is not None and index - before <= REPEAT_WINDOW:
+            scored[before] = max(scored[before], RARE_WORD_NATS)
+        last_seen[bare] = index
+    return scored
 
 
 def _recorded(surprisal: list[float | None] | None, segment: Segment) -> list[float | None] | None:
@@ -459,7 +483,7 @@ class Compressor:
         if offsets is None:  # cannot align: every token scores every word alike
             known = [v for v in surprisal if v is not None]
             return [sum(known) / len(known) if known else 0.0] * len(words)
-        return word_means(words, offsets, surprisal)
+        return _with_repeats(words, word_means(words, offsets, surprisal))
 
     def _encode(self, text: str) -> list[int]:
         return self.format.encode(self._shown(text))
