@@ -202,8 +202,10 @@ class Conversation:
         weakref.finalize(self, _give_back_when_collected, self.engine.pool, self._held, self.reclaimer)
         self.store = _open_store(store)
         self._saved = False  # whether a save reached the store (abandon removes a row never saved to)
+        self._stored_turn: int | None = None  # the turn the store's row says, as this object last wrote or read it
         if self.store is not None:
             self.store.register(self.record())
+            self._stored_turn = self.turn
         if system_prompt:
             self.add("system", system_prompt)
         else:
@@ -684,7 +686,7 @@ class Conversation:
         stored = store.load(conversation_id)
         conversation = cls(engine, conversation_id=conversation_id, **{**stored.record.settings, **settings})
         conversation.store = store  # its row exists: saves continue it (no register)
-        conversation._saved = True
+        conversation._saved, conversation._stored_turn = True, stored.record.turn
         _check_stored_ids(stored.record.model, stored.segments, conversation.engine, store.path)
         conversation.messages = stored.messages
         conversation._segments = {s.id: s for s in stored.segments}
@@ -714,7 +716,7 @@ class Conversation:
     def attach_store(self, store: Store) -> None:
         """Save to ``store`` from now on, everything so far included."""
         store.register(self.record())  # refuses an id the store holds: nothing is attached then
-        self.store = store
+        self.store, self._stored_turn = store, self.turn
         self.journal.everything(self.messages)
         self.persist(None)
 
@@ -873,8 +875,11 @@ class Conversation:
     def persist(self, stats: TurnStats | None) -> None:
         """Write what changed since the last save (and a turn's ``stats``) to the store, if any."""
         if self.store is not None:
-            self.store.save(self.record(), self.journal.drain(self.messages, self._segments), stats)
-            self._saved = True
+            record = self.record()
+            changes = self.journal.pending(self.messages, self._segments)
+            self.store.save(record, changes, stats, expected_turn=self._stored_turn)
+            self.journal.saved()
+            self._saved, self._stored_turn = True, record.turn
 
 
 def _open_store(store: Any) -> Store | None:

@@ -124,7 +124,10 @@ def chat(
             )
             if click.get_current_context().get_parameter_source(name) is ParameterSource.COMMANDLINE
         }
-        conversation = Conversation.load(store, session, engine, cache_salt=tenant, **given)
+        # the stored conversation keeps its tenant unless one is given now
+        source = click.get_current_context().get_parameter_source("tenant")
+        salt = {"cache_salt": tenant} if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) else {}
+        conversation = Conversation.load(store, session, engine, **salt, **given)
         console.print(f"resumed {session}: {len(conversation.history)} messages, turn {conversation.turn}")
         if given:  # they apply from now on, and the store records them with the next turn
             applied = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in given.items())

@@ -3,8 +3,9 @@
 Invariants:
 - Every message and segment id it holds belongs to the conversation that owns it; a
   discarded message leaves it with its segments (``forget``).
-- ``drain`` is the only way it empties otherwise, and it hands over the messages from the
-  first unsaved one to the last (an unsaved message may precede saved ones after a fork).
+- ``saved`` is the only way it empties otherwise, once the store committed what
+  ``pending`` handed over: the messages from the first unsaved one to the last (an
+  unsaved message may precede saved ones after a fork).
 """
 
 from __future__ import annotations
@@ -48,18 +49,21 @@ class ChangeJournal:
         if self._first_message is not None and self._first_message >= messages[0].index:
             self._first_message = None
 
-    def drain(self, messages: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment]) -> ConversationChanges:
-        """What changed, read from the conversation's ``messages`` and ``segments``; then empty."""
+    def pending(self, messages: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment]) -> ConversationChanges:
+        """What changed, read from the conversation's ``messages`` and ``segments``; the
+        journal keeps it until ``saved``: a save that fails leaves it for the next one."""
         first = self._first_message
-        changes = ConversationChanges(
+        return ConversationChanges(
             messages=[] if first is None else [m for m in messages if m.index >= first],
             segments=[segments[s] for s in sorted(self._segments, key=_index)],
             decisions=list(self._decisions),
         )
+
+    def saved(self) -> None:
+        """What ``pending`` returned is in the store now."""
         self._first_message = None
         self._decisions.clear()
         self._segments.clear()
-        return changes
 
 
 def _index(segment: SegmentId) -> int:

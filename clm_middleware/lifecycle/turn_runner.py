@@ -137,6 +137,22 @@ class TurnRunner:
                         generation.close()
                         generation.finish_reason = "length"
                         break
+            raw_output = prefix + detok.text if forced is None else forced
+            answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings, machinery)
+            if forced is None:
+                tail = reply_filter.finish(answer_text)
+                if tail:
+                    yield tail
+                earlier = [s.visible_text for s in c.live_segments() if s.role == "assistant" and s.visible]
+                stats.reply_flags = [
+                    *reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier, machinery=machinery),
+                    *stats.reply_flags,  # string_loop_closed, raised while generating
+                ]
+                if generation.finish_reason == "repetition":
+                    stats.reply_flags.append("repetition_cut")
+            else:
+                stats.reply_nll = generation.forced_nll
+                yield answer_text  # a caller that stops reading here undoes the turn too
         except BaseException:
             c.turn -= 1
             if generation is not None:  # failed or cancelled (a closed stream): its blocks go back
@@ -148,22 +164,6 @@ class TurnRunner:
             for segment in checkpoint.restore(c.segment_map()):
                 c.journal.segment(segment)
             raise
-        raw_output = prefix + detok.text if forced is None else forced
-        answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings, machinery)
-        if forced is None:
-            tail = reply_filter.finish(answer_text)
-            if tail:
-                yield tail
-            earlier = [s.visible_text for s in c.live_segments() if s.role == "assistant" and s.visible]
-            stats.reply_flags = [
-                *reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier, machinery=machinery),
-                *stats.reply_flags,  # string_loop_closed, raised while generating
-            ]
-            if generation.finish_reason == "repetition":
-                stats.reply_flags.append("repetition_cut")
-        else:
-            stats.reply_nll = generation.forced_nll
-            yield answer_text
         self._hand_over_chain(generation)
         asks_block = c.protocol_context and c.tagger.asks_for_block(turn) and not structured
         model_written = raw_output  # only what the model generated may be parsed as its block

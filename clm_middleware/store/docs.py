@@ -29,8 +29,17 @@ an engine whose tokenizer reads them back as their text: another model's engine 
 `ConfigError` naming the model that stored it (a model sharing the tokenizer loads it).
 A file that is another program's database (tables of its own, none of ours) or a store
 written by a newer version (a migration this one does not know) is refused before a
-byte is written (`StoreError` naming the file); a fork's id is its first
-conversation's plus one suffix, however many times it forks.
+byte is written (`StoreError` naming the file); a fork that `ChatCLM` or `clm serve`
+makes has its first conversation's id plus one suffix, however many times it forks
+(`Conversation.fork` takes an id, else a fresh one).
+
+A save that fails (another process holds the write lock past the 30 s busy timeout, a
+full disk, a damaged file) is a `StoreError` naming the file and writes nothing; the
+turn stays in memory and the next save writes it with its own, so the store never has a
+gap. Two objects continuing one stored conversation (two `Conversation.load`s of one
+id, two `clm chat --session` windows) cannot overwrite each other: a save whose row
+says another turn than the writer last read or wrote is refused (`StoreError`: load it
+again). A store whose pages are damaged is a `StoreError` naming the file on load.
 
 Generated from the schema by `python -m clm_middleware.store.docs docs/store.md`;
 do not edit by hand.

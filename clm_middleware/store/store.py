@@ -108,7 +108,7 @@ class Store:
         (WAL cannot upgrade a stale snapshot, and the busy timeout is not consulted);
         an immediate one waits up to the connection's busy timeout for the other
         writer instead. sqlite-utils' own ``atomic()`` blocks nest inside as savepoints."""
-        with self._lock:
+        with self._lock, self._named_errors("cannot write"):
             self.db.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield
@@ -117,6 +117,15 @@ class Store:
                     self.db.conn.rollback()
                 raise
             self.db.conn.commit()
+
+    @contextlib.contextmanager
+    def _named_errors(self, doing: str) -> Iterator[None]:
+        """SQLite's errors (a lock held past the busy timeout, a damaged file, a full disk)
+        as a ``StoreError`` naming the file; a write that fails commits nothing."""
+        try:
+            yield
+        except sqlite3.Error as error:
+            raise StoreError(f"{self.path}: {doing} ({error})") from error
 
     def register(self, record: ConversationRecord) -> None:
         """Create a new conversation's row. An id the store holds already is refused: the
@@ -141,10 +150,29 @@ class Store:
             if not saved:
                 self.db["conversations"].delete_where("id = ?", [conversation_id])
 
-    def save(self, record: ConversationRecord, changes: ConversationChanges, stats: TurnStats | None) -> None:
+    def save(
+        self,
+        record: ConversationRecord,
+        changes: ConversationChanges,
+        stats: TurnStats | None,
+        *,
+        expected_turn: int | None = None,
+    ) -> None:
         """The conversation's row, what changed since the last save and the turn's stats, in
-        one transaction."""
+        one transaction. ``expected_turn``: the turn the writer last saw in the store; a row
+        that says another (a second writer continued the conversation: two loads of one
+        id) is a ``StoreError`` and nothing is written, rather than one writer's messages
+        overwriting the other's by index."""
         with self._writing():
+            if expected_turn is not None:
+                stored = list(self.db["conversations"].rows_where("id = ?", [record.id], select="turn"))
+                if stored and stored[0]["turn"] != expected_turn:
+                    raise StoreError(
+                        f"{self.path}: conversation {record.id!r} changed in the store since this object read "
+                        f"or wrote it (turn {stored[0]['turn']} there, {expected_turn} when last seen): another "
+                        "writer continues it; nothing was saved",
+                        hint=f"Conversation.load(store, {record.id!r}) to continue what is stored",
+                    )
             self.db["conversations"].upsert(_conversation_row(record, created=False), pk="id")
             if changes.messages:
                 self.db["messages"].upsert_all(
@@ -182,21 +210,21 @@ class Store:
         )
         messages = [_message(m) for m in self.rows("messages", conversation_id, "idx")]
         segments = [_segment(s) for s in self.rows("segments", conversation_id, "idx")]
-        turns = (
-            [json.loads(t["stats"]) for t in self.rows("turns", conversation_id, "turn")]
-            if self.db["turns"].exists()
-            else []
-        )
+        with self._named_errors("cannot read"):
+            has_turns = self.db["turns"].exists()
+        turns = [json.loads(t["stats"]) for t in self.rows("turns", conversation_id, "turn")] if has_turns else []
+        if [m.index for m in messages] != list(range(len(messages))):
+            raise StoreError(f"{self.path}: conversation {conversation_id!r} has gaps in its messages (damaged)")
         return StoredConversation(record, messages, segments, turns)
 
     # ---------------------------------------------------------------- reads
 
     def conversation_ids(self) -> list[str]:
-        with self._lock:
+        with self._lock, self._named_errors("cannot read"):
             return [row["id"] for row in self.db["conversations"].rows_where(order_by="created_at")]
 
     def conversation_row(self, conversation_id: str) -> dict[str, Any]:
-        with self._lock:
+        with self._lock, self._named_errors("cannot read"):
             rows = list(self.db["conversations"].rows_where("id = ?", [conversation_id]))
         if not rows:
             raise StoreError(
@@ -206,7 +234,7 @@ class Store:
         return rows[0]
 
     def rows(self, table: str, conversation_id: str, order_by: str) -> list[dict[str, Any]]:
-        with self._lock:
+        with self._lock, self._named_errors("cannot read"):
             return list(self.db[table].rows_where("conversation_id = ?", [conversation_id], order_by=order_by))
 
 

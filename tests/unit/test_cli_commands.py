@@ -409,6 +409,25 @@ def test_chat_resume_applies_the_flags_given_and_save_exports_json_and_help_list
     assert [m["content"] for m in saved["messages"]][:1] == ["hello there"]
 
 
+def test_chat_resume_keeps_the_stored_tenant_unless_one_is_given(tmp_path):
+    from clm_middleware.store import Store
+
+    db = tmp_path / "c.db"
+    base = ["chat", "--model", "tiny", "--max-new-tokens", "4", "--db", str(db), "--session", "acme"]
+
+    def stored_salt() -> str | None:
+        store = Store(db, read_only=True)
+        salt = json.loads(store.conversation_row("acme")["settings"]).get("cache_salt")
+        store.close()
+        return salt
+
+    assert run(*base, "--tenant", "T1", input="hello\n/quit\n").exit_code == 0
+    assert run(*base, input="again\n/quit\n").exit_code == 0
+    assert stored_salt() == "T1"  # resumed without --tenant: still the tenant's blocks only
+    assert run(*base, "--tenant", "T2", input="more\n/quit\n").exit_code == 0
+    assert stored_salt() == "T2"
+
+
 def test_bench_names_an_unknown_mode(tmp_path):
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))

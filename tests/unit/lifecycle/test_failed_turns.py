@@ -73,6 +73,21 @@ def test_a_stream_closed_before_its_end_takes_its_message_back(converse, scripte
     assert conversation.send("again").turn == 2
 
 
+def test_a_forced_reply_stream_closed_after_its_piece_is_undone_and_gives_its_blocks_back(converse):
+    conversation = converse(max_new_tokens=8)
+    conversation.add("user", "hello there")
+    conversation.respond(forced_reply="Hi there, friend.")
+    in_use = conversation.engine.pool.stats().blocks_in_use
+    conversation.add("user", "tell me more")
+    stream = conversation.respond_stream(forced_reply="More, then.")
+    assert next(stream) == "More, then."
+    stream.close()  # the caller stops reading before the turn is recorded
+    assert conversation.turn == 1 and conversation.last_reply.text == "Hi there, friend."
+    assert conversation.engine.pool.stats().blocks_in_use == in_use
+    conversation.add("user", "again")
+    assert conversation.respond(forced_reply="Again.").turn == 2
+
+
 def test_a_stream_left_unfinished_is_taken_back_by_the_next_call(tiny_model, tiny_tok):
     """A ``break`` out of a stream that stays referenced: the next call closes it and takes
     its message back, so the context never shows two user messages in a row and nothing

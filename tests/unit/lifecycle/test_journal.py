@@ -15,14 +15,17 @@ def _messages(n: int) -> list[MessageRecord]:
     ]
 
 
-def test_a_drain_hands_over_every_message_from_the_first_changed_one():
+def test_pending_hands_over_every_message_from_the_first_changed_one_until_saved():
     messages = _messages(5)
     journal = ChangeJournal()
     journal.message(messages[3])
     journal.message(messages[1])
-    changes = journal.drain(messages, {})
+    changes = journal.pending(messages, {})
     assert [m.index for m in changes.messages] == [1, 2, 3, 4]
-    assert journal.drain(messages, {}).messages == []  # drained
+    journal.message(messages[4])  # a save failed, the next turn changed more: all of it is still pending
+    assert [m.index for m in journal.pending(messages, {}).messages] == [1, 2, 3, 4]
+    journal.saved()
+    assert journal.pending(messages, {}).messages == []
 
 
 def test_forgetting_discarded_messages_keeps_the_unsaved_ones_before_them():
@@ -31,7 +34,7 @@ def test_forgetting_discarded_messages_keeps_the_unsaved_ones_before_them():
     journal = ChangeJournal()
     journal.everything(messages[1:])
     journal.forget(messages[2:])
-    changes = journal.drain(messages[:2], segments)
+    changes = journal.pending(messages[:2], segments)
     assert [m.index for m in changes.messages] == [1]
     assert [segments[SegmentId("seg_1")]] == changes.segments
 
@@ -41,7 +44,7 @@ def test_forgetting_every_unsaved_message_leaves_nothing_to_write():
     journal = ChangeJournal()
     journal.everything(messages[2:])
     journal.forget(messages[2:])
-    changes = journal.drain(messages[:2], {})
+    changes = journal.pending(messages[:2], {})
     assert changes.messages == [] and changes.segments == []
 
 

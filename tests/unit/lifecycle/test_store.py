@@ -255,3 +255,59 @@ def test_a_conversation_loads_onto_another_model_only_if_its_tokenizer_reads_the
     same_tokenizer.close()
     other_weights = Engine(tiny_llama(seed=1), tiny_tok)  # another model name, the same tokenizer: loads
     assert Conversation.load(path, "plain", other_weights).context == context
+
+
+def test_a_save_that_fails_on_a_held_lock_loses_nothing_and_the_next_save_writes_it(converse, engine, tmp_path):
+    import sqlite3
+
+    from clm_middleware.store import StoreError
+
+    path = tmp_path / "chats.db"
+    conversation = converse(store=path, conversation_id="locked")
+    conversation.send("Turn one.")
+    conversation.store.db.conn.execute("PRAGMA busy_timeout = 100")  # fail fast instead of waiting 30 s
+    other = sqlite3.connect(str(path), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process writes: the store's write lock is taken
+    with pytest.raises(StoreError, match=r"chats\.db: cannot write \(database is locked\)"):
+        conversation.send("Turn two.")
+    other.execute("ROLLBACK")
+    other.close()
+    conversation.send("Turn three.")  # this save carries turn two as well
+    expected = [m.content for m in conversation.history]
+    conversation.close()
+    loaded = Conversation.load(path, "locked", engine)
+    assert [m.content for m in loaded.history] == expected and len(expected) == 6
+    assert loaded.context == conversation.context
+
+
+def test_a_second_writer_of_one_stored_conversation_is_refused_and_the_first_ones_turn_stays(
+    converse, engine, tmp_path
+):
+    from clm_middleware.store import StoreError
+
+    path = tmp_path / "chats.db"
+    converse(store=path, conversation_id="shared").send("Hello.")
+    first, second = Conversation.load(path, "shared", engine), Conversation.load(path, "shared", engine)
+    first.send("I like tea.")
+    with pytest.raises(StoreError, match="changed in the store since this object read or wrote it"):
+        second.send("I like coffee.")
+    assert "I like tea." in [m.content for m in Conversation.load(path, "shared", engine).history]
+
+
+def test_a_store_with_damaged_pages_is_a_store_error_naming_the_file(converse, engine, tmp_path):
+    from clm_middleware.store import StoreError
+
+    path = tmp_path / "chats.db"
+    conversation = converse(store=path, conversation_id="hurt")
+    for number in range(4):
+        conversation.add("user", f"Message {number}: " + "some text about the trip " * 10)
+        conversation.respond(forced_reply=f"Reply {number}.")
+    conversation.close()
+    conversation.store.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conversation.store.close()
+    data = bytearray(path.read_bytes())
+    for page in range(4096, len(data), 4096):  # the header page opens; the tables' pages are garbage
+        data[page + 100 : page + 400] = b"\xa5" * 300
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"chats\.db: cannot read \("):
+        Conversation.load(path, "hurt", engine)
