@@ -48,7 +48,7 @@ from clm_middleware.lifecycle.compressor import Compressor
 from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
 from clm_middleware.lifecycle.journal import ChangeJournal
 from clm_middleware.lifecycle.live import LiveIndex, recently_removed
-from clm_middleware.lifecycle.prompts import PROTOCOL_PROMPT, resolve_prompt, summarizer_prompt
+from clm_middleware.lifecycle.prompts import PROTOCOL_PROMPT, bundled_prompt, resolve_prompt, summarizer_prompt
 from clm_middleware.lifecycle.protocol import neutralise
 from clm_middleware.lifecycle.reclaimer import Reclaimer
 from clm_middleware.lifecycle.renderer import ContextRenderer, RenderedContext
@@ -143,6 +143,10 @@ class Conversation:
             no_repeat_ngram_size=no_repeat_ngram_size,
             response_format=ResponseFormat.parse(response_format),
         )
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ConfigError(
+                "cache_salt", f"must be a string (a tenant's key) or None, got {type(cache_salt).__name__}"
+            )
         if engine is None:
             from clm_middleware.engine import Engine  # the local default; callers may pass any ServingEngine
 
@@ -324,6 +328,11 @@ class Conversation:
         A stream left unfinished is closed by the next call on the conversation.
         """
         self._close_open_stream()
+        for name, value in (("forced_reply", forced_reply), ("reply_prefix", reply_prefix)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(name, f"must be a string, got {type(value).__name__}")
+        if settings is not None and not isinstance(settings, GenerationSettings):
+            raise ConfigError("settings", f"must be a GenerationSettings, got {type(settings).__name__}")
         steps = self._runner.turn_steps(forced_reply, reply_prefix or "", settings or self.generation, cancelled)
         return self._opened(steps)
 
@@ -626,6 +635,17 @@ class Conversation:
             "no_repeat_ngram_size": generation.no_repeat_ngram_size,
             "response_format": None if generation.response_format is None else generation.response_format.as_openai(),
             "cache_salt": self.cache_salt,
+            # prompts only where they differ from the bundled ones (a reload then reads
+            # the bundled files of its own version, as a new conversation would)
+            **(
+                {"protocol_prompt": self.protocol_text} if self.protocol_text != bundled_prompt(PROTOCOL_PROMPT) else {}
+            ),
+            **(
+                {"summarizer_prompt_text": self.compressor.prompt}
+                if self.compressor.prompt != summarizer_prompt(None)
+                else {}
+            ),
+            **({TOOLS_PROMPT_SETTING: self.tools_prompt} if self.tools_prompt is not None else {}),
         }
 
     @property
@@ -684,7 +704,10 @@ class Conversation:
                 raise StoreError(f"{store}: no such store")
             store = Store(store)
         stored = store.load(conversation_id)
-        conversation = cls(engine, conversation_id=conversation_id, **{**stored.record.settings, **settings})
+        given = {**stored.record.settings, **settings}
+        tools_prompt = given.pop(TOOLS_PROMPT_SETTING, None)  # set with set_tools_prompt, not a constructor argument
+        conversation = cls(engine, conversation_id=conversation_id, **given)
+        conversation.tools_prompt = tools_prompt
         conversation.store = store  # its row exists: saves continue it (no register)
         conversation._saved, conversation._stored_turn = True, stored.record.turn
         _check_stored_ids(stored.record.model, stored.segments, conversation.engine, store.path)
@@ -880,6 +903,9 @@ class Conversation:
             self.store.save(record, changes, stats, expected_turn=self._stored_turn)
             self.journal.saved()
             self._saved, self._stored_turn = True, record.turn
+
+
+TOOLS_PROMPT_SETTING = "tools_prompt"  # in a stored conversation's settings: the tools section it showed
 
 
 def _open_store(store: Any) -> Store | None:

@@ -197,3 +197,24 @@ def test_a_turn_cancelled_while_its_long_prompt_is_computed_stops_at_the_next_ch
             pass
     assert len(chunks) == 1  # the rest of the prompt was never computed
     assert conversation.turn == 0 and engine.pool.stats().blocks_in_use == held
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda c: c.respond(forced_reply=5), "forced_reply"),
+        (lambda c: c.respond(reply_prefix=123), "reply_prefix"),
+        (lambda c: c.respond(settings={"max_new_tokens": 4}), "settings"),
+    ],
+)
+def test_an_argument_of_the_wrong_type_is_an_error_naming_it_and_the_message_stays_unanswered(converse, call, field):
+    conversation = converse(max_new_tokens=4)
+    conversation.add("user", "hello there")
+    with pytest.raises(ConfigError, match=field):
+        call(conversation)
+    assert conversation.turn == 0 and conversation.respond().turn == 1
+
+
+def test_a_cache_salt_that_is_not_a_string_is_refused_at_construction(converse):
+    with pytest.raises(ConfigError, match="cache_salt"):
+        converse(cache_salt=5)

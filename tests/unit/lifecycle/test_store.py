@@ -311,3 +311,16 @@ def test_a_store_with_damaged_pages_is_a_store_error_naming_the_file(converse, e
     path.write_bytes(bytes(data))
     with pytest.raises(StoreError, match=r"chats\.db: cannot read \("):
         Conversation.load(path, "hurt", engine)
+
+
+def test_a_reload_shows_the_tools_section_and_the_prompts_the_conversation_had(converse, engine, tmp_path):
+    path = tmp_path / "chats.db"
+    custom = "Label every segment. Custom words for this test."
+    conversation = converse(store=path, conversation_id="tools", tagging="free", protocol_prompt=custom)
+    conversation.set_tools_prompt("You may call get_weather(city).")
+    conversation.send("What is the weather in Porto?")
+    expected = conversation.render_prompt(None).token_ids
+    conversation.close()
+    loaded = Conversation.load(path, "tools", engine)
+    assert loaded.tools_prompt == "You may call get_weather(city)." and loaded.protocol_text == custom
+    assert loaded.render_prompt(None).token_ids == expected
