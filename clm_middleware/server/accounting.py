@@ -15,8 +15,10 @@ the end. Here ``receive`` passes through untouched.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import APIError, unexpected_error
@@ -35,10 +37,13 @@ class RequestAccounting:
     413: before it is read when its ``Content-Length`` says so, else (chunked transfer)
     as soon as the bytes read pass the limit, so no body is ever held whole beyond it."""
 
-    def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, metrics: ServerMetrics, max_body_bytes: int, routes: Sequence[BaseRoute] = ()
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.routes = routes  # the app's, to name the endpoint of a request refused before routing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -80,6 +85,8 @@ class RequestAccounting:
 
     def _count(self, scope: Scope, status: int) -> None:
         route: Any = scope.get("route")  # set by the router on the shared scope once it matched
+        if route is None:  # refused before routing (a body over the limit by its Content-Length)
+            route = next((r for r in self.routes if r.matches(scope)[0] is Match.FULL), None)
         # the template without converters ("/v1/sessions/{session_id}", not "{session_id:path}")
         endpoint = getattr(route, "path_format", None) or getattr(route, "path", None) or "unmatched"
         self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()

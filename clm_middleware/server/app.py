@@ -62,7 +62,9 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
             allow_headers=["*"],
             expose_headers=["Retry-After"],
         )
-    app.add_middleware(RequestAccounting, metrics=service.metrics, max_body_bytes=max_body_bytes)
+    app.add_middleware(
+        RequestAccounting, metrics=service.metrics, max_body_bytes=max_body_bytes, routes=app.router.routes
+    )
 
     def api_key(request: Request) -> str | None:
         keys = service.config.api_keys

@@ -19,7 +19,7 @@ def failing_app() -> tuple[FastAPI, ServerMetrics]:
     app = FastAPI()
     metrics = ServerMetrics(lambda: EMPTY_POOL, lambda: 0)
     install_error_handlers(app)
-    app.add_middleware(RequestAccounting, metrics=metrics, max_body_bytes=1024)
+    app.add_middleware(RequestAccounting, metrics=metrics, max_body_bytes=1024, routes=app.router.routes)
 
     @app.get("/broken")
     async def broken() -> dict:
@@ -81,4 +81,19 @@ def test_a_chunked_body_over_the_limit_is_a_413_once_read_past_it():
     over, under = asyncio.run(run())
     assert over.status_code == 413 and over.json()["error"]["code"] == "body_too_large"
     assert under.status_code == 200 and under.json() == {"size": 500}
+    assert metrics.registry.get_sample_value("clm_requests_total", {"endpoint": "/echo", "status": "413"}) == 1.0
+
+
+def test_a_body_over_the_limit_by_its_content_length_is_counted_under_its_endpoint():
+    app, metrics = failing_app()
+
+    @app.post("/echo")
+    async def echo(body: dict) -> dict:
+        return {"size": len(body["text"])}
+
+    async def run() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return await client.post("/echo", json={"text": "x" * 5000})  # refused before routing
+
+    assert asyncio.run(run()).status_code == 413
     assert metrics.registry.get_sample_value("clm_requests_total", {"endpoint": "/echo", "status": "413"}) == 1.0
