@@ -67,7 +67,29 @@ def test_weekdays_and_relative_dates_are_dates_in_any_case(text, expected):
 
 # Long runs of one shape are what made the old patterns backtrack (cubic in the run's
 # length for letters with no digit): 20k characters took hours; linear takes milliseconds.
-RUN_PIECES = ["a", "A", "1", "-", "_", "/", ".", ",", "@", " ", "Mr. ", "of ", "ACGT", "é", "9am", ":"]
+RUN_PIECES = [
+    "a",
+    "A",
+    "1",
+    "-",
+    "_",
+    "/",
+    ".",
+    ",",
+    "@",
+    " ",
+    "Mr. ",
+    "of ",
+    "ACGT",
+    "é",
+    "9am",
+    ":",
+    ";",
+    "|",
+    "\\",
+    "~",
+    "()",
+]
 
 
 @settings(max_examples=40, deadline=None)
