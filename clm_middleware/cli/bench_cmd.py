@@ -13,6 +13,7 @@ from rich.table import Table
 
 from clm_middleware.cli.options import (
     OutputPath,
+    PlotPath,
     format_option,
     generation_options,
     lifecycle_options,
@@ -51,8 +52,8 @@ BENCH_MODES = ("stateless", "prefix", "truncate", "clm")
 @click.option(
     "--plot",
     "plot_path",
-    type=OutputPath(),
-    help="Write a PNG of context and prefill tokens per turn, per mode.",
+    type=PlotPath(),
+    help="Write a PNG (or .pdf, .svg) of context and prefill tokens per turn, per mode.",
 )
 @click.option("--report-dir", type=OutputPath(folder=True), help="Write one JSON report per mode into this folder.")
 def bench(
@@ -120,6 +121,9 @@ def bench(
         None,
         {report_dir / f"{mode}.json": mode for mode in chosen} if report_dir else {},
     )
+    for stale in (markdown_path, plot_path):  # an earlier run's, which an interrupted one must not leave
+        if stale is not None:
+            stale.unlink(missing_ok=True)
     from clm_middleware.replay.formats import declared_tools_note
 
     if (note := declared_tools_note(transcripts)) is not None:
@@ -180,7 +184,7 @@ def bench(
                 transcripts, factories, reports, teacher_force=teacher_force, on_turn=lambda *_: advance()
             )
 
-    finish_on_failure(run, save, stderr)
+    finish_on_failure(run, save, stderr, reports=report_dir is not None)
     save()
     baseline = chosen[0]
     table = Table(title=f"{transcript.name} · {first.model_name}", title_justify="left")

@@ -61,6 +61,13 @@ def answers_command(
 
     variants(taggings, budget, compression)  # a bad --tagging fails before any file is read
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
+    for item in inputs:
+        if len(item.transcripts) > 1:  # which conversation's context would a question go to?
+            raise click.BadParameter(
+                f"{item.path}: holds {len(item.transcripts)} conversations; probes are asked of one "
+                "conversation's final context: give each conversation its own file",
+                param_hint="TRANSCRIPTS",
+            )
     first = build_engine(**engine_options)
     per_file = run_files(inputs, taggings, budget, compression, first, answered)
     for results in per_file:

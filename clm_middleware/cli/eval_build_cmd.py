@@ -34,6 +34,11 @@ _sources_option = click.option(
 
 def _write(session: Session, out: Path, probes_path: Path | None, sources_path: Path | None = None) -> None:
     probes_path = probes_path or default_probes_path(out)
+    written = [out, probes_path, *([sources_path] if sources_path else [])]
+    if len({path.expanduser().resolve() for path in written}) != len(written):
+        raise click.BadParameter(
+            f"{probes_path}: the transcript, probes (and sources) need a file each", param_hint="--probes"
+        )
     write_session(session, out, probes_path, sources_path)
     click.echo(f"{out}: {len(session.messages)} messages; {probes_path}: {len(session.probes)} probes")
 
@@ -48,10 +53,9 @@ def planted_command(out: Path, probes_path: Path | None, turns: int, facts: int,
     """Write a planted-fact transcript: facts stated once early, a question about each at the end."""
     from clm_middleware.evaluation.planted import planted_transcript
 
-    try:
-        planted = planted_transcript(user_turns=turns, facts=facts, seed=seed)
-    except ValueError as error:
-        raise click.BadParameter(str(error)) from None
+    if turns < 2 * facts + 2:  # each fact is stated, then asked about, with turns between
+        raise click.BadParameter(f"{facts} facts need at least {2 * facts + 2} user turns", param_hint="--turns")
+    planted = planted_transcript(user_turns=turns, facts=facts, seed=seed)
     _write(Session(planted.messages, planted.probes), out, probes_path)
 
 
@@ -162,6 +166,8 @@ def generate_command(
     given = {"user_turns": turns, "facts": facts, "sessions": sessions}
     try:
         session = make(seed=seed, **{name: value for name, value in given.items() if value is not None})
-    except ValueError as error:
-        raise click.BadParameter(str(error)) from None
+    except ValueError as error:  # "facts: between 1 and 15": the option it names
+        named = str(error).split(":")[0].strip()
+        option = {"user_turns": "--turns", "facts": "--facts", "sessions": "--sessions"}.get(named)
+        raise click.BadParameter(str(error), param_hint=option) from None
     _write(session, out, probes_path, sources_path)

