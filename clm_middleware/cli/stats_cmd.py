@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import click
@@ -19,15 +20,33 @@ def stats(db: Path, conversation_id: str | None) -> None:
 
     store = Store(db, read_only=True)  # a read command never writes, and refuses a foreign file
     console = Console()
-    if conversation_id is not None:
-        store.conversation_row(conversation_id)  # a clear error if it is not there
-        console.print(_turns_table(store, conversation_id))
-        return
-    ids = store.conversation_ids()
-    if not ids:
-        console.print(f"{db}: no conversations")
-        return
-    console.print(_conversations_table(store, ids))
+    try:
+        if conversation_id is not None:
+            store.conversation_row(conversation_id)  # a clear error if it is not there
+            console.print(_turns_table(store, conversation_id))
+            return
+        ids = store.conversation_ids()
+        if not ids:
+            console.print(f"{db}: no conversations")
+            return
+        console.print(_conversations_table(store, ids))
+    except sqlite3.Error as error:  # a table missing or a page damaged: name the file, not a traceback
+        raise click.ClickException(f"{db}: cannot read ({error})") from None
+
+
+def _turn_stats(row: dict, conversation_id: str) -> dict:
+    """A stored turn's stats, or an error naming the conversation and turn whose stats are damaged."""
+    try:
+        stats = json.loads(row["stats"])
+        [stats[key] for key in _TURN_KEYS]
+        return stats
+    except (ValueError, KeyError, TypeError) as error:
+        raise click.ClickException(
+            f"conversation {conversation_id!r}, turn {row.get('turn')}: its stored stats are damaged ({error!r})"
+        ) from None
+
+
+_TURN_KEYS = ("turn", "prompt_tokens", "cached_tokens", "prefill_tokens", "context_tokens", "decisions", "summaries")
 
 
 def _conversations_table(store, ids: list[str]) -> Table:
@@ -47,7 +66,7 @@ def _conversations_table(store, ids: list[str]) -> Table:
     for cid in ids:
         row = store.conversation_row(cid)
         last = list(db["turns"].rows_where("conversation_id = ?", [cid], order_by="turn desc", limit=1))
-        context = json.loads(last[0]["stats"])["context_tokens"] if last else 0
+        context = _turn_stats(last[0], cid)["context_tokens"] if last else 0
         labels = {
             r["label"]: r["n"]
             for r in db.query("select label, count(*) n from decisions where conversation_id = ? group by label", [cid])
@@ -87,7 +106,7 @@ def _turns_table(store, conversation_id: str) -> Table:
     ):
         table.add_column(column, justify="right" if column not in ("by", "compaction") else "left")
     for row in store.rows("turns", conversation_id, "turn"):
-        stats = json.loads(row["stats"])
+        stats = _turn_stats(row, conversation_id)
         decisions = stats["decisions"]
         table.add_row(
             str(stats["turn"]),
@@ -95,9 +114,9 @@ def _turns_table(store, conversation_id: str) -> Table:
             str(stats["cached_tokens"]),
             str(stats["prefill_tokens"]),
             str(stats["context_tokens"]),
-            f"{decisions['keep']}/{decisions['compress']}/{decisions['drop']}",
-            stats["tagging_mode"] or "-",
-            stats["compaction"] or "",
+            f"{decisions.get('keep', 0)}/{decisions.get('compress', 0)}/{decisions.get('drop', 0)}",
+            stats.get("tagging_mode") or "-",
+            stats.get("compaction") or "",
             str(len(stats["summaries"])),
         )
     return table

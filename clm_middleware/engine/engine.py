@@ -267,9 +267,11 @@ class Engine:
             top_k=defaults.top_k if top_k is None else top_k,
             min_p=defaults.min_p if min_p is None else min_p,
         )
-        self._validate(prompt, sampling.max_new_tokens)
+        # a forced reply's tokens are what follows the prompt, whatever max_new_tokens says
+        after = "the forced reply" if forced is not None else "max_new_tokens"
+        self._validate(prompt, sampling.max_new_tokens, after)
         if use_pool:
-            self._check_pool_fits(len(prompt) + sampling.max_new_tokens, sampling.max_new_tokens)
+            self._check_pool_fits(len(prompt) + sampling.max_new_tokens, sampling.max_new_tokens, after)
         if stop and self.tokenizer is None:
             raise ConfigError("stop", "stop strings need an engine created with a tokenizer")
         request = Request(
@@ -360,26 +362,27 @@ class Engine:
 
     # -------------------------------------------------------------- internal
 
-    def _validate(self, prompt: list[int], max_new_tokens: int) -> None:
+    def _validate(self, prompt: list[int], max_new_tokens: int, after: str = "max_new_tokens") -> None:
         if not prompt:
             raise ConfigError("prompt_token_ids", "must hold at least one token")
         self._check_vocabulary(prompt, "prompt_token_ids")
         needed = len(prompt) + max_new_tokens
         if self.max_positions and needed > self.max_positions:
+            lower = "lower max_new_tokens, " if after == "max_new_tokens" else ""
             raise ContextWindowError(
-                f"the prompt ({len(prompt)} tokens) plus max_new_tokens "
+                f"the prompt ({len(prompt)} tokens) plus {after} "
                 f"({max_new_tokens}) needs {needed} positions; the model has "
                 f"{self.max_positions}",
-                hint="shorten the prompt, lower max_new_tokens, or set a context budget",
+                hint=f"shorten the prompt, {lower}or set a context budget",
             )
 
-    def _check_pool_fits(self, positions: int, max_new_tokens: int) -> None:
+    def _check_pool_fits(self, positions: int, max_new_tokens: int, after: str = "max_new_tokens") -> None:
         """A pooled request reserves blocks for every position at once (its hit blocks
         included): more than the whole pool is never served, whatever is released."""
         needed = -(-positions // self.block_size)
         if needed > self.pool.num_blocks:
             raise PoolTooSmallError(
-                f"the prompt plus max_new_tokens ({max_new_tokens}) needs {positions} positions in "
+                f"the prompt plus {after} ({max_new_tokens}) needs {positions} positions in "
                 f"{needed} KV blocks of {self.block_size} tokens; the pool has {self.pool.num_blocks} in all",
                 hint=POOL_HINT,
             )

@@ -330,6 +330,25 @@ def test_stats_lists_conversations_and_turns(tmp_path):
     assert missing.exit_code == 1 and "no conversation 'nope'" in missing.output
 
 
+def test_stats_on_a_damaged_store_names_the_file_or_the_turn_instead_of_a_traceback(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    chat = ["chat", "--model", "tiny", "--max-new-tokens", "4", "--db", str(db), "--session", "c1"]
+    assert run(*chat, input="hello there\nok\n/quit\n").exit_code == 0
+    with sqlite3.connect(db) as connection:
+        connection.execute("update turns set stats = 'not json' where turn = 2")
+    for args in ([], ["--conversation", "c1"]):
+        result = run("stats", "--db", str(db), *args)
+        assert result.exit_code == 1 and "conversation 'c1', turn 2: its stored stats are damaged" in result.output
+    other = tmp_path / "t.db"
+    assert run(*chat[:-4], "--db", str(other), "--session", "c1", input="hi\n/quit\n").exit_code == 0
+    with sqlite3.connect(other) as connection:
+        connection.execute("drop table decisions")
+    result = run("stats", "--db", str(other))
+    assert result.exit_code == 1 and "cannot read (no such table: decisions)" in result.output
+
+
 def test_stats_never_writes_and_refuses_a_file_that_is_not_a_store(tmp_path):
     empty = tmp_path / "z.db"
     empty.write_bytes(b"")

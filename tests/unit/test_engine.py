@@ -292,3 +292,10 @@ def test_a_dropped_engine_is_freed_without_a_cycle_collection(make_either_engine
         assert [ref() for ref in alive] == [None, None]
     finally:
         gc.enable()
+
+
+def test_a_forced_reply_past_the_window_is_named_as_the_forced_reply_not_max_new_tokens(engine):
+    window = engine.max_positions
+    with pytest.raises(ContextWindowError, match=r"plus the forced reply \(") as raised:
+        engine.generate([1] * (window - 2), max_new_tokens=4, forced_token_ids=[5] * 8).result()
+    assert "max_new_tokens" not in str(raised.value) + (raised.value.hint or "")
