@@ -50,7 +50,7 @@ def answers_command(
 ) -> None:
     """Replay each TRANSCRIPT as `eval retention` does, then ask each probe question of every variant's
     final context: the gold answer's mean log-likelihood, and whether a greedy answer contains it."""
-    from clm_middleware.cli.eval_variants import read_inputs, run_files, table_rows, variants
+    from clm_middleware.cli.eval_variants import read_inputs, remove_stale, run_files, table_rows, variants
     from clm_middleware.cli.setup import build_engine
     from clm_middleware.evaluation.answers import answer_variant, close_gaps, overall
     from clm_middleware.evaluation.retention import KEEP_ALL, TRUNCATE
@@ -68,6 +68,7 @@ def answers_command(
                 "conversation's final context: give each conversation its own file",
                 param_hint="TRANSCRIPTS",
             )
+    remove_stale(report_path, markdown_path)
     first = build_engine(**engine_options)
     per_file = run_files(inputs, taggings, budget, compression, first, answered)
     for results in per_file:

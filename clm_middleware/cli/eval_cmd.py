@@ -43,12 +43,13 @@ def retention_command(
 ) -> None:
     """Replay each TRANSCRIPT teacher-forced under clm (each tagging mode), truncation and keep-all,
     and report the share of probes whose answer is still in the final context."""
-    from clm_middleware.cli.eval_variants import read_inputs, run_files, table_rows, variants
+    from clm_middleware.cli.eval_variants import read_inputs, remove_stale, run_files, table_rows, variants
     from clm_middleware.cli.setup import build_engine
     from clm_middleware.evaluation.retention import overall
 
     variants(taggings, budget, compression)  # a bad --tagging fails before any file is read
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
+    remove_stale(report_path, markdown_path)
     first = build_engine(**engine_options)
     per_file = run_files(inputs, taggings, budget, compression, first, lambda item, name, engine, lifecycle, kept: kept)
     total = overall(per_file)

@@ -160,3 +160,18 @@ def test_answers_refuses_a_file_of_several_conversations_naming_it(tmp_path):
     path = _two_conversations(tmp_path)
     result = run("eval", "answers", str(path), "--budget", "512", "--tagging", "rules", "--model", "tiny")
     assert result.exit_code == 2 and "holds 2 conversations" in result.output
+
+
+def test_a_run_that_fails_on_a_later_file_leaves_no_earlier_runs_outputs(tmp_path):
+    write_file(tmp_path, "a", "My order number is 88412.", "88412", 1)
+    overlong = [{"role": "user", "content": "word " * 5000}, {"role": "assistant", "content": "ok"}]
+    (tmp_path / "broken.jsonl").write_text("".join(json.dumps(m) + "\n" for m in overlong))  # read, then fails
+    (tmp_path / "broken.probes.json").write_text(json.dumps([{"question": "q", "answer": "word"}]))
+    report, markdown = tmp_path / "r.json", tmp_path / "r.md"
+    report.write_text('{"an earlier run": true}')
+    markdown.write_text("an earlier run's table")
+    files = [str(tmp_path / "a.jsonl"), str(tmp_path / "broken.jsonl")]
+    result = run("eval", "retention", *files, "--budget", "160", "--tagging", "rules", "--model", "tiny",
+                 "--report", str(report), "--markdown", str(markdown))  # fmt: skip
+    assert result.exit_code != 0 and "broken.jsonl" in result.output
+    assert not report.exists() and not markdown.exists()
