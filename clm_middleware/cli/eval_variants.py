@@ -124,8 +124,26 @@ def read_inputs(paths: Sequence[Path], transcript_format: str, probes_paths: Seq
         probes_path = probes_paths[index] if probes_paths else default_probes_path(path)
         if not probes_paths and not probes_path.exists():
             raise click.BadParameter(f"{path}: no probes file {probes_path}; pass --probes", param_hint="--probes")
-        inputs.append(EvalInput(path, read_transcripts(path, transcript_format), read_probes(probes_path)))
+        item = EvalInput(path, read_transcripts(path, transcript_format), read_probes(probes_path))
+        _warn_unanswerable(item, probes_path)
+        inputs.append(item)
     return inputs
+
+
+def _warn_unanswerable(item: EvalInput, probes_path: Path) -> None:
+    """Warn (on stderr) about probes whose answer the transcript never says: no variant,
+    keep-all included, can retain them, so they only lower every row alike."""
+    from clm_middleware.replay.transcript_text import message_text
+
+    said = "\n".join(message_text(m) for t in item.transcripts for m in t.messages)
+    absent = [p.answer for p in item.probes if not p.retained_in(said)]
+    if absent:
+        shown = ", ".join(repr(a) for a in absent[:5]) + (f" and {len(absent) - 5} more" if len(absent) > 5 else "")
+        click.echo(
+            f"warning: {probes_path}: {len(absent)} probe answer(s) never said in {item.path}: {shown} "
+            "(no variant can retain them)",
+            err=True,
+        )
 
 
 def remove_stale(*paths: Path | None) -> None:

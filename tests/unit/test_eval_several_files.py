@@ -175,3 +175,14 @@ def test_a_run_that_fails_on_a_later_file_leaves_no_earlier_runs_outputs(tmp_pat
                  "--report", str(report), "--markdown", str(markdown))  # fmt: skip
     assert result.exit_code != 0 and "broken.jsonl" in result.output
     assert not report.exists() and not markdown.exists()
+
+
+def test_a_probe_whose_answer_the_transcript_never_says_is_warned_about(tmp_path):
+    write_file(tmp_path, "a", "My order number is 88412.", "88412", 1)
+    probes = [{"question": "Order?", "answer": "88412"}, {"question": "Pet?", "answer": "Biscuit"}]
+    (tmp_path / "a.probes.json").write_text(json.dumps(probes))
+    result = run(
+        "eval", "retention", str(tmp_path / "a.jsonl"), "--budget", "160", "--tagging", "rules", "--model", "tiny"
+    )
+    assert result.exit_code == 0, result.output
+    assert "1 probe answer(s) never said" in result.output and "'Biscuit'" in result.output
