@@ -34,7 +34,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ConfigError
-from clm_middleware.lifecycle.distinctive import bare_word, distinctive_spans, distinctive_tokens, missing_from
+from clm_middleware.lifecycle.distinctive import distinctive_spans, distinctive_tokens, folded_word, missing_from
 from clm_middleware.lifecycle.negation import has_negation, with_negations
 from clm_middleware.lifecycle.segments import Segment, SegmentId
 from clm_middleware.render import ChatFormat
@@ -71,7 +71,7 @@ _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 
 def content_words(text: str) -> set[str]:
     """The words of ``text`` beyond function and filler words, bare and case-folded."""
-    words = (_bare(w).casefold() for w in _WORD.findall(text) if any(c.isalnum() for c in w))
+    words = (folded_word(w).casefold() for w in _WORD.findall(text) if any(c.isalnum() for c in w))
     return {w for w in words if w and w not in _FUNCTION_WORDS}
 
 
@@ -133,12 +133,8 @@ def check_faithful(original: str, summary: str) -> CompressionCheck:
     return CompressionCheck(tuple(sorted(missing_from(required, summary))), tuple(sorted(invented)), lost_negation)
 
 
-def _bare(word: str) -> str:
-    return bare_word(word).casefold()
-
-
 def is_function_word(word: str) -> bool:
-    return _bare(word) in _FUNCTION_WORDS
+    return folded_word(word) in _FUNCTION_WORDS
 
 
 def _aligned(visible: list[str], original: list[regex.Match[str]]) -> list[int | None]:
@@ -194,7 +190,7 @@ def _with_repeats(words: list[regex.Match[str]], scores: list[float]) -> list[fl
     it was said before: "allergic to peanuts, so nothing with peanuts at all" is about
     peanuts, however predictable the word is after "allergic to" (and it is less so each
     time it comes back). A word said more often is the text's frame, not its point."""
-    bares = [_bare(word.group()) for word in words]
+    bares = [folded_word(word.group()) for word in words]
     times = Counter(bares)
     last_seen: dict[str, int] = {}
     scored = list(scores)
@@ -273,8 +269,8 @@ class Compressor:
         # judged on the original text: in a condensed text, sentence breaks are artifacts
         # that would make a name look like a sentence's first word
         original_words = list(_WORD.finditer(segment.text))
-        required = {_bare(original_words[i].group()) for i in _kept_words(segment.text, original_words)}
-        plain = not required  # a request in plain words: no number, code or name
+        facts = _kept_words(segment.text, original_words)
+        plain = not facts  # a request in plain words: no number, code or name
         try:
             scores = self._word_scores(segment.text, original_words, segment)
         except Exception:  # no scores (the engine failed): the distinctive tokens alone
@@ -283,23 +279,25 @@ class Compressor:
             scores = [0.0] * len(original_words)
         visible = _WORD.findall(segment.visible_text)
         aligned = _aligned(visible, original_words)
-        shown = {_bare(word) for word in visible}
+        shown = {folded_word(word) for word in visible}
         content = [
             (score, index)
             for index, (word, score) in enumerate(zip(original_words, scores, strict=True))
-            if (bare := _bare(word.group())) in shown and bare not in _FUNCTION_WORDS and any(c.isalnum() for c in bare)
+            if (bare := folded_word(word.group())) in shown
+            and bare not in _FUNCTION_WORDS
+            and any(c.isalnum() for c in bare)
         ]
-        kept = _kept_words(segment.text, original_words) | {i for score, i in content if score >= RARE_WORD_NATS}
+        kept = facts | {i for score, i in content if score >= RARE_WORD_NATS}
         if plain:  # its most informative words: what it asked about, as the model read it
             kept |= {i for _, i in sorted(content, key=lambda pair: -pair[0])[:REQUEST_WORDS]}
-        required |= {_bare(original_words[i].group()) for i in kept}
+        required = {folded_word(original_words[i].group()) for i in kept}
         # a word is kept where it was judged, not wherever it recurs ("77121-B never
         # arrived" must not borrow the "arrived" of another order); a word no original
         # word matches (an abstractive summary's) is kept by what it is
         chosen = {
             position
             for position, (word, index) in enumerate(zip(visible, aligned, strict=True))
-            if (index in kept if index is not None else _bare(word) in required)
+            if (index in kept if index is not None else folded_word(word) in required)
         }
         words = [visible[i] for i in sorted(with_negations(visible, chosen, is_function_word))]
         tightened = " ".join(words)
@@ -323,13 +321,13 @@ class Compressor:
             scores = self._word_scores(segment.text, original_words, segment)
         except Exception:  # no scores (the engine failed): the words in order
             scores = [0.0] * len(original_words)
-        facts = {_bare(original_words[i].group()) for i in _kept_words(segment.text, original_words)}
+        facts = {folded_word(original_words[i].group()) for i in _kept_words(segment.text, original_words)}
         surprise: dict[str, float] = {}
         for word, score in zip(original_words, scores, strict=True):
-            bare = _bare(word.group())
+            bare = folded_word(word.group())
             surprise[bare] = max(surprise.get(bare, score), score)
         visible = _WORD.findall(segment.visible_text)
-        bares = [_bare(word) for word in visible]
+        bares = [folded_word(word) for word in visible]
         counts = [max(1, len(self.format.encode(" " + word))) for word in visible]
         order = sorted(
             range(len(visible)),
@@ -452,7 +450,7 @@ class Compressor:
         # the ratio applies to what is not kept verbatim: a name or a date does not use
         # up the room of the words that say what it is about
         target = math.ceil(sum(c for i, c in enumerate(token_counts) if i not in keep) / self.target_ratio)
-        function = [_bare(w.group()) in _FUNCTION_WORDS for w in words]
+        function = [folded_word(w.group()) in _FUNCTION_WORDS for w in words]
         kept = 0
         # content words, highest self-information first; a function word only for a
         # text that has nothing else to keep

@@ -152,6 +152,11 @@ def bare_word(word: str) -> str:
     return word.strip(".,;:!?()[]\"'’”“")
 
 
+def folded_word(word: str) -> str:
+    """``bare_word`` case-folded: how the word lists (function words, negators) compare a word."""
+    return bare_word(word).casefold()
+
+
 def distinctive_tokens(text: str) -> set[str]:
     """The distinctive tokens of ``text``, normalised (case-folded, outer punctuation cut)."""
     return {normalise(text[start:end]) for start, end in distinctive_spans(text)}

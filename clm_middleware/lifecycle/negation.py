@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from clm_middleware.lifecycle.distinctive import bare_word
+from clm_middleware.lifecycle.distinctive import folded_word
 
 _NEGATORS = frozenset(
     [
@@ -64,14 +64,10 @@ _SCOPE_BREAKS = frozenset({"but", "though", "although", "however", "yet"})
 _APOSTROPHES = str.maketrans("", "", "'’")
 
 
-def _bare(word: str) -> str:
-    return bare_word(word).casefold()
-
-
 def is_negator(word: str) -> bool:
     """ "not", "never", "without", "don't", "can’t", "isn't" ...: a word that turns what
     follows it into its opposite."""
-    return _bare(word).translate(_APOSTROPHES) in _NEGATORS
+    return folded_word(word).translate(_APOSTROPHES) in _NEGATORS
 
 
 def has_negation(text: str) -> bool:
@@ -89,17 +85,17 @@ def negation_scopes(words: Sequence[str]) -> list[tuple[list[int], list[int]]]:
             continue
         negator = [index]
         if (
-            _bare(words[index]) == "no"
+            folded_word(words[index]) == "no"
             and not words[index].endswith(_CLAUSE_ENDS)
             and index + 1 < len(words)
-            and _bare(words[index + 1]) in _SECOND_WORDS
+            and folded_word(words[index + 1]) in _SECOND_WORDS
         ):
             negator.append(index + 1)
         scope: list[int] = []
         position = negator[-1]
         while not words[position].endswith(_CLAUSE_ENDS) and position + 1 < len(words):
             position += 1
-            if _bare(words[position]) in _SCOPE_BREAKS:
+            if folded_word(words[position]) in _SCOPE_BREAKS:
                 break
             scope.append(position)
         scopes.append((negator, scope))
