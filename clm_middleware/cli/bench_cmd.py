@@ -92,7 +92,7 @@ def bench(
     """
     from clm_middleware.cli.output import turn_progress
     from clm_middleware.cli.plot import plot_reports
-    from clm_middleware.cli.read import read_or_report
+    from clm_middleware.cli.read import read_or_report, remove_stale
     from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes, report_settings
     from clm_middleware.cli.setup import (
         LifecycleOptions,
@@ -121,9 +121,7 @@ def bench(
         None,
         {report_dir / f"{mode}.json": mode for mode in chosen} if report_dir else {},
     )
-    for stale in (markdown_path, plot_path):  # an earlier run's, which an interrupted one must not leave
-        if stale is not None:
-            stale.unlink(missing_ok=True)
+    remove_stale(markdown_path, plot_path)
     from clm_middleware.replay.formats import declared_tools_note
 
     if (note := declared_tools_note(transcripts)) is not None:

@@ -50,7 +50,8 @@ def answers_command(
 ) -> None:
     """Replay each TRANSCRIPT as `eval retention` does, then ask each probe question of every variant's
     final context: the gold answer's mean log-likelihood, and whether a greedy answer contains it."""
-    from clm_middleware.cli.eval_variants import read_inputs, remove_stale, run_files, table_rows, variants
+    from clm_middleware.cli.eval_variants import read_inputs, run_files, table_rows, variants
+    from clm_middleware.cli.read import remove_stale
     from clm_middleware.cli.setup import build_engine
     from clm_middleware.evaluation.answers import answer_variant, close_gaps, overall
     from clm_middleware.evaluation.retention import KEEP_ALL, TRUNCATE

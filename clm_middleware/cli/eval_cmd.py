@@ -43,7 +43,8 @@ def retention_command(
 ) -> None:
     """Replay each TRANSCRIPT teacher-forced under clm (each tagging mode), truncation and keep-all,
     and report the share of probes whose answer is still in the final context."""
-    from clm_middleware.cli.eval_variants import read_inputs, remove_stale, run_files, table_rows, variants
+    from clm_middleware.cli.eval_variants import read_inputs, run_files, table_rows, variants
+    from clm_middleware.cli.read import remove_stale
     from clm_middleware.cli.setup import build_engine
     from clm_middleware.evaluation.retention import overall
 

@@ -146,14 +146,6 @@ def _warn_unanswerable(item: EvalInput, probes_path: Path) -> None:
         )
 
 
-def remove_stale(*paths: Path | None) -> None:
-    """An earlier run's outputs, once the inputs are read: a run that then fails or is
-    interrupted must not leave figures of other files or settings beside it."""
-    for path in paths:
-        if path is not None:
-            path.unlink(missing_ok=True)
-
-
 OVERALL = "OVERALL"
 
 

@@ -27,6 +27,13 @@ def read_or_report(
             failed.failures.append(Failure(str(error)))
             failed.write(path)
         raise
-    for path in reports:  # until this run writes its own (Ctrl-C while the model loads leaves none)
-        path.unlink(missing_ok=True)
+    remove_stale(*reports)  # until this run writes its own (Ctrl-C while the model loads leaves none)
     return transcripts
+
+
+def remove_stale(*paths: Path | None) -> None:
+    """An earlier run's outputs, once this run's inputs are read: a run that then fails or
+    is interrupted must not leave figures of other inputs or settings beside it."""
+    for path in paths:
+        if path is not None:
+            path.unlink(missing_ok=True)

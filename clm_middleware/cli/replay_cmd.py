@@ -104,7 +104,7 @@ def replay(
     Several conversations in one file replay one after another through one pool, so
     prefixes they share (a system prompt, a document) are cache hits.
     """
-    from clm_middleware.cli.read import read_or_report
+    from clm_middleware.cli.read import read_or_report, remove_stale
     from clm_middleware.errors import TranscriptError
 
     if mode == "truncate" and budget is None:  # before the model loads (seconds)
@@ -113,8 +113,7 @@ def replay(
     skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
     transcripts = read_or_report(transcript, transcript_format, skipped, {report_path: mode} if report_path else {})
     transcripts = transcripts[:limit]
-    if plot_path is not None:
-        plot_path.unlink(missing_ok=True)  # an earlier run's, which an interrupted one must not leave
+    remove_stale(plot_path)
 
     from clm_middleware.cli import json_lines as lines
     from clm_middleware.cli.output import replies_text, summary_table, turn_progress, turn_table
