@@ -110,7 +110,7 @@ def answers_command(
                 ]
                 for i, probe in enumerate(item.probes)
             ]
-            where = "" if len(inputs) == 1 else f" · {item.path.name}"
+            where = "" if len(inputs) == 1 else f" · {item.label}"
             lines += ["", f"Per probe{where} (gold logp; ✓ greedy hit):", ""]
             lines += markdown_table(["answer", *(r.name for r in results)], per_probe)
         files = f" in {len(inputs)} files" if len(inputs) > 1 else ""

@@ -76,7 +76,7 @@ def retention_command(
         lines = markdown_table(table_header, rows)
         lines += ["", "Lost (answers not in the final context):", ""]
         for item, results in zip(inputs, per_file, strict=True):
-            prefix = "" if len(inputs) == 1 else f"{item.path.name} · "
+            prefix = "" if len(inputs) == 1 else f"{item.label} · "
             lines += [f"- {prefix}{r.name}: " + (", ".join(f"`{a}`" for a in r.lost) or "none") for r in results]
         files = f" in {len(inputs)} files" if len(inputs) > 1 else ""
         write_markdown(

@@ -103,6 +103,22 @@ class EvalInput:
     path: Path
     transcripts: list[Any]
     probes: list[Any]
+    label: str  # its name in tables: the file name, or as much of its path as tells it from the others
+
+
+def file_labels(paths: Sequence[Path]) -> list[str]:
+    """Each path's file name, lengthened by parent folders (``a/x.jsonl``, ``b/x.jsonl``)
+    until no two different paths share a label; the same path given twice keeps one."""
+    distinct = list(dict.fromkeys(paths))
+    labels = {}
+    for path in distinct:
+        depth = 1
+        while depth < len(path.parts) and any(
+            other != path and other.parts[-depth:] == path.parts[-depth:] for other in distinct
+        ):
+            depth += 1
+        labels[path] = "/".join(path.parts[-depth:])
+    return [labels[path] for path in paths]
 
 
 def read_inputs(paths: Sequence[Path], transcript_format: str, probes_paths: Sequence[Path]) -> list[EvalInput]:
@@ -118,13 +134,14 @@ def read_inputs(paths: Sequence[Path], transcript_format: str, probes_paths: Seq
             param_hint="--probes",
         )
     inputs = []
+    labels = file_labels(paths)
     for index, path in enumerate(paths):
         if path.is_dir():
             raise click.BadParameter(f"{path}: is a directory, not a transcript", param_hint="TRANSCRIPTS")
         probes_path = probes_paths[index] if probes_paths else default_probes_path(path)
         if not probes_paths and not probes_path.exists():
             raise click.BadParameter(f"{path}: no probes file {probes_path}; pass --probes", param_hint="--probes")
-        item = EvalInput(path, read_transcripts(path, transcript_format), read_probes(probes_path))
+        item = EvalInput(path, read_transcripts(path, transcript_format), read_probes(probes_path), labels[index])
         _warn_unanswerable(item, probes_path)
         inputs.append(item)
     return inputs
@@ -180,7 +197,7 @@ def with_files(
     inputs: Sequence[EvalInput], per_file: Sequence[list[list[str]]], overall: list[list[str]]
 ) -> list[list[str]]:
     """Rows prefixed by a file column: each file's variants, then the ``OVERALL`` ones."""
-    rows = [[item.path.name, *row] for item, file_rows in zip(inputs, per_file, strict=True) for row in file_rows]
+    rows = [[item.label, *row] for item, file_rows in zip(inputs, per_file, strict=True) for row in file_rows]
     return rows + [[OVERALL, *row] for row in overall]
 
 
@@ -205,7 +222,7 @@ def run_files(
     for item in inputs:
         results = []
         for name, mode, lifecycle in variants(taggings, budget, compression):
-            stderr.print(f"[bold]{item.path.name} · {name}[/bold] …")
+            stderr.print(f"[bold]{item.label} · {name}[/bold] …")
             engine = sibling_engine(first)
             retention = run_variant(name, engine, item.transcripts, item.probes, driver_factory, lifecycle, mode)
             results.append(per_variant(item, name, engine, lifecycle, retention))

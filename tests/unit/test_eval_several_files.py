@@ -186,3 +186,41 @@ def test_a_probe_whose_answer_the_transcript_never_says_is_warned_about(tmp_path
     )
     assert result.exit_code == 0, result.output
     assert "1 probe answer(s) never said" in result.output and "'Biscuit'" in result.output
+
+
+def test_files_of_one_name_in_two_folders_are_told_apart_in_the_table_and_markdown(tmp_path):
+    for folder, fact, answer in (
+        ("june", "My order number is 88412.", "88412"),
+        ("july", "The gate code is 5521.", "5521"),
+    ):
+        (tmp_path / folder).mkdir()
+        write_file(tmp_path / folder, "chat", fact, answer, 1)
+    markdown = tmp_path / "r.md"
+    files = [str(tmp_path / "june" / "chat.jsonl"), str(tmp_path / "july" / "chat.jsonl")]
+    result = run(
+        "eval",
+        "retention",
+        *files,
+        "--budget",
+        "160",
+        "--tagging",
+        "rules",
+        "--model",
+        "tiny",
+        "--markdown",
+        str(markdown),
+    )
+    assert result.exit_code == 0, result.output
+    assert "june/chat.jsonl" in result.output and "july/chat.jsonl" in result.output
+    text = markdown.read_text()
+    assert "| june/chat.jsonl | keep-all |" in text and "| july/chat.jsonl | keep-all |" in text
+
+
+def test_file_labels_lengthen_only_clashing_names():
+    from pathlib import Path
+
+    from clm_middleware.cli.eval_variants import file_labels
+
+    paths = [Path("runs/a/x.jsonl"), Path("runs/b/x.jsonl"), Path("runs/a/y.jsonl"), Path("runs/a/x.jsonl")]
+    assert file_labels(paths) == ["a/x.jsonl", "b/x.jsonl", "y.jsonl", "a/x.jsonl"]
+    assert file_labels([Path("x.jsonl"), Path("d/x.jsonl")]) == ["x.jsonl", "d/x.jsonl"]
