@@ -11,9 +11,9 @@ the engine cannot be reached or is overloaded, 400 when it refused the request a
 invalid, 502 for anything else (an error answer, a broken or unreadable stream).
 
 A stream read on behalf of a caller that can go away (``stream(..., cancelled=)``) is
-read in a thread of its own, and the caller's check is asked every ``CANCEL_POLL_S``
-while the engine sends nothing: a stalled engine never holds a cancelled turn (an HTTP
-client that left) for the read timeout.
+opened and read in a thread of its own, and the caller's check is asked every
+``CANCEL_POLL_S`` while the engine sends nothing, its headers included: a stalled engine
+never holds a cancelled turn (an HTTP client that left) for the read timeout.
 """
 
 from __future__ import annotations
@@ -96,10 +96,14 @@ class ServerClient:
         ``cancelled``, a wait for the next event ends with ``TurnCancelled`` (and the
         connection closed) within ``CANCEL_POLL_S`` of it saying yes.
         """
-        response = self._retrying(lambda: self._open_stream(path, body))
-        reader = None if cancelled is None else _ReaderThread(response, cancelled)
+
+        def opened() -> httpx.Response:
+            return self._retrying(lambda: self._open_stream(path, body))
+
+        response = opened() if cancelled is None else None
+        reader = None if cancelled is None else _ReaderThread(opened, cancelled)
         try:
-            for line in response.iter_lines() if reader is None else reader.lines():
+            for line in reader.lines() if reader is not None else response.iter_lines():
                 if not line.startswith("data:"):
                     continue  # comments, event names, keep-alives
                 data = line[5:].strip()
@@ -121,9 +125,10 @@ class ServerClient:
                 f"{self._where(path)} broke off the reply ({type(error).__name__}: {error})", hint=AGAIN
             ) from error
         finally:
-            if reader is not None and not reader.finished:
-                reader.hang_up()
-            response.close()
+            if reader is not None:
+                reader.close()
+            else:
+                response.close()
 
     # -------------------------------------------------------------- internal
 
@@ -201,21 +206,35 @@ class ServerClient:
 
 
 class _ReaderThread:
-    """``response.iter_lines()`` read in a thread of its own, so that waiting for the next
-    line asks ``cancelled`` every ``CANCEL_POLL_S``, and after every line (a keep-alive
-    comment too): ``TurnCancelled`` once it says yes.
-    The reader's errors are raised in the caller's thread. ``finished``: the reader has
-    ended; until then the response is the reader's, and only ``hang_up`` may touch it."""
+    """The stream opened (headers awaited, retries included) and its lines read in a
+    thread of its own, so that waiting for the engine, before its headers as after them,
+    asks ``cancelled`` every ``CANCEL_POLL_S``, and after every line (a keep-alive comment
+    too): ``TurnCancelled`` once it says yes.
 
-    def __init__(self, response: httpx.Response, cancelled: Callable[[], bool]) -> None:
-        self._response, self._cancelled = response, cancelled
+    The reader's errors are raised in the caller's thread. ``finished``: the reader has
+    ended; until then the response is the reader's, and only ``close`` may touch it. A
+    stream closed before its headers came is abandoned: the thread closes the response
+    as soon as it arrives (the engine then sees the client gone), so the caller never
+    waits for it."""
+
+    def __init__(self, open_stream: Callable[[], httpx.Response], cancelled: Callable[[], bool]) -> None:
+        self._open, self._cancelled = open_stream, cancelled
+        self._response: httpx.Response | None = None
+        self._closed = False
+        self._lock = threading.Lock()  # orders the response's arrival and the caller's close
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.finished = False
         threading.Thread(target=self._read, name="clm-remote-stream", daemon=True).start()
 
     def _read(self) -> None:
         try:
-            for line in self._response.iter_lines():
+            response = self._open()
+            with self._lock:
+                if self._closed:  # the caller left while the engine had not answered
+                    response.close()
+                    return
+                self._response = response
+            for line in response.iter_lines():
                 self._queue.put(("line", line))
         except BaseException as error:  # handed to the caller's thread
             self._queue.put(("error", error))
@@ -249,11 +268,19 @@ class _ReaderThread:
         except queue.Empty:
             return
 
-    def hang_up(self) -> None:
-        """Wake a reader blocked on the socket: closing a socket another thread reads
-        does not wake it; shutting it down does. The connection is not reused."""
-        stream = self._response.extensions.get("network_stream")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if isinstance(sock, socket.socket):
-            with contextlib.suppress(OSError):  # already closed by the server
-                sock.shutdown(socket.SHUT_RDWR)
+    def close(self) -> None:
+        """Let go of the stream: a reader still blocked on the socket is woken by shutting
+        the socket down (closing a socket another thread reads does not wake it) and the
+        connection is not reused; a response not yet come is closed when it comes."""
+        with self._lock:
+            self._closed = True
+            response = self._response
+        if response is None:
+            return
+        if not self.finished:
+            stream = response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if isinstance(sock, socket.socket):
+                with contextlib.suppress(OSError):  # already closed by the server
+                    sock.shutdown(socket.SHUT_RDWR)
+        response.close()

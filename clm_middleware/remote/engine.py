@@ -45,6 +45,7 @@ from clm_middleware.remote.scorer import AlignedScorer, SameTokenizerScorer, mak
 from clm_middleware.remote.server_info import TOKENIZER_PROBE, ServerInfo, check_tokenizer, read_server_info
 from clm_middleware.remote.signals import SIGNALS
 from clm_middleware.remote.slots import SlotTable
+from clm_middleware.render.chat_format import ChatFormat
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class RemoteEngine:
         self.vocab_size = len(tokenizer)
         self.max_positions = self.info.context_tokens
         self.default_stop_ids = _eos_ids(tokenizer)
-        self.slots = SlotTable(self.info.num_slots)
+        self.slots = SlotTable(self.info.num_slots, generation_prompt_length=_generation_prompt_length(tokenizer))
         probe = tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False)
         identity = f"{self.info.dialect}|{self.info.model_id}|{self.vocab_size}|{probe}"
         self.fingerprint = "remote-" + xxhash.xxh64(identity.encode()).hexdigest()
@@ -368,6 +369,8 @@ class RemoteEngine:
             self._observe_locally(request, result)
         finally:
             events.close()
+            if first_at is not None and not stats.decode_s:  # a stream its caller closed early
+                stats.decode_s = time.perf_counter() - first_at
             generated = [] if forced else result.token_ids
             self.slots.record(claim, request.prompt + generated)
             stats.cached_tokens = min(len(request.prompt), last.cached_tokens or 0)
@@ -376,6 +379,15 @@ class RemoteEngine:
             stats.finish_reason = result.finish_reason
             stats.total_s = time.perf_counter() - started
             self.stats.add(stats)
+
+
+def _generation_prompt_length(tokenizer: Any) -> int:
+    """How many ids the chat template adds to open the assistant's reply; 0 for a
+    template the chat format cannot read (slots are then matched on whole prompts)."""
+    try:
+        return len(ChatFormat.from_tokenizer(tokenizer).generation_prompt_ids)
+    except ValueError:  # ChatTemplateError included
+        return 0
 
 
 def _finish_reason(server: str | None) -> str:

@@ -21,6 +21,7 @@ from clm_middleware.conversation import Conversation
 from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ConfigError
 from clm_middleware.remote import ClientConfig, RemoteEngine, RemoteEngineError
+from clm_middleware.render.chat_format import ChatFormat
 from clm_middleware.store import Store
 
 pytestmark = pytest.mark.remote
@@ -65,7 +66,22 @@ def test_generate_streams_token_ids_and_the_next_prompt_hits_the_servers_cache(r
     assert second.stats.cached_tokens >= len(prompt) + len(first.token_ids) - 1
 
 
-def test_replay_through_the_engine_hits_the_servers_cache_on_turns_without_a_lifecycle_change(llama_server, tmp_path):
+def test_decode_time_is_measured_also_when_the_caller_closes_the_stream_early(remote, smollm2_tokenizer):
+    prompt = smollm2_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Count from one to twenty in words."}],
+        add_generation_prompt=True,
+        return_dict=False,
+    )
+    generation = remote.generate(prompt, max_new_tokens=REPLY_TOKENS)
+    taken = list(itertools.islice(generation, 6))
+    generation.close()  # as a reply cut by the lifecycle, or a stream whose client left, is
+    assert len(taken) == 6
+    assert generation.stats.decode_s > 0  # it was 0: the decode rate of a clm replay read 0 tok/s
+
+
+def test_replay_through_the_engine_hits_the_servers_cache_on_turns_without_a_compaction(
+    llama_server, smollm2_tokenizer, tmp_path
+):
     report_path = tmp_path / "clm.json"
     args = [
         "replay",
@@ -91,14 +107,16 @@ def test_replay_through_the_engine_hits_the_servers_cache_on_turns_without_a_lif
     assert report["settings"]["signals_source"].startswith("scorer:")
     turns = report["turns"]
     assert len(turns) == 34
-    # a turn without a lifecycle change extends the previous prompt (and reply), so the
-    # server recomputes only the new message: all of the previous prompt is reused...
-    # (a lifecycle change: a compaction, or the previous reply dropped at once as a loop)
-    pairs = itertools.pairwise(turns)
-    steady = [(b, t) for b, t in pairs if not t["compaction"] and not LOOP_FLAGS & set(b["reply_flags"])]
+    # a turn without a compaction extends the previous prompt (and reply), so the server
+    # recomputes only the new message: all of the previous prompt is reused, but the
+    # generation prompt when the previous reply left the context at once as a loop (it
+    # stays in its own slot: once it moved to an empty one and re-prefilled everything)...
+    header = len(ChatFormat.from_tokenizer(smollm2_tokenizer).generation_prompt_ids)
+    steady = [(b, t) for b, t in itertools.pairwise(turns) if not t["compaction"]]
     assert len(steady) >= 10
     for before, turn in steady:
-        assert turn["cached_tokens"] >= before["prompt_tokens"], turn
+        dropped = LOOP_FLAGS & set(before["reply_flags"])
+        assert turn["cached_tokens"] >= before["prompt_tokens"] - (header if dropped else 0), turn
     # ... which, once the context is long (a new message is then < 10% of it), is ≥ 90% of the prompt
     long = [t for _, t in steady if t["prompt_tokens"] >= LONG_PROMPT_TOKENS]
     assert len(long) >= 5

@@ -4,6 +4,7 @@ caller goes away (remote/client.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import threading
 import time
@@ -103,6 +104,34 @@ def test_a_stalled_stream_ends_soon_after_its_caller_goes_away_and_hangs_up_on_t
             next(events)  # the engine sends nothing more: only the cancellation ends the wait
         assert time.monotonic() - started < 5.0
         assert stalled.hung_up.wait(timeout=5.0)
+        client.close()
+
+
+class _Silent:
+    """Accept the request and answer nothing (no status line, no headers) for ``stall_s``:
+    a hung engine, or a proxy in front of one."""
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+
+    def __call__(self, handler: http.server.BaseHTTPRequestHandler) -> None:
+        time.sleep(self.stall_s)
+        with contextlib.suppress(OSError):  # the client may be gone
+            send(handler, 200, EVENT, "text/event-stream")
+
+
+def test_a_stream_whose_engine_never_sends_headers_ends_soon_after_its_caller_goes_away():
+    gone = threading.Event()
+    silent = _Silent(stall_s=4.0)
+    with LoopbackServer(on_post=silent) as engine:
+        client = _client(engine)
+        events = client.stream("/v1/completions", {"prompt": [1]}, cancelled=gone.is_set)
+        threading.Timer(0.3, gone.set).start()
+        started = time.monotonic()
+        with pytest.raises(TurnCancelled):
+            next(events)  # before this fix the wait for headers ignored the caller: 4 s
+        assert time.monotonic() - started < 2.0
+        events.close()
         client.close()
 
 

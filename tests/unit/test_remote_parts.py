@@ -146,6 +146,17 @@ def test_a_conversation_keeps_its_slot_turn_after_turn():
     assert slots.pick([*b1, 8, 7]).slot == 1
 
 
+def test_a_conversation_whose_reply_left_the_context_keeps_its_slot_while_others_are_empty():
+    slots = SlotTable(4, generation_prompt_length=2)
+    prompt = [1, 2, 3, 90, 91]  # 90, 91: the generation prompt opening the reply
+    for _turn in range(3):  # each reply is a flagged repeat: the next prompt is all of the last but
+        assert _served(slots, prompt, [7, 7]) == 0  # its generation prompt and reply, then a message
+        prompt = [*prompt[:-2], 5, 6, 90, 91]
+    assert _served(slots, prompt, [7]) == 0  # asked again (a regenerate): the same prompt, its own slot
+    assert _served(slots, prompt, [8]) == 0
+    assert _served(slots, [1, 2, 4, 90, 91], [9]) == 1  # a new conversation on the shared start: an empty slot
+
+
 def test_conversations_sharing_a_long_system_prompt_each_keep_their_own_slot():
     system = list(range(100, 148))  # most of either slot's content
     a, b = [*system, 1], [*system, 2]
