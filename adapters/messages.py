@@ -16,7 +16,8 @@ import xxhash
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 
 from clm_middleware.errors import ConfigError
-from clm_middleware.render.content import join_text_parts
+from clm_middleware.render.chat_format import ROLE_SPELLINGS
+from clm_middleware.render.content import blocks_text
 from clm_middleware.render.tool_calls import render_tool_calls
 
 
@@ -28,75 +29,22 @@ class Turn:
 
 
 def message_text(message: BaseMessage) -> str:
-    """The text of a message's content: text blocks joined; blocks with data a tool
-    returns (``json``, ``search_result``, a text ``document``, ``custom_tool_call_output``,
-    a dict without a type) as their text; media named, not dropped silently; reasoning
-    left out (a template shows a model its earlier answers, not its earlier thoughts)."""
+    """The text of a message's content (``render/content.py``: text blocks joined, tool
+    data as its text, media named, reasoning left out)."""
     content = message.content
     if isinstance(content, str):
         return content
-    parts = [text for block in content if (text := _block_text(block)) is not None]
-    return join_text_parts(parts)
-
-
-def _block_text(block: Any) -> str | None:
-    """What the model reads of one content block; None for a block it is not shown."""
-    if isinstance(block, str):
-        return block
-    if not isinstance(block, dict):
-        return _as_json(block)
-    kind = block.get("type")
-    if kind in ("text", "text-plain"):
-        return str(block.get("text", ""))
-    if kind in ("tool_use", "tool_call", "tool_call_chunk", "server_tool_call", "reasoning", "thinking"):
-        return None  # tool calls are rendered from ``tool_calls``; thoughts are not shown
-    if kind == "json":
-        return _as_json(block.get("json"))
-    if kind == "search_result":
-        return _search_result_text(block)
-    if kind == "custom_tool_call_output":
-        output = block.get("output")
-        return output if isinstance(output, str) else _as_json(output)
-    if kind == "document" and isinstance(block.get("source"), dict) and block["source"].get("type") == "text":
-        return join_text_parts(p for p in (block.get("title"), str(block["source"].get("data", ""))) if p)
-    if kind is None:
-        return _as_json(block)  # a tool's plain dict, e.g. [{"temp": 21}]
-    return f"[{kind} omitted]"  # image, audio, video, file, a binary document
-
-
-def _search_result_text(block: dict[str, Any]) -> str:
-    """A search result as its title, source and text (Anthropic's and LangChain's shape:
-    ``content`` a list of text blocks)."""
-    body = block.get("content")
-    texts = [body] if isinstance(body, str) else [t for item in body or () if (t := _block_text(item)) is not None]
-    head = [str(block[key]) for key in ("title", "source") if block.get(key)]
-    return join_text_parts([*head, *texts])
-
-
-def _as_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
-# ChatMessage's free-form role, as OpenAI and LangChain spell the roles a chat template knows
-CHAT_MESSAGE_ROLES = {
-    "system": "system",
-    "developer": "system",
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "ai": "assistant",
-    "tool": "tool",
-}
+    return blocks_text(content)
 
 
 def to_turn(message: BaseMessage) -> Turn:
     if isinstance(message, ChatMessage):
-        role = CHAT_MESSAGE_ROLES.get(str(message.role).strip().lower())
+        role = ROLE_SPELLINGS.get(str(message.role).strip().lower())
         if role is None:
             raise ConfigError(
                 "messages",
                 f"ChatMessage role {message.role!r} is not one a chat template knows",
-                hint=f"use one of {', '.join(CHAT_MESSAGE_ROLES)}",
+                hint=f"use one of {', '.join(ROLE_SPELLINGS)}",
             )
         text = message_text(message)
     elif isinstance(message, SystemMessage):

@@ -33,6 +33,16 @@ import regex
 from clm_middleware.errors import ChatTemplateError
 
 ROLES = ("system", "user", "assistant", "tool")
+# a free-form role (LangChain's ChatMessage), as OpenAI and LangChain spell the roles a template knows
+ROLE_SPELLINGS = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "ai": "assistant",
+    "tool": "tool",
+}
 
 
 def lone_surrogate(text: str) -> str | None:

@@ -8,13 +8,17 @@
 - ``openai``: a list of OpenAI chat messages, ``{"messages": [...]}``, or a list of
   such objects or of bare message lists (``traj``, and Hugging Face chat datasets'
   ``conversations`` of ``{"role", "content"}``, are accepted for ``messages``); tool
-  calls and tool messages included.
+  calls and tool messages included; a ``system`` beside ``messages`` (Anthropic's
+  layout, many request logs) is the first message.
 - ``sharegpt``: ``{"conversations": [{"from": "human"|"gpt"|"system", "value": ...}]}``,
   or a list of them; a ``system`` field beside ``conversations`` (LLaMA-Factory) is the
   system message.
 - ``langchain``: ``messages_to_dict`` output, ``[{"type": "human"|"ai"|"system"|"tool",
   "data": {...}}]``, messages dumped flat (``[m.model_dump() for m in messages]``:
-  ``{"type", "content", ...}``), or ``{"messages": [...]}`` of either.
+  ``{"type", "content", ...}``), or ``{"messages": [...]}`` of either; chat messages
+  (their ``role``), function messages and streamed chunks too; content blocks read as
+  ``ChatCLM`` reads them; tool calls from ``tool_calls`` or, in older dumps,
+  ``additional_kwargs``.
 
 Errors name the file and where: ``FILE:LINE`` for JSONL and for JSON syntax, a JSON
 path (``conversations[2].from``) for structure. Given a ``skipped`` list (``clm replay
@@ -33,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from clm_middleware.errors import TranscriptError
+from clm_middleware.render.chat_format import ROLE_SPELLINGS
+from clm_middleware.render.content import blocks_text
 from clm_middleware.replay.transcript import (
     Message,
     Transcript,
@@ -59,7 +65,22 @@ _SHAREGPT_ROLES = {
     "function_response": "tool",
     "function_call": "assistant",
 }
-_LANGCHAIN_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "chat": "user"}
+# a message dict's "type": each message class's, and its streamed chunk's; a chat message's
+# role is its own "role" field, a function message is a tool result
+_LANGCHAIN_ROLES = {
+    "human": "user",
+    "HumanMessageChunk": "user",
+    "ai": "assistant",
+    "AIMessageChunk": "assistant",
+    "system": "system",
+    "SystemMessageChunk": "system",
+    "tool": "tool",
+    "ToolMessageChunk": "tool",
+    "function": "tool",
+    "FunctionMessageChunk": "tool",
+    "chat": "chat",
+    "ChatMessageChunk": "chat",
+}
 
 
 def read_transcripts(
@@ -87,7 +108,7 @@ def _read_transcripts(path: Path, fmt: str, skipped: list[TranscriptError] | Non
     if fmt not in FORMATS:
         raise TranscriptError(str(path), None, f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     text = _read_text(path, skipped)
-    if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl"):
+    if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl" and not _one_document(text)):
         if _conversation_per_line(text):
             return _documents_per_line(text, path, "auto" if fmt == "jsonl" else fmt, skipped)
         return parse_jsonl(text, path, skipped)
@@ -121,6 +142,17 @@ def _first_record(text: str) -> Any:
         return None
 
 
+def _one_document(text: str) -> bool:
+    """Whether a ``.jsonl`` file is one JSON document spread over lines (a pretty-printed
+    export saved under that name): its first line is no JSON value, the whole text is."""
+    if _first_record(text) is not None or not text.strip():
+        return False
+    try:
+        return isinstance(json.loads(text), list | dict)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+
+
 def _conversation_per_line(text: str) -> bool:
     """Whether the first line is a whole conversation, not one message."""
     first = _first_record(text)
@@ -142,6 +174,13 @@ def _documents_per_line(text: str, path: Path, fmt: str, skipped: list[Transcrip
             continue
         try:
             document = load_json(raw, str(path), number)
+            if isinstance(document, dict) and "role" in document:
+                raise TranscriptError(
+                    str(path),
+                    number,
+                    "one message, in a file whose first line is a whole conversation: give every line "
+                    "as a conversation, or every line as one message",
+                )
             kind = _detect(document, str(path)) if fmt == "auto" else fmt
             read = _READERS[kind](document, str(path), None)
         except TranscriptError as error:
@@ -219,6 +258,13 @@ def _openai_conversation(item: Any, number: int, path: str) -> Transcript:
         raise TranscriptError(path, None, f'{where}: expected a "messages" list')
     name = str(item.get("id", item.get("conversation_id", item.get("task_id", number))))
     messages_read = _openai_messages(messages, path, f"{where}.messages")
+    if "system" in item:  # Anthropic's and many request logs' layout: the system prompt beside the messages
+        system = _checked(
+            lambda: message_from_record({"role": "system", "content": item["system"]}, path, None),
+            path,
+            f"{where}.system",
+        )
+        messages_read = (system, *messages_read)
     return Transcript(f"{Path(path).stem}-{name}", messages_read, path, tools=declared_tools(item, path, where))
 
 
@@ -300,6 +346,8 @@ def _sharegpt_conversation(item: Any, number: int, path: str) -> Transcript:
         raise TranscriptError(path, None, f'{where}: expected {{"conversations": [...]}}')
     messages = []
     system = item.get("system")  # LLaMA-Factory's layout: the system prompt beside the turns
+    if system is not None and not isinstance(system, str):
+        raise TranscriptError(path, None, f"{where}.system: must be a string, got {type(system).__name__}")
     if isinstance(system, str) and system.strip():
         messages.append(
             _checked(
@@ -360,27 +408,70 @@ def _langchain(data: Any, path: str, skipped: list[TranscriptError] | None = Non
             raise TranscriptError(
                 path, None, f'{at}: expected {{"type": ..., "data": {{...}}}} or {{"type": ..., "content": ...}}'
             )
-        role = _LANGCHAIN_ROLES.get(str(item.get("type")))
-        if role is None:
-            raise TranscriptError(
-                path,
-                None,
-                f"{at}.type: unknown message type {item.get('type')!r}; expected one of {sorted(_LANGCHAIN_ROLES)}",
-            )
         body = item["data"]
-        calls = [
-            {"name": c.get("name"), "arguments": c.get("args", {}), "id": c.get("id")}
-            for c in body.get("tool_calls") or []
-        ]
         record = {
-            "role": role,
-            "content": body.get("content", ""),
-            "tool_calls": calls,
+            "role": _langchain_role(item.get("type"), body, path, at),
+            "content": _langchain_content(body.get("content", ""), path, f"{at}.data.content"),
+            "tool_calls": _langchain_calls(body, path, f"{at}.data"),
             "tool_call_id": body.get("tool_call_id"),
             "name": body.get("name"),
         }
         messages.append(_checked(lambda r=record: message_from_record(r, path, None), path, at))
     return [Transcript(name, tuple(messages), path)]
+
+
+def _langchain_role(kind: Any, body: dict[str, Any], path: str, at: str) -> str:
+    role = _LANGCHAIN_ROLES.get(str(kind))
+    if role is None:
+        raise TranscriptError(
+            path, None, f"{at}.type: unknown message type {kind!r}; expected one of {sorted(_LANGCHAIN_ROLES)}"
+        )
+    if role != "chat":
+        return role
+    spelled = ROLE_SPELLINGS.get(str(body.get("role", "")).strip().lower())
+    if spelled is None:
+        raise TranscriptError(
+            path,
+            None,
+            f"{at}.data.role: a chat message's role {body.get('role')!r} is not one a chat template knows; "
+            f"expected one of {sorted(ROLE_SPELLINGS)}",
+        )
+    return spelled
+
+
+def _langchain_content(content: Any, path: str, where: str) -> Any:
+    """A string as it is; content blocks as the model reads them (``render/content.py``)."""
+    if not isinstance(content, list):
+        return content  # a string, or None; anything else is refused naming "content"
+    for index, block in enumerate(content):
+        if isinstance(block, dict) and block.get("type") == "text" and not isinstance(block.get("text"), str):
+            raise TranscriptError(path, None, f"{where}[{index}].text: a text block needs its text")
+    return blocks_text(content)
+
+
+def _langchain_calls(body: dict[str, Any], path: str, where: str) -> list[dict[str, Any]]:
+    """A message's tool calls: ``tool_calls`` (``{"name", "args", "id"}``), else those an
+    older dump keeps in ``additional_kwargs`` (OpenAI's ``tool_calls`` or ``function_call``),
+    passed on in OpenAI's shape."""
+    calls = body.get("tool_calls")
+    if calls:
+        if not isinstance(calls, list):
+            raise TranscriptError(path, None, f"{where}.tool_calls: must be a list of calls")
+        for index, call in enumerate(calls):
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                raise TranscriptError(path, None, f'{where}.tool_calls[{index}]: a call needs a string "name"')
+        return [{"name": c["name"], "arguments": c.get("args", {}), "id": c.get("id")} for c in calls]
+    extra = body.get("additional_kwargs")
+    if not isinstance(extra, dict):
+        return []
+    if extra.get("tool_calls"):
+        legacy = extra["tool_calls"]
+        if not isinstance(legacy, list) or not all(isinstance(c, dict) for c in legacy):
+            raise TranscriptError(path, None, f"{where}.additional_kwargs.tool_calls: must be a list of calls")
+        return legacy
+    if isinstance(extra.get("function_call"), dict):
+        return [{"type": "function", "function": extra["function_call"]}]
+    return []
 
 
 def _checked(read: Callable[[], Message], path: str, where: str) -> Message:

@@ -14,7 +14,7 @@ from typing import Any
 
 from clm_middleware.errors import TranscriptError
 from clm_middleware.render.chat_format import lone_surrogate
-from clm_middleware.render.content import join_text_parts
+from clm_middleware.render.content import block_text, join_text_parts
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -126,7 +126,10 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
         )
     if role in ("user", "system") and "content" not in record:  # "" is a message; no key is a misnamed field
         raise TranscriptError(path, line, f'a {role} message needs a "content"; got keys {sorted(record)}')
-    content = _content_text(record.get("content"), path, line)
+    content = _content_text(record.get("content"), path, line, role)
+    refusal = record.get("refusal")
+    if role == "assistant" and isinstance(refusal, str) and not content:
+        content = refusal  # OpenAI's refusal field: what the assistant said, as clm serve reads it
     tool_calls = record.get("tool_calls") or ()
     if record.get("tool_call"):
         tool_calls = (record["tool_call"],)
@@ -169,8 +172,13 @@ def load_json(text: str, path: str, line: int | None) -> Any:
         raise TranscriptError(path, line, "JSON nested too deeply to be a transcript") from None
 
 
-def _content_text(content: Any, path: str, line: int | None) -> str:
-    """A message's text: a string, or OpenAI content parts (text parts, or plain strings)."""
+_CALL_PARTS = frozenset({"tool_use", "tool_result", "tool_call", "function_call"})  # Anthropic's and others' blocks
+
+
+def _content_text(content: Any, path: str, line: int | None, role: str) -> str:
+    """A message's text: a string, or OpenAI content parts: text parts (or plain
+    strings), an assistant's refusal parts as their text, media named (``[image_url
+    omitted]``: a text model reads none of it, and the gap is not hidden)."""
     if content is None:
         return ""
     if isinstance(content, list):
@@ -178,11 +186,29 @@ def _content_text(content: Any, path: str, line: int | None) -> str:
         for index, part in enumerate(content):
             if isinstance(part, str):
                 parts.append(part)
-            elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+            elif not isinstance(part, dict):
+                raise TranscriptError(path, line, f'"content[{index}]" is not a part ({type(part).__name__!r})')
+            elif part.get("type", "text") == "text":
+                if not isinstance(part.get("text"), str):
+                    raise TranscriptError(path, line, f'"content[{index}].text" must be a string')
                 parts.append(part["text"])
+            elif part.get("type") == "refusal" and role == "assistant" and isinstance(part.get("refusal"), str):
+                parts.append(part["refusal"])
+            elif part.get("type") == "refusal":
+                raise TranscriptError(
+                    path, line, f'"content[{index}]": a refusal part belongs to an assistant and needs its "refusal"'
+                )
+            elif part.get("type") in _CALL_PARTS:
+                raise TranscriptError(
+                    path,
+                    line,
+                    f'"content[{index}]" is a {part["type"]} block: give calls in "tool_calls" and results as '
+                    "tool messages (OpenAI's layout)",
+                )
             else:
-                shown = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise TranscriptError(path, line, f'"content[{index}]" is not a text part ({shown!r})')
+                shown = block_text(part)
+                if shown is not None:
+                    parts.append(shown)
         content = join_text_parts(parts)
     if not isinstance(content, str):
         raise TranscriptError(path, line, f'"content" must be a string, got {type(content).__name__}')

@@ -312,3 +312,124 @@ def test_a_reply_or_tool_result_without_content_is_an_error_naming_the_line(tmp_
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     with pytest.raises(TranscriptError, match=r'misnamed.jsonl:2: .* needs a "content"'):
         read_transcripts(path)
+
+
+def _roles_and_texts(transcript):
+    return [(m.role, m.content) for m in transcript.messages]
+
+
+def test_langchain_chat_messages_take_their_own_role_and_function_messages_are_tool_results(tmp_path):
+    dump = [
+        {"type": "chat", "data": {"content": "Be terse.", "role": "system"}},
+        {"type": "human", "data": {"content": "Weather in Porto?"}},
+        {
+            "type": "ai",
+            "data": {
+                "content": "",
+                "additional_kwargs": {"function_call": {"name": "get_weather", "arguments": '{"city": "Porto"}'}},
+            },
+        },
+        {"type": "function", "data": {"content": "18C", "name": "get_weather"}},
+        {"type": "AIMessageChunk", "data": {"content": "It is 18C.", "tool_calls": []}},
+        {"type": "chat", "data": {"content": "thanks", "role": "User"}},
+    ]
+    [transcript] = read_transcripts(write(tmp_path, "lc.json", dump))
+    assert [m.role for m in transcript.messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert transcript.messages[2].tool_calls[0]["function"]["name"] == "get_weather"
+    assert transcript.messages[3].content == "18C"
+    bad = [{"type": "chat", "data": {"content": "x", "role": "narrator"}}]
+    with pytest.raises(TranscriptError, match=r"\$\[0\]\.data\.role: .*'narrator'"):
+        read_transcripts(write(tmp_path, "bad.json", bad))
+
+
+def test_langchain_tool_calls_in_additional_kwargs_and_content_blocks_are_read_as_chatclm_reads_them(tmp_path):
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Porto"}'}}
+    dump = [
+        {
+            "type": "human",
+            "data": {
+                "content": [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]
+            },
+        },
+        {"type": "ai", "data": {"content": "", "additional_kwargs": {"tool_calls": [call]}}},
+        {"type": "tool", "data": {"content": [{"type": "json", "json": {"temp": 18}}], "tool_call_id": "c1"}},
+        {
+            "type": "ai",
+            "data": {
+                "content": [
+                    {"type": "text", "text": "Let me check."},
+                    {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+                ],
+                "tool_calls": [{"name": "f", "args": {}, "id": "t1"}],
+            },
+        },
+    ]
+    [transcript] = read_transcripts(write(tmp_path, "lc.json", dump))
+    user, legacy, tool, anthropic = transcript.messages
+    assert user.content == "What is this?\n[image_url omitted]"  # the gap is named, not hidden
+    assert legacy.tool_calls == (call,)
+    assert json.loads(tool.content) == {"temp": 18}
+    assert anthropic.content == "Let me check." and anthropic.tool_calls[0]["name"] == "f"
+
+
+@pytest.mark.parametrize(
+    ("tool_calls", "where"),
+    [
+        (["get_weather"], r"\$\[0\]\.data\.tool_calls\[0\]: a call needs"),
+        ({"name": "f"}, r"\$\[0\]\.data\.tool_calls: must be a list"),
+    ],
+)
+def test_malformed_langchain_tool_calls_are_an_error_naming_them_not_a_crash(tmp_path, tool_calls, where):
+    dump = [{"type": "ai", "data": {"content": "", "tool_calls": tool_calls}}]
+    with pytest.raises(TranscriptError, match=where):
+        read_transcripts(write(tmp_path, "lc.json", dump))
+
+
+def test_a_system_prompt_beside_the_messages_is_the_first_message(tmp_path):
+    anthropic = {
+        "system": [{"type": "text", "text": "You are a pirate."}],
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    [one] = read_transcripts(write(tmp_path, "a.json", anthropic))
+    assert _roles_and_texts(one) == [("system", "You are a pirate."), ("user", "hi")]
+    line = json.dumps({"system": "Be terse.", "messages": [{"role": "user", "content": "hi"}]})
+    [per_line] = read_transcripts(write(tmp_path, "b.jsonl", line + "\n"))
+    assert _roles_and_texts(per_line) == [("system", "Be terse."), ("user", "hi")]
+    with pytest.raises(TranscriptError, match=r"\$\[0\]\.system: "):
+        read_transcripts(write(tmp_path, "c.json", {"system": 5, "messages": [{"role": "user", "content": "hi"}]}))
+
+
+def test_an_assistant_refusal_field_or_part_is_what_it_said(tmp_path):
+    said = "I can't help with that."
+    for name, reply in (
+        ("field.json", {"role": "assistant", "content": None, "refusal": said}),
+        ("part.json", {"role": "assistant", "content": [{"type": "refusal", "refusal": said}]}),
+    ):
+        [transcript] = read_transcripts(write(tmp_path, name, [{"role": "user", "content": "hi"}, reply]))
+        assert transcript.messages[1].content == said, name
+    user_refusal = [{"role": "user", "content": [{"type": "refusal", "refusal": said}]}]
+    with pytest.raises(TranscriptError, match="refusal part belongs to an assistant"):
+        read_transcripts(write(tmp_path, "user.json", user_refusal))
+
+
+def test_an_anthropic_tool_use_block_in_openai_content_is_an_error_not_a_silent_drop(tmp_path):
+    reply = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}
+    with pytest.raises(TranscriptError, match=r"content\[0\]\" is a tool_use block"):
+        read_transcripts(write(tmp_path, "a.json", [{"role": "user", "content": "hi"}, reply]))
+
+
+def test_a_pretty_printed_json_document_saved_as_jsonl_is_read_as_the_document(tmp_path):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    [transcript] = read_transcripts(write(tmp_path, "pretty.jsonl", json.dumps(messages, indent=2)))
+    assert _roles_and_texts(transcript) == [("user", "hi"), ("assistant", "hello")]
+    with pytest.raises(TranscriptError, match=r"broken\.jsonl:1: not valid JSON"):
+        read_transcripts(write(tmp_path, "broken.jsonl", '[\n  {"role": "user",\n'))
+
+
+def test_a_message_line_after_a_conversation_line_is_an_error_naming_it_not_a_conversation_of_its_own(tmp_path):
+    lines = [
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}),
+        json.dumps({"role": "user", "content": "and this?"}),
+    ]
+    with pytest.raises(TranscriptError, match=r"mixed\.jsonl:2: one message, in a file whose first line"):
+        read_transcripts(write(tmp_path, "mixed.jsonl", "\n".join(lines) + "\n"))
