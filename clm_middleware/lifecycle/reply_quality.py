@@ -26,7 +26,9 @@ add up the total, and you can add up the total``), and generation stops there (f
 model that repeats one rarely stops on its own. Clauses of fewer than
 ``REPEAT_MIN_WORDS`` words count only in a run: the same one ``REPEAT_RUN`` times in a
 row (``very, very, very, very, very, very, ...``) is cut before its last; said up to
-five times ("No, no, no, no, no.") it stays. Punctuation never counts.
+five times ("No, no, no, no, no.") it stays. Punctuation never counts. In Chinese and
+Japanese, written without spaces, a word is one character and a full-width terminator
+(。！？，；：) ends a clause.
 
 The patterns are also usable on partial text (``could_become_artifact``), so a stream
 holds back a suffix that may still turn into a marker instead of showing half of one.
@@ -57,14 +59,23 @@ _BLOCK_LINE = (
 _ARTIFACT = regex.compile(rf"(?:{_MARKER}|{_TAG})[ \t]?", regex.IGNORECASE)
 _ARTIFACT_PARTIAL = regex.compile(rf"{_MARKER}|{_TAG}", regex.IGNORECASE)
 _BLOCK_LINE_FULL = regex.compile(_BLOCK_LINE, regex.IGNORECASE)
-_WORD = regex.compile(r"\w+|[^\w\s]")
+# a word: a run of word characters, but each character on its own in the scripts written
+# without spaces between words (Chinese, Japanese), whose whole clause would else be one
+# "word" and no reply of theirs long enough to judge; or a punctuation mark
+_UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}"
+_WORD = regex.compile(rf"[{_UNSPACED}]|[^\W{_UNSPACED}]+|[^\w\s]")
 # a complete sentence, or clause of one: its terminator (. ! ? … , ; : or a closing
 # bracket, "[Your Name] [Your Email]") is followed by space; one inside a word or number
-# ("1,200", "10:30", "e.g") does not end it
+# ("1,200", "10:30", "e.g") does not end it. The full-width ones (。！？，；：) need no
+# space after them: anything but another one ends the run.
 _TERMINATORS = r".!?…,;:\])"
-# where a sentence ends: the start of a terminator run followed by space, or a newline
-# (linear: the look-behind skips the inside of a run, and nothing else can backtrack)
-_SENTENCE_END = regex.compile(rf"(?<![{_TERMINATORS}])[{_TERMINATORS}]++(?=\s)|\n")
+_WIDE_TERMINATORS = "。！？，；："
+# where a sentence ends: the start of a terminator run followed by space, a full-width run
+# followed by what cannot extend it, or a newline (linear: the look-behind skips the
+# inside of a run, and nothing else can backtrack)
+_SENTENCE_END = regex.compile(
+    rf"(?<![{_TERMINATORS}])[{_TERMINATORS}]++(?=\s)|[{_WIDE_TERMINATORS}]++(?=[^{_WIDE_TERMINATORS}])|\n"
+)
 
 
 def strip_artifacts(text: str) -> str:

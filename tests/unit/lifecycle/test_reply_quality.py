@@ -75,6 +75,19 @@ def test_reply_flags_name_what_went_wrong():
     assert reply_flags("Hello there.", "Hello there.") == []
 
 
+def test_chinese_and_japanese_replies_are_judged_word_by_character_and_cut_at_full_width_stops():
+    reply = "你好，我是一个乐于助人的助手。我可以帮你查询订单的物流状态，请告诉我你的订单号。"
+    assert reply_flags(reply, reply, [reply]) == ["repeats_earlier_reply"]  # one "word" per clause before
+    assert reply_flags(reply, reply, ["今天天气很好，我们去公园散步吧。"]) == []
+    assert is_repetition_loop("好的好的好的好的好的好的好的好的")
+    prose = "我今天去了北京的故宫，看到了很多历史文物，感觉非常震撼。然后我们去吃了烤鸭，味道很好。"
+    assert not is_repetition_loop(prose) and first_repeated_sentence(prose) is None
+    looped = "你好！我可以帮你查询订单。我可以帮你查询订单。我可以"
+    assert looped[: first_repeated_sentence(looped)] == "你好！我可以帮你查询订单。"
+    japanese = "こんにちは。私はアシスタントです。私はアシスタントです。はい"
+    assert japanese[: first_repeated_sentence(japanese)] == "こんにちは。私はアシスタントです。"
+
+
 def test_a_looping_reply_leaves_the_context_at_once_and_stays_in_history_as_delivered(converse, scripted):
     loop = "10:30am: " * 12
     engine, _ = scripted(loop.strip(), "A fine answer.")
@@ -294,6 +307,9 @@ SENTENCES = [
     "e.g. the room",
     "Book it\n",
     "very,",
+    "我们订房间。",
+    "我们订房间，",
+    "好！！",
 ]
 
 
