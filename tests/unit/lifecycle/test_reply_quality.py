@@ -75,6 +75,30 @@ def test_reply_flags_name_what_went_wrong():
     assert reply_flags("Hello there.", "Hello there.") == []
 
 
+CODE_REPLIES = [
+    "Change the signature:\n\n```python\n# before\ndef fetch_all(self, query):\n    cur = self.conn.cursor()\n"
+    "    return cur.fetchall()\n\n# after\ndef fetch_all(self, query, params=None):\n    cur = self.conn.cursor()\n"
+    "    return cur.fetchall()\n```\n\nThat's it.",
+    "```python\n@pytest.fixture\ndef client(tmp_path):\n    conn = sqlite3.connect(tmp_path / 'a.db')\n"
+    "    yield conn\n\n@pytest.fixture\ndef db_conn(tmp_path):\n    conn = sqlite3.connect(tmp_path / 'a.db')\n"
+    "    yield conn\n```",
+    "```sql\nCREATE TABLE items (id INTEGER PRIMARY KEY, sku TEXT, qty INTEGER);\n"
+    "CREATE TABLE warehouses (id INTEGER PRIMARY KEY, name TEXT);\n```",
+]
+
+
+@pytest.mark.parametrize("reply", CODE_REPLIES)
+def test_lines_of_a_code_block_are_never_cut_as_repeats_streamed_or_not(reply):
+    assert first_repeated_sentence(reply) is None  # a cut there left the block unclosed
+    assert visible_answer(reply, stops=(), cut_repeats=True) == reply.rstrip()
+    assert repeat_in_progress(reply[: reply.rindex("```") - 5]) == 0  # nothing held back inside the block
+
+
+def test_prose_after_a_closed_code_block_is_still_cut_at_a_repeat():
+    reply = "```\nx = 1\nx = 1\n```\nI hope this helps you. I hope this helps you. I hope"
+    assert reply[: first_repeated_sentence(reply)] == "```\nx = 1\nx = 1\n```\nI hope this helps you. "
+
+
 def test_chinese_and_japanese_replies_are_judged_word_by_character_and_cut_at_full_width_stops():
     reply = "你好，我是一个乐于助人的助手。我可以帮你查询订单的物流状态，请告诉我你的订单号。"
     assert reply_flags(reply, reply, [reply]) == ["repeats_earlier_reply"]  # one "word" per clause before
