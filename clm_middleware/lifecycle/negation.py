@@ -13,7 +13,8 @@ ending in ``, ; : . ! ?``, or the word before "but", "though", "although", "howe
 *nuts*"), and the small words between them when the clause is short: a dropped
 "before" or "only" changes what is negated. Two-word negators ("no longer", "no more")
 count as one.
-English only, by word lists: a text in another language is left as it is.
+By word lists: English, and the common negators of Portuguese, Spanish, French, German
+and Italian (a negator, not the grammar: "Não quero refrigerante" keeps its "Não").
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ _NEGATORS = frozenset(
         "mustnt",
         "neednt",
         "aint",
+        # the negators of the other languages people chat in most here (Portuguese,
+        # Spanish, French, German, Italian): "Não quero refrigerante" condensed to
+        # "quero refrigerante" said the opposite
+        *("não", "nem", "nunca", "nada", "nenhum", "nenhuma", "ninguém", "sem", "jamais"),
+        *("ni", "ningún", "ninguno", "ninguna", "nadie", "sin", "jamás", "tampoco"),
+        *("ne", "pas", "rien", "aucun", "aucune", "sans"),
+        *("nicht", "kein", "keine", "keinen", "keinem", "keiner", "nie", "niemals", "nichts", "niemand", "ohne"),
+        *("non", "mai", "niente", "nulla", "nessuno", "nessuna", "senza"),
     ]
 )
 NEGATED_WORDS = 3  # the words of a negated clause carried with its negator: what it says is not so

@@ -66,3 +66,15 @@ def test_a_long_negated_clause_brings_only_its_first_content_words():
 
 def test_has_negation():
     assert has_negation("I do not want it") and not has_negation("I want it")
+
+
+@pytest.mark.parametrize(
+    ("text", "keep", "expected"),
+    [
+        ("Não quero refrigerante para as crianças, só suco natural.", {"refrigerante"}, "Não quero refrigerante"),
+        ("Ich möchte keine Nüsse im Essen, danke.", {"Nüsse"}, "keine Nüsse"),
+        ("Quiero la pizza sin gluten por favor.", {"gluten"}, "sin gluten"),
+    ],
+)
+def test_a_negator_of_another_common_language_is_carried_like_an_english_one(text, keep, expected):
+    assert expected in _kept(text, keep)  # before, "quero refrigerante" said the opposite
