@@ -76,12 +76,12 @@ class SlotTable:
 
     def _choose(self, prompt: Sequence[int], salt: str | None) -> int:
         """Among the idle slots (all of them when every slot is busy), those of the same
-        salt: 1. one whose whole content, or whole last prompt (but its generation
-        prompt), starts the prompt (the longest:
-        the conversation's own slot, no lifecycle change, or its last reply left out of
-        the context, as a flagged repeat is, or asked again); 2. an empty slot (a new conversation does not evict
-        one it merely shares a system prompt with, however long: two conversations that
-        took turns in one slot would re-prefill every turn); 3. the slot whose content the
+        salt: 1. one whose whole content, or whole last prompt but its generation prompt,
+        starts the prompt (the longest: the conversation's own slot, with no lifecycle
+        change, its last reply left out of the context as a flagged repeat is, or the same
+        prompt asked again); 2. an empty slot (a new conversation does not evict one it
+        merely shares a system prompt with, however long: two conversations that took
+        turns in one slot would re-prefill every turn); 3. the slot whose content the
         prompt reuses the largest share of (its own after a lifecycle change), another
         tenant's counting as none; the least recently used on a tie."""
         idle = [i for i, slot in enumerate(self._slots) if not slot.busy]

@@ -25,26 +25,17 @@ def run(*args: str):
     return CliRunner(env={"COLUMNS": "200"}).invoke(cli, list(args))  # wide enough for the file column
 
 
+def retention_by_rules(*files: str, budget: str = "160"):
+    """`clm eval retention FILES` on the tiny model, rules tagging, options after FILES."""
+    return ["eval", "retention", *files, "--budget", budget, "--tagging", "rules", "--model", "tiny"]
+
+
 def test_retention_over_two_files_sums_probes_and_keeps_each_files_rows(tmp_path):
     write_file(tmp_path, "a", "My order number is 88412.", "88412", 6)
     write_file(tmp_path, "b", "The gate code is 5521.", "5521", 2)
     report = tmp_path / "r.json"
     files = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
-    result = run(
-        "eval",
-        "retention",
-        *files,
-        "--budget",
-        "160",
-        "--tagging",
-        "rules",
-        "--model",
-        "tiny",
-        "--report",
-        str(report),
-        "--markdown",
-        str(tmp_path / "r.md"),
-    )
+    result = run(*retention_by_rules(*files), "--report", str(report), "--markdown", str(tmp_path / "r.md"))
     assert result.exit_code == 0, result.output
     data = json.loads(report.read_text())
     assert data["transcripts"] == files and data["probes"] == 4
@@ -171,8 +162,7 @@ def test_a_run_that_fails_on_a_later_file_leaves_no_earlier_runs_outputs(tmp_pat
     report.write_text('{"an earlier run": true}')
     markdown.write_text("an earlier run's table")
     files = [str(tmp_path / "a.jsonl"), str(tmp_path / "broken.jsonl")]
-    result = run("eval", "retention", *files, "--budget", "160", "--tagging", "rules", "--model", "tiny",
-                 "--report", str(report), "--markdown", str(markdown))  # fmt: skip
+    result = run(*retention_by_rules(*files), "--report", str(report), "--markdown", str(markdown))
     assert result.exit_code != 0 and "broken.jsonl" in result.output
     assert not report.exists() and not markdown.exists()
 
@@ -181,9 +171,7 @@ def test_a_probe_whose_answer_the_transcript_never_says_is_warned_about(tmp_path
     write_file(tmp_path, "a", "My order number is 88412.", "88412", 1)
     probes = [{"question": "Order?", "answer": "88412"}, {"question": "Pet?", "answer": "Biscuit"}]
     (tmp_path / "a.probes.json").write_text(json.dumps(probes))
-    result = run(
-        "eval", "retention", str(tmp_path / "a.jsonl"), "--budget", "160", "--tagging", "rules", "--model", "tiny"
-    )
+    result = run(*retention_by_rules(str(tmp_path / "a.jsonl")))
     assert result.exit_code == 0, result.output
     assert "1 probe answer(s) never said" in result.output and "'Biscuit'" in result.output
 
@@ -197,19 +185,7 @@ def test_files_of_one_name_in_two_folders_are_told_apart_in_the_table_and_markdo
         write_file(tmp_path / folder, "chat", fact, answer, 1)
     markdown = tmp_path / "r.md"
     files = [str(tmp_path / "june" / "chat.jsonl"), str(tmp_path / "july" / "chat.jsonl")]
-    result = run(
-        "eval",
-        "retention",
-        *files,
-        "--budget",
-        "160",
-        "--tagging",
-        "rules",
-        "--model",
-        "tiny",
-        "--markdown",
-        str(markdown),
-    )
+    result = run(*retention_by_rules(*files), "--markdown", str(markdown))
     assert result.exit_code == 0, result.output
     assert "june/chat.jsonl" in result.output and "july/chat.jsonl" in result.output
     text = markdown.read_text()
