@@ -15,9 +15,10 @@ Two methods:
   otherwise the extractive result is used.
 
 Deleting methods keep a word where it was judged worth keeping, never at another place
-the same word recurs. A reply that calls a tool is never cut down (a call is kept or
-dropped whole). A compression that does not come out shorter fails, and the caller
-keeps the original: nothing is ever lost (the original always stays in the store).
+the same word recurs. A reply that calls a tool, and a segment with a fenced code block,
+are never cut down (kept or dropped whole: code cut to some of its words is other code).
+A compression that does not come out shorter fails, and the caller keeps the original:
+nothing is ever lost (the original always stays in the store).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.distinctive import distinctive_spans, distinctive_tokens, folded_word, missing_from
 from clm_middleware.lifecycle.negation import has_negation, with_negations
+from clm_middleware.lifecycle.segmenter import has_code_block
 from clm_middleware.lifecycle.segments import Segment, SegmentId
 from clm_middleware.render import ChatFormat
 from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
@@ -209,10 +211,21 @@ def _recorded(surprisal: list[float | None] | None, segment: Segment) -> list[fl
     return surprisal if surprisal is not None and len(surprisal) == len(segment.token_ids) else None
 
 
-def _whole_only(tokens: int) -> CompressionResult:
-    """A reply that calls a tool: a call cut down to some of its words is broken JSON that
-    may name the wrong tool (``{"name": "Dr. Okafor",``), so it stays whole or leaves whole."""
-    return CompressionResult(False, "none", original_tokens=tokens, error="a tool call is kept or dropped whole")
+def _kept_whole(text: str) -> str | None:
+    """Why ``text`` is never cut down (None: it may be). A tool call cut down to some of
+    its words is broken JSON that may name the wrong tool (``{"name": "Dr. Okafor",``);
+    code cut down to some of its words is other code (``sort | uniq -c | sort -rn | head
+    -5`` → ``sort -5``), with its lines and indentation run together. Either stays whole
+    or leaves whole."""
+    if TOOL_CALL_OPEN in text:
+        return "a tool call is kept or dropped whole"
+    if has_code_block(text):
+        return "a code block is kept or dropped whole"
+    return None
+
+
+def _whole_only(tokens: int, reason: str) -> CompressionResult:
+    return CompressionResult(False, "none", original_tokens=tokens, error=reason)
 
 
 class Compressor:
@@ -264,8 +277,8 @@ class Compressor:
         not shorter.
         """
         current = len(segment.visible_ids)
-        if TOOL_CALL_OPEN in segment.text:
-            return _whole_only(current)
+        if (whole := _kept_whole(segment.text)) is not None:
+            return _whole_only(current, whole)
         # judged on the original text: in a condensed text, sentence breaks are artifacts
         # that would make a name look like a sentence's first word
         original_words = list(_WORD.finditer(segment.text))
@@ -314,8 +327,8 @@ class Compressor:
         far more than needed. It says less, never something else. Fails when nothing fits
         or the result is not shorter."""
         current = len(segment.visible_ids)
-        if TOOL_CALL_OPEN in segment.text:
-            return _whole_only(current)
+        if (whole := _kept_whole(segment.text)) is not None:
+            return _whole_only(current, whole)
         original_words = list(_WORD.finditer(segment.text))
         try:
             scores = self._word_scores(segment.text, original_words, segment)
@@ -376,8 +389,8 @@ class Compressor:
 
     def compress(self, segment: Segment) -> CompressionResult:
         original_tokens = len(segment.token_ids)
-        if TOOL_CALL_OPEN in segment.text:
-            return _whole_only(original_tokens)
+        if (whole := _kept_whole(segment.text)) is not None:
+            return _whole_only(original_tokens, whole)
         rejected = None
         if self.method == "abstractive":
             try:

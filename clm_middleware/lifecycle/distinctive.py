@@ -17,6 +17,10 @@ _MONTHS = (
     "january|february|march|april|may|june|july|august|september|october|november|december|"
     "jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec"
 )
+_CURRENCY_CODES = "usd|eur|gbp|chf|jpy|cny|rmb|inr|brl|ils|aud|cad|nzd|sek|nok|dkk|pln|czk|huf|zar|mxn|krw|sgd|hkd"
+# digit groups with one separator between them ("1.500,00", "2'450.50"), possessive: a
+# long run of "1'1'1'..." fails in one pass instead of backtracking through every split
+_AMOUNT = r"\d++(?:[,.']\d++)*+"
 _WEEKDAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
 _ORDINAL = r"\d{1,2}(?:st|nd|rd|th)"
 _CAPITALISED = r"\p{Lu}[\p{Ll}\p{Lu}\p{N}'’-]*"
@@ -42,7 +46,15 @@ _PATTERNS = [
         r"|(?<![\w;,|])[\p{L}_]\w*+(?:[;,|][\p{L}_]\w*+){2,}+(?![\w;,|])",
     ),
     ("time", r"(?i:\b\d{1,2}(?::\d{2})?\s?(?:[ap]\.?m\b\.?))|\b\d{1,2}:\d{2}\b"),
-    ("money", r"[$€£¥]\s?\d[\d,]*(?:\.\d+)?|(?i:\b\d[\d,]*(?:\.\d+)?\s?(?:euros?|dollars?|usd|eur|gbp)\b)"),
+    # an amount with its currency: a sign before or after it ("$121", "₪ 249.90", "R$ 1.500,00",
+    # "12 €") or a currency's code ("CHF 2'450.50", "1,200 euros")
+    (
+        "money",
+        rf"(?:\b\p{{Lu}}{{1,3}}\$|\p{{Sc}})\s?{_AMOUNT}"
+        rf"|(?i:\b(?:{_CURRENCY_CODES})\s?{_AMOUNT})"
+        rf"|(?<![\d,.'])\b{_AMOUNT}(?:\s?\p{{Sc}}|(?i:\s?(?:euros?|dollars?|{_CURRENCY_CODES})\b))",
+    ),
+    ("extension", r"(?i:\bext\.?\s?\d{1,6}\b)"),  # of a phone number: "ext. 209"
     (
         "date",
         rf"(?i:\b(?:(?:{_MONTHS})\.?\s+{_ORDINAL}|(?:{_MONTHS})\.?\s+\d{{1,2}}\b|{_ORDINAL}\s+(?:of\s+)?(?:{_MONTHS})\b"

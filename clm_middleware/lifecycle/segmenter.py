@@ -1,10 +1,11 @@
 """Split a message into segments by rules, and give each a kind.
 
 Rules, in order:
-1. fenced code blocks (```) are one ``code`` segment each, never split;
+1. fenced code blocks (``` or ~~~) are one ``code`` segment each, never split;
 2. the rest splits into paragraphs at blank lines;
 3. a paragraph whose lines are list items (``1.``, ``2)``, ``-``, ``*``, ``•``) gives
-   one ``step`` segment per item;
+   one ``step`` segment per item, and so do such lines ending a paragraph after the
+   lines that introduce them;
 4. any other paragraph splits into sentences;
 5. fragments shorter than ``min_chars`` join their predecessor (or successor);
 6. a whole message made only of content-free words ("ok thanks") is one ``ack``.
@@ -26,7 +27,8 @@ import regex
 
 from clm_middleware.errors import ConfigError
 
-_FENCE = regex.compile(r"```.*?(?:```|\Z)", regex.DOTALL)
+# a Markdown code block: from a fence (``` or ~~~) to the same fence or the text's end
+_FENCE = regex.compile(r"(```|~~~).*?(?:\1|\Z)", regex.DOTALL)
 _PARAGRAPH_BREAK = regex.compile(r"\n[ \t]*\n+")
 _LIST_ITEM = regex.compile(r"^\s*(?:\d{1,3}[.)]|[-*•])\s+")
 # A sentence ends at . ! ? … followed by space and a capital, digit, quote or bracket.
@@ -54,6 +56,30 @@ _ABBREVIATIONS = frozenset(
         "ltd",
         "co",
         "corp",
+    ]
+)
+# abbreviations that end no sentence when a number follows: "Jan. 5, 2025", "ext. 209",
+# "Vol. 3" (but "I moved in Sept. It was cold." is two sentences)
+_BEFORE_NUMBER = frozenset(
+    [
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+        "ext",
+        "tel",
+        "vol",
+        "apt",
+        "ref",
+        "nr",
     ]
 )
 ACK_WORDS = frozenset(
@@ -244,17 +270,25 @@ def _prose_spans(text: str, begin: int, end: int) -> list[tuple[int, int, str]]:
             continue
         offset = begin + paragraph.start()
         lines = [m for m in regex.finditer(r"[^\n]+", paragraph.group()) if m.group().strip()]
-        if lines and all(_LIST_ITEM.match(m.group()) for m in lines):
-            for line in lines:
-                spans.append(_trimmed(text, offset + line.start(), offset + line.end(), "step"))
-            continue
-        for sentence_start, sentence_end in _sentence_spans(paragraph.group()):
+        # the list: the lines from the first list item on, when every one of them is an
+        # item ("My checklist:" then "1. ...", "2. ..." with no blank line between)
+        first = next((i for i, m in enumerate(lines) if _LIST_ITEM.match(m.group())), len(lines))
+        items = lines[first:] if all(_LIST_ITEM.match(m.group()) for m in lines[first:]) else []
+        prose_end = items[0].start() if items else len(paragraph.group())
+        for sentence_start, sentence_end in _sentence_spans(paragraph.group()[:prose_end]):
             spans.append(_trimmed(text, offset + sentence_start, offset + sentence_end, "text"))
+        for line in items:
+            spans.append(_trimmed(text, offset + line.start(), offset + line.end(), "step"))
     return [span for span in spans if span[1] > span[0]]
 
 
 def _join(first: SegmentPiece, second: SegmentPiece) -> SegmentPiece:
     return SegmentPiece(first.text + (second.separator or " ") + second.text, "text", first.separator)
+
+
+def has_code_block(text: str) -> bool:
+    """True when ``text`` holds a fenced Markdown code block (``` or ~~~), closed or not."""
+    return "```" in text or "~~~" in text
 
 
 def _whole(text: str, kind: str) -> SegmentPiece:
@@ -295,8 +329,9 @@ def _sentence_spans(paragraph: str) -> list[tuple[int, int]]:
     for match in _SENTENCE_END.finditer(paragraph):
         candidate = paragraph[start : match.start()].rstrip()
         last_word = regex.search(r"([\p{L}.]+)\.$", candidate)
-        if last_word and last_word.group(1).rstrip(".").casefold() in _ABBREVIATIONS:
-            continue  # "Dr. Smith", "e.g. this": not a sentence end
+        abbreviation = last_word.group(1).rstrip(".").casefold() if last_word else ""
+        if abbreviation in _ABBREVIATIONS or (abbreviation in _BEFORE_NUMBER and paragraph[match.end()].isdigit()):
+            continue  # "Dr. Smith", "e.g. this", "Jan. 5": not a sentence end
         spans.append((start, match.start() + len(match.group().rstrip())))  # keep closing quotes
         start = match.end()
     if paragraph[start:].strip():

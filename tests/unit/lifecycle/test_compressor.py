@@ -313,6 +313,26 @@ def test_a_reply_that_calls_a_tool_is_never_cut_down(engine):
         assert not result.ok and "whole" in result.error
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '```sh\ncat /var/log/app.log | grep -E "ERROR|FATAL" | sort | uniq -c | sort -rn | head -5\n```',
+        "Here is the loader, it strips each line:\n```python\ndef load(path):\n    with open(path) as fh:\n"
+        "        return [line.rstrip() for line in fh]\n```\nCall it with the CSV path from before.",
+        "~~~yaml\nresources:\n  limits:\n    cpu: 500m\n    memory: 256Mi\n~~~",
+    ],
+    ids=["shell", "prose-and-python", "tilde-yaml"],
+)
+def test_a_segment_with_a_code_block_is_never_cut_down(engine, text):
+    # code cut to some of its words is other code ("head -5" read as "sort -5"), its lines
+    # and indentation run together: it stays whole or leaves whole
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    squeezer = compressor(engine, method="extractive")
+    code = segment(text, chat)
+    for result in (squeezer.compress(code), squeezer.tighten(code), squeezer.trim(code, 8)):
+        assert not result.ok and result.error == "a code block is kept or dropped whole"
+
+
 def test_an_abstractive_summary_that_loses_the_negation_is_unfaithful():
     original = "I am not flying on April 22 with TP1357."
     assert check_faithful(original, "Flying April 22 TP1357.").lost_negation

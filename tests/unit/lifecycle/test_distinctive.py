@@ -89,6 +89,11 @@ RUN_PIECES = [
     "\\",
     "~",
     "()",
+    "'",
+    "€",
+    "R$",
+    "CHF ",
+    "ext ",
 ]
 
 
@@ -108,6 +113,28 @@ def test_distinctive_tokens_take_bounded_time_on_long_runs(pieces, length):
     finally:
         gc.enable()
     assert min(timings) < 2.0  # linear: ~0.01 s per 10k characters here
+
+
+@pytest.mark.parametrize(
+    ("text", "amount"),
+    [
+        ("The price is ₪ 249.90 now.", "₪ 249.90"),
+        ("It costs R$ 1.500,00 in total.", "r$ 1.500,00"),
+        ("Rent is CHF 2'450.50 per month.", "chf 2'450.50"),
+        ("Pay €1.234,56 by Friday.", "€1.234,56"),
+        ("It was 12 € each.", "12 €"),
+        ("A fee of 1.234,56 EUR applies.", "1.234,56 eur"),
+        ("Call (415) 555-0132, ext. 209 after lunch.", "ext. 209"),
+    ],
+)
+def test_a_currency_or_an_extension_stays_with_its_number(text, amount):
+    # "₪ 249.90" condensed to "249.90" says another amount; "ext. 209" to "209" reads as
+    # part of the phone number
+    assert amount in distinctive_tokens(text)
+
+
+def test_a_word_that_is_also_a_currency_code_elsewhere_is_no_amount():
+    assert distinctive_tokens("I will try 2 more times, then rub 3 drops in.") == {"2", "3"}
 
 
 def test_the_dos_fix_keeps_codes_that_start_mid_text():

@@ -28,6 +28,40 @@ def test_paragraphs_numbered_steps_and_code_blocks():
     ]
 
 
+def test_list_items_after_the_line_that_introduces_them_are_steps_with_their_numbers():
+    text = "My checklist for the migration tonight, call ext. 4417\n1. Run m_0042.sql\n2. Verify 1,204,877 rows"
+    assert split(text) == [
+        ("text", "My checklist for the migration tonight, call ext. 4417"),
+        ("step", "1. Run m_0042.sql"),
+        ("step", "2. Verify 1,204,877 rows"),
+    ]
+    # a line that is no item after the first item: not a list, sentences as before
+    assert [kind for kind, _ in split("Some intro text here.\n- first item\nnot an item at all\n- second")] == ["text"]
+
+
+def test_a_tilde_fence_is_one_code_segment():
+    text = "Apply this manifest, please.\n~~~yaml\nresources:\n  limits:\n    cpu: 500m\n~~~"
+    assert split(text) == [
+        ("text", "Apply this manifest, please."),
+        ("code", "~~~yaml\nresources:\n  limits:\n    cpu: 500m\n~~~"),
+    ]
+
+
+def test_an_abbreviated_month_or_extension_before_a_number_ends_no_sentence():
+    assert split("The launch is Jan. 5, 2025 and the audit follows.") == [
+        ("text", "The launch is Jan. 5, 2025 and the audit follows.")
+    ]
+    assert split("Call me at (415) 555-0132, ext. 209. I am in the office all day.") == [
+        ("text", "Call me at (415) 555-0132, ext. 209."),
+        ("text", "I am in the office all day."),
+    ]
+    # before a capital it is a sentence end like any other
+    assert split("We finally moved to Porto in Sept. It was colder than we expected there.") == [
+        ("text", "We finally moved to Porto in Sept."),
+        ("text", "It was colder than we expected there."),
+    ]
+
+
 def test_tiny_fragments_join_a_neighbour_and_abbreviations_do_not_split():
     assert split("Hi! I need help with my booking today.") == [("text", "Hi! I need help with my booking today.")]
     assert split("Dr. Smith moved the meeting. It is now on Friday.") == [
