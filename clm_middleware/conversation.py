@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import threading
 import time
 import uuid
@@ -52,7 +53,6 @@ from clm_middleware.lifecycle.prompts import PROTOCOL_PROMPT, bundled_prompt, re
 from clm_middleware.lifecycle.protocol import neutralise
 from clm_middleware.lifecycle.reclaimer import Reclaimer
 from clm_middleware.lifecycle.renderer import ContextRenderer, RenderedContext
-from clm_middleware.lifecycle.rules import RuleConfig
 from clm_middleware.lifecycle.segmenter import Segmenter
 from clm_middleware.lifecycle.segments import (
     LOOP_KIND,
@@ -65,8 +65,7 @@ from clm_middleware.lifecycle.segments import (
     Status,
     segment_id,
 )
-from clm_middleware.lifecycle.signals import SignalThresholds
-from clm_middleware.lifecycle.tagging import Tagger, TaggingConfig
+from clm_middleware.lifecycle.tagging import Tagger
 from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts, token_totals
 from clm_middleware.lifecycle.turn_runner import TurnRunner
 from clm_middleware.render import ChatFormat
@@ -117,31 +116,33 @@ class Conversation:
         self.use_pool = use_pool  # False: every turn is computed from scratch (a stateless baseline)
         # settings are validated before a model loads: a bad one fails in milliseconds
         conversation_id = uuid.uuid4().hex if conversation_id is None else _checked_id(conversation_id)
-        self.config = config or LifecycleConfig(
-            tagging=TaggingConfig(
-                mode=tagging,
-                rules=RuleConfig(compress_min_tokens=compress_min_tokens),
-                signals=SignalThresholds(compress_min_tokens=compress_min_tokens),
-            ),
-            budget=budget,
-            k=k,
-            compression=compression,
-            compress_min_tokens=compress_min_tokens,
-            compact_ahead=compact_ahead,
-        )
+        lifecycle = {
+            "tagging": tagging,
+            "budget": budget,
+            "k": k,
+            "compression": compression,
+            "compress_min_tokens": compress_min_tokens,
+            "compact_ahead": compact_ahead,
+        }
+        sampling = {
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "min_p": min_p,
+            "seed": seed,
+            "stop": stop,
+            "repetition_penalty": repetition_penalty,
+            "frequency_penalty": frequency_penalty,
+            "presence_penalty": presence_penalty,
+            "no_repeat_ngram_size": no_repeat_ngram_size,
+            "response_format": response_format,
+        }
+        _check_not_beside("config", config, lifecycle)
+        _check_not_beside("generation", generation, sampling)
+        self.config = config or LifecycleConfig(**lifecycle)  # a mode's name: see LifecycleConfig.tagging
         self.generation = generation or GenerationSettings(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            seed=seed,
-            stop=stop or (),  # GenerationSettings reads one string as one stop string
-            repetition_penalty=repetition_penalty,
-            frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size,
-            response_format=ResponseFormat.parse(response_format),
+            **{**sampling, "stop": stop or (), "response_format": ResponseFormat.parse(response_format)}
         )
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ConfigError(
@@ -451,8 +452,8 @@ class Conversation:
         and labels. Used when a caller edits or branches a history. ``messages`` counts
         from the start: 0 to ``len(history)``.
 
-        This one's compaction was made for its own, longer history: under a budget the
-        fork shows its messages verbatim if they fit it, as a new conversation would;
+        This one's compaction was made for its own, longer history: the fork shows its
+        messages verbatim, as a new conversation would, when it has no budget or they fit it;
         otherwise it keeps what this one did to them (it renders that prefix as this one
         does, so the prefix's blocks still hit), except that its newest exchange (the
         messages after its last reply) is never folded, as in any turn. A reply dropped as
@@ -481,18 +482,25 @@ class Conversation:
         twin.tools_prompt = self.tools_prompt
         twin.renderer = twin._make_renderer()
         twin.tagger.parse_history.extend(self.tagger.parse_history)
-        if twin.config.budget is not None:
-            twin._unfold_for_fork(twin.config.budget)
+        twin._unfold_for_fork(twin.config.budget)
         twin.journal.everything(copied)
         return twin
 
-    def _unfold_for_fork(self, budget: int) -> None:
+    def _unfold_for_fork(self, budget: int | None) -> None:
         """See ``fork``: verbatim if that fits ``budget``, else the newest exchange unfolded.
-        (The live index of a fork lists every message until its first turn's refresh.)"""
+        Without a budget, verbatim with no label pending (labels take effect without
+        one): the fork's first turn sees what a new conversation would, as the turn it
+        forks from did. (The live index of a fork lists every message until its first
+        turn's refresh.)"""
         segments = [self._segments[s] for m in self.messages for s in m.segment_ids]
         inherited = TurnCheckpoint.take(segments, self.fold)
         self._show_verbatim(self.messages)
         self.fold = 0
+        if budget is None:
+            for segment in segments:
+                if segment.pending:
+                    segment.label, segment.decided_by = Label.KEEP, None
+            return
         if self.prompt_length(0) <= budget:
             return
         inherited.restore(self._segments)
@@ -916,6 +924,21 @@ def _open_store(store: Any) -> Store | None:
     if isinstance(store, str | Path):
         return Store(store)
     raise ClmError(f"store must be a path or a Store, got {type(store).__name__}")
+
+
+def _check_not_beside(name: str, settings: object | None, arguments: Mapping[str, Any]) -> None:
+    """``config=`` / ``generation=`` hold every setting of their kind: one of those settings
+    also given as its own argument (not at its default) would be ignored, so it is refused."""
+    if settings is None:
+        return
+    defaults = inspect.signature(Conversation.__init__).parameters
+    given = [key for key, value in arguments.items() if value != defaults[key].default]
+    if given:
+        raise ConfigError(
+            name,
+            f"{', '.join(given)} given beside {name}=; set {'it' if len(given) == 1 else 'them'} "
+            f"in the {type(settings).__name__} instead (it holds every setting of its kind)",
+        )
 
 
 def _checked_id(conversation_id: Any) -> str:

@@ -93,8 +93,10 @@ def converse(engine):
     """A conversation on the tiny model; protocol modes get a short protocol prompt (byte tokens are many)."""
 
     def make(**kwargs) -> Conversation:
-        kwargs.setdefault("max_new_tokens", 8)
-        kwargs.setdefault("tagging", "signals")
+        if kwargs.get("generation") is None:  # settings given beside the object holding them are refused
+            kwargs.setdefault("max_new_tokens", 8)
+        if kwargs.get("config") is None:
+            kwargs.setdefault("tagging", "signals")
         kwargs.setdefault("protocol_prompt", "Label segments in a [LIFECYCLE] block.")
         return Conversation(kwargs.pop("engine", engine), **kwargs)
 

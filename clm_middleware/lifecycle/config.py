@@ -9,6 +9,8 @@ from clm_middleware.engine.penalties import check_logit_bias, check_penalties
 from clm_middleware.engine.sampling import check_sampling_filters, check_seed
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.compressor import METHODS
+from clm_middleware.lifecycle.rules import RuleConfig
+from clm_middleware.lifecycle.signals import SignalThresholds
 from clm_middleware.lifecycle.tagging import TaggingConfig
 from clm_middleware.structured import ResponseFormat
 
@@ -145,6 +147,10 @@ class LifecycleConfig:
 
     def __post_init__(self) -> None:
         check_integers(self, "budget", "k", "compress_min_tokens", "room_turns", "min_reclaim_tokens", "protect_turns")
+        if isinstance(self.tagging, str):  # a mode's name, as Conversation(tagging=...) takes it
+            object.__setattr__(self, "tagging", tagging_config(self.tagging, self.compress_min_tokens))
+        elif not isinstance(self.tagging, TaggingConfig):
+            raise ConfigError("tagging", f"must be a TaggingConfig or a mode's name, got {type(self.tagging).__name__}")
         if self.budget is not None and self.budget < 64:
             raise ConfigError("budget", f"must be ≥ 64 tokens, got {self.budget}")
         if self.k < 0:
@@ -167,3 +173,13 @@ class LifecycleConfig:
             raise ConfigError("compact_ahead", f"must be true or false, got {self.compact_ahead!r}")
         if self.protect_turns < 1:
             raise ConfigError("protect_turns", f"must be ≥ 1, got {self.protect_turns}")
+
+
+def tagging_config(mode: str, compress_min_tokens: int) -> TaggingConfig:
+    """The tagging settings of a mode's name, its rules and signals condensing from
+    ``compress_min_tokens`` tokens as the lifecycle does."""
+    return TaggingConfig(
+        mode=mode,
+        rules=RuleConfig(compress_min_tokens=compress_min_tokens),
+        signals=SignalThresholds(compress_min_tokens=compress_min_tokens),
+    )

@@ -670,3 +670,18 @@ def test_tools_bound_before_the_first_turn_are_no_format_change_but_later_ones_a
     conversation.set_tools_prompt("You may call get_weather(city) and get_time(city).")
     conversation.add("user", "And the time?")
     assert conversation.respond("Noon.").stats.compaction == "format"  # the prompt's start moved
+
+
+def test_a_fork_without_a_budget_regenerates_from_the_context_the_reply_saw(converse):
+    """Without a budget labels take effect at the next turn; a client re-sending a history
+    to regenerate its last reply (a fork) must not have them applied first: it answers
+    from the context that reply saw, as a new conversation given that history would."""
+    conversation = converse(config=LifecycleConfig(tagging="rules", min_reclaim_tokens=1))
+    conversation.add("user", "My order number is 88412 and it has not arrived yet.")
+    for reply, text in [("Let me check.", "ok thanks"), ("Sure.", "ok great"), ("Happy to help.", "Where is it now?")]:
+        conversation.add("assistant", reply)
+        conversation.add("user", text)
+    first = conversation.respond().stats.prompt_tokens
+    assert any(s.pending for s in conversation.segments)  # labels decided in the turn wait for the next
+    regenerated = conversation.fork(len(conversation.history) - 1).respond()
+    assert regenerated.stats.prompt_tokens == first

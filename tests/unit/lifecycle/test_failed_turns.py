@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from clm_middleware.conversation import Conversation
 from clm_middleware.errors import ConfigError, TurnCancelled
+from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
 
 
 def test_a_cancelled_turn_gives_back_its_blocks_and_discard_removes_its_message(converse, engine):
@@ -218,3 +220,35 @@ def test_an_argument_of_the_wrong_type_is_an_error_naming_it_and_the_message_sta
 def test_a_cache_salt_that_is_not_a_string_is_refused_at_construction(converse):
     with pytest.raises(ConfigError, match="cache_salt"):
         converse(cache_salt=5)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"budget": 1024, "config": LifecycleConfig(room_turns=2)}, "budget"),
+        ({"tagging": "rules", "k": 3, "config": LifecycleConfig()}, "tagging, k"),
+        ({"max_new_tokens": 16, "generation": GenerationSettings(temperature=0.5)}, "max_new_tokens"),
+        ({"response_format": {"type": "json_object"}, "generation": GenerationSettings()}, "response_format"),
+    ],
+)
+def test_a_setting_given_beside_the_object_that_holds_it_is_refused_not_ignored(engine, arguments, named):
+    # config= / generation= used to win silently: a budgeted chat given config=LifecycleConfig(room_turns=2)
+    # ran with no budget at all
+    with pytest.raises(ConfigError, match=f"{named} given beside"):
+        Conversation(engine, **arguments)
+
+
+def test_a_config_with_every_setting_inside_it_is_used_whole(engine):
+    config = LifecycleConfig(tagging="signals", budget=256, room_turns=2, compress_min_tokens=32)
+    conversation = Conversation(engine, config=config, generation=GenerationSettings(max_new_tokens=4))
+    assert conversation.config.budget == 256 and conversation.config.room_turns == 2
+    assert conversation.config.tagging.mode == "signals"  # a mode's name reads as Conversation(tagging=...) does
+    assert conversation.config.tagging.rules.compress_min_tokens == 32
+    assert conversation.generation.max_new_tokens == 4
+
+
+def test_a_tagging_setting_that_is_neither_a_mode_nor_tagging_settings_is_refused():
+    with pytest.raises(ConfigError, match="tagging"):
+        LifecycleConfig(tagging=5)
+    with pytest.raises(ConfigError, match="unknown mode"):
+        LifecycleConfig(tagging="labels")
