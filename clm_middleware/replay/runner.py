@@ -154,7 +154,8 @@ def replay_interleaved(
     prompt over the context window, a message no entry point accepts) stops the replay
     with ``on_error="stop"``: a ``ReplayTurnError`` naming the conversation and turn.
     With ``"skip"`` the mode's report records a ``Failure`` instead, the driver forgets
-    that turn's messages (``discard_turn``), and the replay goes on with the next turn;
+    that turn's messages (``discard_turn``) but its system messages (the first turn
+    brings the system prompt), and the replay goes on with the next turn;
     the other modes are not affected. A failed turn keeps its turn number.
     """
     if on_error not in ON_ERROR:
@@ -175,14 +176,21 @@ def replay_interleaved(
                     for mode in modes[shift:] + modes[:shift]:
                         driver, report = drivers[mode], reports[mode]
                         turn = len(report.turns) + sum(f.turn is not None for f in report.failures) + 1
+                        added: list[Message] = []
                         try:
                             for message in context:
                                 driver.add(message)
+                                added.append(message)
                             record = driver.respond(kept_as_recorded(answer, teacher_force, context))
                         except ClmError as error:
                             failure = Failure(str(error), turn, transcript.conversation_id)
                             report.failures.append(failure)  # stopping or not, the report says why
                             driver.discard_turn()  # the context is the last answered turn's, as reported
+                            # but for the system messages that came with the turn: they set up the
+                            # conversation (its first turn brings the system prompt), not this turn
+                            for message in added:
+                                if message.role == "system":
+                                    driver.add(message)
                             if on_error == "stop":
                                 raise ReplayTurnError(transcript.conversation_id, turn, error) from error
                             if on_failure is not None:

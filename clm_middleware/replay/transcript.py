@@ -116,14 +116,11 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
         role = "system"
     elif role == "function":  # OpenAI's legacy name for a tool result
         role = "tool"
+    accepted = sorted(ROLES | {"developer", "function"})  # one list in both errors
     if role is None:
-        raise TranscriptError(
-            path, line, f'a message needs a "role", one of {sorted(ROLES)}; got keys {sorted(record)}'
-        )
+        raise TranscriptError(path, line, f'a message needs a "role", one of {accepted}; got keys {sorted(record)}')
     if role not in ROLES:
-        raise TranscriptError(
-            path, line, f"unknown role {role!r}; expected one of {sorted(ROLES | {'developer', 'function'})}"
-        )
+        raise TranscriptError(path, line, f"unknown role {role!r}; expected one of {accepted}")
     if role in ("user", "system") and "content" not in record:  # "" is a message; no key is a misnamed field
         raise TranscriptError(path, line, f'a {role} message needs a "content"; got keys {sorted(record)}')
     content = _content_text(record.get("content"), path, line, role)

@@ -91,6 +91,23 @@ def test_on_error_skip_goes_past_a_message_over_the_budget_in_clm_mode(tmp_path)
     assert "budget" in report["failures"][0]["error"]
 
 
+@pytest.mark.parametrize("mode", ["prefix", "stateless", "clm"])  # truncate keeps an oversized message's tail
+def test_on_error_skip_keeps_the_system_prompt_of_a_failed_first_turn(tmp_path, mode):
+    # the first turn brings the system prompt; skipping that turn's message must not replay
+    # the rest under the model's default system prompt
+    messages = [{"role": "system", "content": "You are terse and call the user Captain."}, *OVERSIZED[2:]]
+    path = write_transcript(tmp_path / "first.jsonl", messages)
+    budget = ("--budget", "256", "--tagging", "rules") if mode == "clm" else ()
+    code, _, err = replay(
+        str(path), "--mode", mode, *budget, "--on-error", "skip", "--report", str(tmp_path / "r.json")
+    )
+    assert code == 0, err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [t["turn"] for t in report["turns"]] == [2] and report["failures"][0]["turn"] == 1
+    assert "call the user Captain" in report["final_context"]
+    assert "word word" not in report["final_context"]
+
+
 def test_on_error_skip_leaves_out_an_unreadable_record_and_says_where(tmp_path):
     path = tmp_path / "bad.jsonl"
     good = json.dumps({"role": "user", "content": "hello"})
