@@ -504,7 +504,7 @@ class ChatCLM(BaseChatModel):
         engine = self._engine(kwargs.get("model"))
         router = self._router(model, engine)
         request = ChatRequest(
-            turns=[to_turn(message) for message in messages],
+            turns=[to_turn(message, index) for index, message in enumerate(messages)],
             settings=self._settings(stop, kwargs),
             tools=kwargs.get("tools") or [],
             tool_choice=kwargs.get("tool_choice"),
@@ -533,7 +533,7 @@ class ChatCLM(BaseChatModel):
         ``trim_messages(token_counter=llm)`` should count."""
         engine = self._engine(None)
         chat = ChatFormat.from_tokenizer(engine.tokenizer)
-        turns = [to_turn(message) for message in messages]
+        turns = [to_turn(message, index) for index, message in enumerate(messages)]
         rendered = [(t.role if chat.supports_role(t.role) else "user", chat.encode(t.text)) for t in turns]
         section = system_sections(engine, [convert_to_openai_tool(tool) for tool in tools or ()], None)
         if section:

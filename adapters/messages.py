@@ -16,7 +16,7 @@ import xxhash
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 
 from clm_middleware.errors import ConfigError
-from clm_middleware.render.chat_format import ROLE_SPELLINGS
+from clm_middleware.render.chat_format import ROLE_SPELLINGS, lone_surrogate
 from clm_middleware.render.content import blocks_text
 from clm_middleware.render.tool_calls import render_tool_calls
 
@@ -37,7 +37,8 @@ def message_text(message: BaseMessage) -> str:
     return blocks_text(content)
 
 
-def to_turn(message: BaseMessage) -> Turn:
+def to_turn(message: BaseMessage, index: int = 0) -> Turn:
+    """The turn a LangChain message is; ``index``, its place in the call's messages, names it in errors."""
     if isinstance(message, ChatMessage):
         role = ROLE_SPELLINGS.get(str(message.role).strip().lower())
         if role is None:
@@ -66,6 +67,8 @@ def to_turn(message: BaseMessage) -> Turn:
             f"unsupported message type {type(message).__name__}",
             hint="use SystemMessage, HumanMessage, AIMessage, ToolMessage or ChatMessage",
         )
+    if (bad := lone_surrogate(text)) is not None:  # not Unicode text: no tokenizer can encode it
+        raise ConfigError(f"messages[{index}].content", f"holds a lone surrogate ({bad!a}): not Unicode text")
     return Turn(role, text, turn_digest(role, text))
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from clm_middleware.adapters.messages import message_text, to_turn
+from clm_middleware.errors import ConfigError
 
 
 def _tool(content, **fields) -> ToolMessage:
@@ -60,3 +62,13 @@ def test_text_parts_are_joined_one_per_line():
     assert message_text(HumanMessage(content=["Translate to Spanish:", {"type": "text", "text": "Good morning"}])) == (
         "Translate to Spanish:\nGood morning"
     )
+
+
+def test_a_lone_surrogate_is_an_error_naming_the_message_not_an_encoding_traceback(scripted_llm):
+    # a broken "\ud800" JSON escape: the CLI, the HTTP API and Conversation name it; ChatCLM
+    # raised a bare UnicodeEncodeError from hashing the history
+    llm, _ = scripted_llm("fine")
+    messages = [HumanMessage("hello"), AIMessage("hi"), HumanMessage("broken \ud800 text")]
+    with pytest.raises(ConfigError, match=r"messages\[2\]\.content: holds a lone surrogate \('\\ud800'\)"):
+        llm.invoke(messages)
+    assert to_turn(HumanMessage("fine text"), 0).text == "fine text"
