@@ -150,7 +150,8 @@ def sibling_engine(engine: ServingEngine) -> ServingEngine:
 
 def engine_description(engine: ServingEngine) -> dict[str, Any]:
     """Report settings that say which engine ran: a remote engine's server, kind and
-    ``signals_source``; for the local engine, ``signals_source: local``."""
+    ``signals_source``; for the local engine, ``signals_source: local``, the model's and
+    the pool's dtypes, the pool's size in blocks, and each opt-in that is on."""
     describe = getattr(engine, "describe", None)
     if callable(describe):
         return describe()
@@ -160,7 +161,14 @@ def engine_description(engine: ServingEngine) -> dict[str, Any]:
     model = getattr(engine, "model", None)
     quantized = {"quantization": model_quantization(model)} if model is not None and model_quantization(model) else {}
     compiled = {"compile_decode": True} if getattr(engine, "decoder", None) is not None else {}
-    return {"signals_source": signals_source(engine), **approximate, **paged, **quantized, **compiled}
+    storage = {}
+    if model is not None and getattr(engine, "pool", None) is not None:  # what rounds the numbers, and how much fits
+        storage = {
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "kv_dtype": str(engine.pool.kv_dtype).removeprefix("torch."),
+            "pool_blocks": engine.pool.num_blocks,
+        }
+    return {"signals_source": signals_source(engine), **storage, **approximate, **paged, **quantized, **compiled}
 
 
 @dataclass(slots=True)
@@ -189,6 +197,7 @@ class LifecycleOptions:
             "compression": self.compression,
             "compact_ahead": self.compact_ahead,
             "db": self.db,
+            "tenant": self.tenant,
         }
 
 

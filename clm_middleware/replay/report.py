@@ -96,6 +96,8 @@ class ReplayReport:
             "cached_tokens": cached,
             "approximate_tokens": sum(t.approximate_tokens for t in turns),
             "prefill_tokens": prefill,
+            "ahead_tokens": sum(t.ahead_tokens for t in turns),
+            "ahead_prefill_tokens": sum(t.ahead_prefill_tokens for t in turns),
             "generated_tokens": sum(t.generated_tokens for t in turns),
             "forced_tokens": sum(t.forced_tokens for t in turns),
             **quality_totals(turns),
