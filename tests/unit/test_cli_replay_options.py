@@ -245,3 +245,14 @@ def test_the_report_carries_the_decode_rate_of_generated_replies_and_none_when_f
     assert generated["totals"]["decode_tokens_per_s"] == pytest.approx(rate)
     assert forced["totals"]["decode_tokens_per_s"] == 0.0
     assert all(t["decode_s"] == 0.0 for t in forced["turns"])
+
+
+def test_the_report_settings_name_what_rounds_the_numbers_and_the_tenant(tmp_path):
+    # a run whose pool stores bf16 (approximate cache hits) must not read as an exact one
+    path = write_transcript(tmp_path / "chat.jsonl")
+    args = ("--mode", "clm", "--tagging", "rules", "--kv-dtype", "bf16", "--tenant", "t1")
+    code, _, err = replay(str(path), *args, "--report", str(tmp_path / "r.json"))
+    assert code == 0, err
+    settings = json.loads((tmp_path / "r.json").read_text())["settings"]
+    assert settings["dtype"] == "float32" and settings["kv_dtype"] == "bfloat16"
+    assert settings["pool_blocks"] > 0 and settings["tenant"] == "t1"
