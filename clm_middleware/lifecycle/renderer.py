@@ -9,8 +9,9 @@ Layout::
     assistant header [seg_k]                                                          generation prompt
 
 The digest holds the messages before ``fold`` (budget pressure folds the oldest ones,
-condensed): one line per message with visible content, its segments joined by spaces,
-no chat glue and no markers. It only grows at its end, so folding more messages keeps
+condensed): one line per message with visible content, its segments joined by spaces
+(by a newline before and after a fenced code block, which opens and closes a line of
+its own), no chat glue and no markers. It only grows at its end, so folding more messages keeps
 the digest's own earlier lines cached.
 
 Separators (the whitespace before a segment, as written): a segment that a space
@@ -38,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from clm_middleware.lifecycle.segmenter import has_code_block
 from clm_middleware.lifecycle.segments import MessageRecord, Segment, SegmentId
 from clm_middleware.render import ChatFormat
 
@@ -136,7 +138,11 @@ class ContextRenderer:
         for line in lines:
             ids.extend(self._encoded("\n"))
             for position, segment in enumerate(line):
-                if position and not self.format.leads_with_space(segment.visible_ids):
+                if position and (
+                    has_code_block(segment.visible_text) or has_code_block(line[position - 1].visible_text)
+                ):
+                    ids.extend(self._encoded("\n"))  # a fence opens and closes a line of its own
+                elif position and not self.format.leads_with_space(segment.visible_ids):
                     ids.extend(self._encoded(" "))
                 start = len(ids)
                 ids.extend(segment.visible_ids)

@@ -685,3 +685,17 @@ def test_a_fork_without_a_budget_regenerates_from_the_context_the_reply_saw(conv
     assert any(s.pending for s in conversation.segments)  # labels decided in the turn wait for the next
     regenerated = conversation.fork(len(conversation.history) - 1).respond()
     assert regenerated.stats.prompt_tokens == first
+
+
+def test_a_code_block_in_the_digest_opens_and_closes_a_line_of_its_own(converse):
+    # joined to the text around it by spaces, "deploy.yaml: ```yaml" is no fence
+    conversation = converse(budget=400, tagging="rules")
+    code = "```yaml\nreplicas: 3\nimage: payments:v2.4.1\n```"
+    conversation.add("user", f"My deploy file for release 2.4.1 is deploy.yaml:\n{code}\nIs that fine for staging?")
+    conversation.respond("Looks fine.")
+    for text in FILLER:
+        conversation.add("user", text)
+        conversation.respond("Noted.")
+    context = conversation.context
+    digest = context[context.index("Notes from earlier turns:") :].split("<|im_end|>")[0]
+    assert f"deploy.yaml:\n{code}\n" in digest  # kept whole, never cut, on lines of its own
