@@ -168,6 +168,7 @@ def replay_interleaved(
         turn_index = 0
         for transcript in transcripts:
             drivers: dict[str, TurnDriver] = {}
+            carried: dict[str, list[Message]] = {mode: [] for mode in modes}  # system messages of failed turns
             try:
                 for mode in modes:
                     drivers[mode] = make_drivers[mode](transcript)
@@ -187,15 +188,17 @@ def replay_interleaved(
                             report.failures.append(failure)  # stopping or not, the report says why
                             driver.discard_turn()  # the context is the last answered turn's, as reported
                             # but for the system messages that came with the turn: they set up the
-                            # conversation (its first turn brings the system prompt), not this turn
-                            for message in added:
-                                if message.role == "system":
-                                    driver.add(message)
+                            # conversation (its first turn brings the system prompt), not this turn;
+                            # they stay unanswered until a turn succeeds, so a second failure keeps them too
+                            carried[mode] += [m for m in added if m.role == "system"]
+                            for message in carried[mode]:
+                                driver.add(message)
                             if on_error == "stop":
                                 raise ReplayTurnError(transcript.conversation_id, turn, error) from error
                             if on_failure is not None:
                                 on_failure(mode, failure)
                             continue
+                        carried[mode] = []
                         record.turn = turn
                         if teacher_force and answer is None:
                             # the transcript leaves it unanswered: its prompt is computed and one

@@ -95,7 +95,9 @@ def test_on_error_skip_goes_past_a_message_over_the_budget_in_clm_mode(tmp_path)
 def test_on_error_skip_keeps_the_system_prompt_of_a_failed_first_turn(tmp_path, mode):
     # the first turn brings the system prompt; skipping that turn's message must not replay
     # the rest under the model's default system prompt
-    messages = [{"role": "system", "content": "You are terse and call the user Captain."}, *OVERSIZED[2:]]
+    big = OVERSIZED[2]
+    messages = [{"role": "system", "content": "You are terse and call the user Captain."}, big, OVERSIZED[3], big]
+    messages += OVERSIZED[3:]  # two failed turns in a row, then one that runs
     path = write_transcript(tmp_path / "first.jsonl", messages)
     budget = ("--budget", "256", "--tagging", "rules") if mode == "clm" else ()
     code, _, err = replay(
@@ -103,7 +105,7 @@ def test_on_error_skip_keeps_the_system_prompt_of_a_failed_first_turn(tmp_path, 
     )
     assert code == 0, err
     report = json.loads((tmp_path / "r.json").read_text())
-    assert [t["turn"] for t in report["turns"]] == [2] and report["failures"][0]["turn"] == 1
+    assert [t["turn"] for t in report["turns"]] == [3] and [f["turn"] for f in report["failures"]] == [1, 2]
     assert "call the user Captain" in report["final_context"]
     assert "word word" not in report["final_context"]
 
