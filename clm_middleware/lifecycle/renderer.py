@@ -11,8 +11,9 @@ Layout::
 The digest holds the messages before ``fold`` (budget pressure folds the oldest ones,
 condensed): one line per message with visible content, its segments joined by spaces
 (by a newline before and after a fenced code block, which opens and closes a line of
-its own), no chat glue and no markers. It only grows at its end, so folding more messages keeps
-the digest's own earlier lines cached.
+its own, and a block a reply left open closed after it), no chat glue and no markers.
+It only grows at its end, so folding more messages keeps the digest's own earlier lines
+cached.
 
 Separators (the whitespace before a segment, as written): a segment that a space
 separated from the previous one usually carries that space in its first token (``ĠI``,
@@ -39,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from clm_middleware.lifecycle.segmenter import has_code_block
+from clm_middleware.lifecycle.segmenter import has_code_block, unclosed_fence
 from clm_middleware.lifecycle.segments import MessageRecord, Segment, SegmentId
 from clm_middleware.render import ChatFormat
 
@@ -147,6 +148,8 @@ class ContextRenderer:
                 start = len(ids)
                 ids.extend(segment.visible_ids)
                 rendered.spans[segment.id] = (start, len(ids))
+                if (fence := unclosed_fence(segment.visible_text)) is not None:
+                    ids.extend(self._encoded("\n" + fence))  # a reply cut inside its code: the next lines are no code
         ids.extend(glue.footer_ids)
         rendered.digest_tokens = len(ids) - begin
 

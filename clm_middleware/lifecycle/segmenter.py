@@ -291,6 +291,16 @@ def has_code_block(text: str) -> bool:
     return "```" in text or "~~~" in text
 
 
+def unclosed_fence(text: str) -> str | None:
+    """The fence ``text`` leaves open (a reply cut inside its code block), or None."""
+    blocks = list(_FENCE.finditer(text))
+    if not blocks:
+        return None
+    block, fence = blocks[-1].group(), blocks[-1].group(1)
+    closed = len(block) >= 2 * len(fence) and block.endswith(fence)  # else it ran to the text's end
+    return None if closed else fence
+
+
 def _whole(text: str, kind: str) -> SegmentPiece:
     """A message as one segment: its leading whitespace as the separator, the rest as written."""
     body = text.lstrip()

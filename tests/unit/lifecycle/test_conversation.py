@@ -699,3 +699,19 @@ def test_a_code_block_in_the_digest_opens_and_closes_a_line_of_its_own(converse)
     context = conversation.context
     digest = context[context.index("Notes from earlier turns:") :].split("<|im_end|>")[0]
     assert f"deploy.yaml:\n{code}\n" in digest  # kept whole, never cut, on lines of its own
+
+
+def test_a_code_block_a_reply_left_open_is_closed_in_the_digest(converse):
+    # a reply cut at max_new_tokens inside its code: folded as it is, its fence would make
+    # every later digest line read as code
+    conversation = converse(budget=520, tagging="rules")
+    conversation.add("user", "Write load_rows for rows.csv in Python 3.12, please.")
+    cut = "Here is read_csv_rows:\n```python\ndef read_csv_rows(path):\n    with open(path) as fh:"
+    conversation.respond(cut)
+    for text in FILLER:
+        conversation.add("user", text)
+        conversation.respond("Noted.")
+    context = conversation.context
+    digest = context[context.index("Notes from earlier turns:") :].split("<|im_end|>")[0]
+    assert cut in digest and digest.count("```") == 2  # closed right after it
+    assert f"{cut}\n```\n" in digest or digest.endswith(f"{cut}\n```")
