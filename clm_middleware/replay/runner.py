@@ -202,7 +202,7 @@ def replay_interleaved(
                         record.turn = turn
                         if teacher_force and answer is None:
                             # the transcript leaves it unanswered: its prompt is computed and one
-                            # token decoded, but there is no reply to judge (not a generated one)
+                            # token decoded, not kept (an empty reply), and there is no reply to judge
                             record.reply_flags = []
                             record.extra["unanswered"] = True
                         elif teacher_force and not record.forced_tokens and not answer.tool_calls:
@@ -213,6 +213,9 @@ def replay_interleaved(
                         if on_turn is not None:
                             on_turn(mode, record)
                     turn_index += 1
+                for message in unanswerable_tail(transcript):
+                    for mode in modes:  # no turn: the context holds them, as the transcript does
+                        drivers[mode].add(message)
             finally:
                 for driver in drivers.values():
                     driver.close()
@@ -227,15 +230,16 @@ def replay_interleaved(
 def kept_as_recorded(answer: Message | None, teacher_force: bool, context: Sequence[Message] = ()) -> Message | None:
     """The transcript reply a turn keeps instead of generating one (None: generate).
 
-    Teacher-forced, every reply. Generated, an assistant message that calls tools (a
-    replay runs no tools and binds none, so a generated reply could not make the call,
-    and the recorded results that follow would answer a call the context never made),
-    and one that follows the previous answer with no user or tool message between
-    (``context``, the turn's messages before it): the model, given nothing new to
-    answer, would only say its last reply again.
+    Teacher-forced, every reply, and an empty one for a final turn the transcript leaves
+    unanswered (its prompt is computed; the one token decoded for TTFT is not kept).
+    Generated, an assistant message that calls tools (a replay runs no tools and binds
+    none, so a generated reply could not make the call, and the recorded results that
+    follow would answer a call the context never made), and one that follows the previous
+    answer with no user or tool message between (``context``, the turn's messages before
+    it): the model, given nothing new to answer, would only say its last reply again.
     """
     if answer is None:
-        return None
+        return Message("assistant", "") if teacher_force else None
     follow_up = not any(m.role in ("user", "tool") for m in context)
     return answer if teacher_force or answer.tool_calls or follow_up else None
 
@@ -259,6 +263,13 @@ def turn_plan(transcript: Transcript) -> list[tuple[list[Message], Message | Non
     if any(message.role in ("user", "tool") for message in context):
         plan.append((context, None))
     return plan
+
+
+def unanswerable_tail(transcript: Transcript) -> list[Message]:
+    """The messages after the last turn of ``turn_plan`` that start none: a transcript of
+    only a system prompt (and a bot's greeting) has them all."""
+    planned = sum(len(context) + (answer is not None) for context, answer in turn_plan(transcript))
+    return list(transcript.messages[planned:])
 
 
 def count_turns(transcripts: Iterable[Transcript]) -> int:

@@ -1,6 +1,7 @@
 """`clm replay` options for scripts and sampling: --temperature/--top-k/--min-p, --on-error, --json."""
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -221,7 +222,7 @@ def test_a_replay_stopped_by_a_failing_turn_says_why_in_its_report(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["prefix", "clm"])
-def test_a_teacher_forced_transcript_ending_on_a_user_message_reports_no_generated_reply(tmp_path, mode):
+def test_a_teacher_forced_transcript_ending_on_a_user_message_reports_and_keeps_no_reply(tmp_path, mode):
     path = write_transcript(tmp_path / "t.jsonl", TRANSCRIPT[:4])  # ends on the user's question
     report_path = tmp_path / "r.json"
     code, _, err = replay(str(path), "--mode", mode, "--teacher-force", "--report", str(report_path))
@@ -229,8 +230,27 @@ def test_a_teacher_forced_transcript_ending_on_a_user_message_reports_no_generat
     report = json.loads(report_path.read_text())
     last = report["turns"][-1]
     assert last["unanswered"] is True and last["reply_flags"] == [] and last["forced_tokens"] == 0
+    # the token decoded for TTFT is no reply: neither the report nor the context keeps it
+    assert last["reply"] == ""
+    after_question = report["final_context"].split(TRANSCRIPT[3]["content"])[-1]
+    assert re.sub(r"<[^>]*>|assistant", "", after_question).strip() == "", after_question
     totals = report["totals"]
     assert totals["generated_replies"] == 0 and totals["flagged_replies"] == 0 and totals["reply_flags"] == {}
+
+
+@pytest.mark.parametrize("mode", ["prefix", "truncate", "clm"])
+def test_a_transcript_with_no_user_message_leaves_its_own_system_prompt_and_greeting_in_the_final_context(
+    tmp_path, mode
+):
+    greeting = {"role": "assistant", "content": "Ahoy! What brings you aboard?"}
+    path = write_transcript(tmp_path / "t.jsonl", [TRANSCRIPT[0], greeting])
+    report_path = tmp_path / "r.json"
+    code, _, err = replay(str(path), "--mode", mode, "--budget", "256", "--report", str(report_path))
+    assert code == 0, err
+    report = json.loads(report_path.read_text())
+    assert report["turns"] == []
+    context = report["final_context"]
+    assert TRANSCRIPT[0]["content"] in context and greeting["content"] in context
 
 
 @pytest.mark.parametrize("mode", ["prefix", "clm"])
