@@ -493,10 +493,11 @@ class Conversation:
         forks from did. (The live index of a fork lists every message until its first
         turn's refresh.)"""
         segments = [self._segments[s] for m in self.messages for s in m.segment_ids]
-        inherited = TurnCheckpoint.take(segments, self.fold)
+        # what to go back to if the verbatim history is over the budget (none: nothing is)
+        inherited = TurnCheckpoint.take(segments, self.fold) if budget is not None else None
         self._show_verbatim(self.messages)
         self.fold = 0
-        if budget is None:
+        if budget is None or inherited is None:
             for segment in segments:
                 if segment.pending:
                     segment.label, segment.decided_by = Label.KEEP, None

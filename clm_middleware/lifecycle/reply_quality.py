@@ -41,6 +41,8 @@ from collections.abc import Iterable
 
 import regex
 
+from clm_middleware.lifecycle.segmenter import has_code_block, unclosed_fence
+
 LOOP_NGRAM = 4  # word n-gram size: long enough that ordinary phrasing rarely repeats one
 LOOP_SHARE = 0.5  # half the n-grams are repeats: the text says the same thing twice over
 LOOP_MIN_TOKENS = 12  # shorter replies ("Yes. Yes.") are not judged
@@ -70,7 +72,6 @@ _WORD = regex.compile(rf"[{_UNSPACED}]|[^\W{_UNSPACED}]+|[^\w\s]")
 # space after them: anything but another one ends the run.
 _TERMINATORS = r".!?…,;:\])"
 _WIDE_TERMINATORS = "。！？，；："
-_FENCE = "```"  # a Markdown code block opens and closes with it
 # where a sentence ends: the start of a terminator run followed by space, a full-width run
 # followed by what cannot extend it, or a newline (linear: the look-behind skips the
 # inside of a run, and nothing else can backtrack)
@@ -193,16 +194,16 @@ class RepeatWatch:
     whole text so far after every token: each call scans only what was appended since
     the last complete sentence, so a reply costs linear time, not quadratic.
 
-    Code is not prose: a line of a fenced block (between ```` ``` ```` lines, the fence
-    lines included) is never compared nor cut, since code repeats its lines by nature (a
+    Code is not prose: a line of a fenced block (between ```` ``` ```` or ``~~~`` lines,
+    the fence lines included) is never compared nor cut, since code repeats its lines by nature (a
     signature before and after a change, two fixtures alike) and a cut there leaves the
     block unclosed.
 
     Invariant: ``_complete`` is the text through its last complete sentence (an end that
     appending cannot move: its terminator is already followed by whitespace), or through
     the repeated one once there is a ``cut``; ``_keys`` holds the keys of the sentences
-    before it, sorted, for prefix look-ups; ``_fences`` counts the fence marks in it (odd:
-    inside a block). A text that does not start with ``_complete`` (a stop string cut it)
+    before it, sorted, for prefix look-ups; ``_open_fence`` is the fence it leaves open
+    (None: not inside a block). A text that does not start with ``_complete`` (a stop string cut it)
     starts over; ``_run`` is the last short clause of ``_complete`` and how many times in
     a row it ends it."""
 
@@ -210,20 +211,19 @@ class RepeatWatch:
         self._complete = ""
         self._keys: list[str] = []
         self._run: tuple[str, int] = ("", 0)
-        self._fences = 0
+        self._open_fence: str | None = None
         self.cut: int | None = None  # where the first repeated sentence starts, once there is one
 
     def update(self, text: str) -> None:
         if not text.startswith(self._complete):
-            self._complete, self._keys, self._run, self._fences, self.cut = "", [], ("", 0), 0, None
+            self._complete, self._keys, self._run, self._open_fence, self.cut = "", [], ("", 0), None, None
         if self.cut is not None:
             return
         scanned = start = len(self._complete)
         for end in _SENTENCE_END.finditer(text, pos=start):
             sentence, start = text[start : end.end()], end.end()
-            fences = sentence.count(_FENCE)
-            in_code = self._fences % 2 == 1 or fences > 0
-            self._fences += fences
+            in_code = self._open_fence is not None or has_code_block(sentence)
+            self._open_fence = unclosed_fence(sentence, self._open_fence)
             if in_code:
                 self._run = ("", 0)
                 continue
@@ -254,7 +254,7 @@ class RepeatWatch:
     def in_progress(self, text: str) -> int:
         """``repeat_in_progress`` of ``text``, the text of the last ``update``."""
         tail = text[len(self._complete) :]
-        if self._fences % 2 == 1 or _FENCE in tail:
+        if self._open_fence is not None or has_code_block(tail):
             return 0  # code is never cut, so never held back
         said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
         if not said:

@@ -29,6 +29,7 @@ from clm_middleware.errors import ConfigError
 
 # a Markdown code block: from a fence (``` or ~~~) to the same fence or the text's end
 _FENCE = regex.compile(r"(```|~~~).*?(?:\1|\Z)", regex.DOTALL)
+_FENCE_MARK = regex.compile(r"```|~~~")  # what opens and closes a fenced block
 _PARAGRAPH_BREAK = regex.compile(r"\n[ \t]*\n+")
 _LIST_ITEM = regex.compile(r"^\s*(?:\d{1,3}[.)]|[-*•])\s+")
 # A sentence ends at . ! ? … followed by space and a capital, digit, quote or bracket.
@@ -291,14 +292,16 @@ def has_code_block(text: str) -> bool:
     return "```" in text or "~~~" in text
 
 
-def unclosed_fence(text: str) -> str | None:
-    """The fence ``text`` leaves open (a reply cut inside its code block), or None."""
-    blocks = list(_FENCE.finditer(text))
-    if not blocks:
-        return None
-    block, fence = blocks[-1].group(), blocks[-1].group(1)
-    closed = len(block) >= 2 * len(fence) and block.endswith(fence)  # else it ran to the text's end
-    return None if closed else fence
+def unclosed_fence(text: str, open_fence: str | None = None) -> str | None:
+    """The fence ``text`` leaves open (a reply cut inside its code block), or None;
+    ``open_fence``: the one open before ``text`` (a text read piece by piece). A block
+    closes only with the mark that opened it: a ~~~ block may hold ``` lines."""
+    for mark in _FENCE_MARK.finditer(text):
+        if open_fence is None:
+            open_fence = mark.group()
+        elif mark.group() == open_fence:
+            open_fence = None
+    return open_fence
 
 
 def _whole(text: str, kind: str) -> SegmentPiece:

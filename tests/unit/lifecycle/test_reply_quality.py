@@ -84,6 +84,11 @@ CODE_REPLIES = [
     "    yield conn\n```",
     "```sql\nCREATE TABLE items (id INTEGER PRIMARY KEY, sku TEXT, qty INTEGER);\n"
     "CREATE TABLE warehouses (id INTEGER PRIMARY KEY, name TEXT);\n```",
+    "Two steps:\n\n~~~yaml\n- name: build the image\n  run: make image\n"
+    "- name: build the image\n  run: make image\n~~~",
+    # a ~~~ block holding ``` lines of its own ends only at its ~~~
+    "The README part:\n\n~~~markdown\nRun:\n```\nmake test\n```\nrun the cleanup step now.\n"
+    "run the cleanup step now.\n~~~\n\nDone.",
 ]
 
 
@@ -91,12 +96,18 @@ CODE_REPLIES = [
 def test_lines_of_a_code_block_are_never_cut_as_repeats_streamed_or_not(reply):
     assert first_repeated_sentence(reply) is None  # a cut there left the block unclosed
     assert visible_answer(reply, stops=(), cut_repeats=True) == reply.rstrip()
-    assert repeat_in_progress(reply[: reply.rindex("```") - 5]) == 0  # nothing held back inside the block
+    last_fence = max(reply.rfind("```"), reply.rfind("~~~"))
+    assert repeat_in_progress(reply[: last_fence - 5]) == 0  # nothing held back inside the block
 
 
 def test_prose_after_a_closed_code_block_is_still_cut_at_a_repeat():
     reply = "```\nx = 1\nx = 1\n```\nI hope this helps you. I hope this helps you. I hope"
     assert reply[: first_repeated_sentence(reply)] == "```\nx = 1\nx = 1\n```\nI hope this helps you. "
+
+
+def test_prose_after_a_closed_tilde_block_is_still_cut_at_a_repeat():
+    reply = "~~~\nx = 1\nx = 1\n~~~\nI hope this helps you. I hope this helps you. I hope"
+    assert reply[: first_repeated_sentence(reply)] == "~~~\nx = 1\nx = 1\n~~~\nI hope this helps you. "
 
 
 def test_chinese_and_japanese_replies_are_judged_word_by_character_and_cut_at_full_width_stops():
