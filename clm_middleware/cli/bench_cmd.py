@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from clm_middleware.cli.options import (
     generation_options,
     lifecycle_options,
     model_options,
+    on_error_option,
     remote_engine_options,
 )
 
@@ -56,6 +58,7 @@ BENCH_MODES = ("stateless", "prefix", "truncate", "clm")
     help="Write a PNG (or .pdf, .svg) of context and prefill tokens per turn, per mode.",
 )
 @click.option("--report-dir", type=OutputPath(folder=True), help="Write one JSON report per mode into this folder.")
+@on_error_option
 def bench(
     transcript: Path,
     transcript_format: str,
@@ -83,6 +86,7 @@ def bench(
     markdown_path: Path | None,
     plot_path: Path | None,
     report_dir: Path | None,
+    on_error: str,
     **engine_options: Any,
 ) -> None:
     """Run TRANSCRIPT through each mode, turn by turn in rotating order, and print ratios.
@@ -100,8 +104,9 @@ def bench(
         driver_factory,
         sibling_engine,
     )
+    from clm_middleware.errors import TranscriptError
     from clm_middleware.replay.bench import comparison_rows, header, to_markdown
-    from clm_middleware.replay.report import ReplayReport
+    from clm_middleware.replay.report import Failure, ReplayReport
     from clm_middleware.replay.runner import ReplayOptions, count_turns, replay_interleaved
 
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
@@ -115,10 +120,11 @@ def bench(
         raise click.BadParameter(f"give two or more distinct modes from {', '.join(BENCH_MODES)}", param_hint="--modes")
     if "truncate" in chosen and budget is None:
         raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")
+    skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
     transcripts = read_or_report(
         transcript,
         transcript_format,
-        None,
+        skipped,
         {report_dir / f"{mode}.json": mode for mode in chosen} if report_dir else {},
     )
     remove_stale(markdown_path, plot_path)
@@ -161,8 +167,9 @@ def bench(
             )
         lifecycles[mode] = lifecycle
         factories[mode] = driver_factory(engine, options, lifecycle)
-        settings = report_settings(transcript, options, engine, lifecycle)
+        settings = {**report_settings(transcript, options, engine, lifecycle), "on_error": on_error}
         reports[mode] = ReplayReport(mode=mode, model=first.model_name, settings=settings)
+        reports[mode].failures.extend(Failure(str(error)) for error in skipped or [])
     stderr = Console(stderr=True)
     command = "clm " + " ".join(shlex.quote(arg) for arg in sys.argv[1:]) if sys.argv[1:] else "clm bench"
 
@@ -179,8 +186,19 @@ def bench(
     def run() -> None:
         with turn_progress(count_turns(transcripts) * len(chosen), stderr, enabled=True) as advance:
             replay_interleaved(
-                transcripts, factories, reports, teacher_force=teacher_force, on_turn=lambda *_: advance()
+                transcripts,
+                factories,
+                reports,
+                teacher_force=teacher_force,
+                on_turn=lambda *_: advance(),
+                on_error=on_error,
+                on_failure=lambda mode, failure: skipped_turn(mode, failure, advance),
             )
+
+    def skipped_turn(mode: str, failure: Failure, advance: Callable[[], None]) -> None:
+        advance()
+        where = f"turn {failure.turn} ({failure.conversation_id})"
+        stderr.print(f"{mode}: skipped {where}: {failure.error}", markup=False, highlight=False)
 
     finish_on_failure(run, save, stderr, reports=report_dir is not None)
     save()
@@ -196,6 +214,14 @@ def bench(
         f"Model: {first.model_name}; {len(transcripts)} conversation(s), {turns} turns; "
         f"teacher-forced: {teacher_force}; budget: {budget}; tagging: {tagging}."
     ]
+    for mode, report in reports.items():
+        if report.failures:  # --on-error skip: the figures leave those turns out, the others' do not
+            turns_left_out = ", ".join(str(f.turn) for f in report.failures if f.turn is not None) or "none"
+            notes.append(
+                f"{mode}: {len(report.failures)} failure(s) skipped (turns {turns_left_out}); "
+                "its figures leave those turns out."
+            )
+            stderr.print(notes[-1], markup=False, highlight=False)
     if markdown_path:
         markdown_path.parent.mkdir(parents=True, exist_ok=True)
         markdown_path.write_text(to_markdown(reports, baseline, command, notes), encoding="utf-8")

@@ -381,3 +381,17 @@ def format_option(command: Callable[..., Any]) -> Callable[..., Any]:
         help="Transcript format: JSONL role/content lines, OpenAI messages, ShareGPT, LangChain dicts; "
         "a JSONL file of whole conversations (one per line) is read in the format of its lines.",
     )(command)
+
+
+def on_error_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--on-error: what a failing turn or an unreadable record does to a replay."""
+    from clm_middleware.replay.report import ON_ERROR
+
+    return click.option(
+        "--on-error",
+        type=click.Choice(ON_ERROR),
+        default="stop",
+        show_default=True,
+        help="stop: a failing turn (a message over the budget or the context window, a bad record) ends the replay; "
+        "skip: record it in the report and go on.",
+    )(command)

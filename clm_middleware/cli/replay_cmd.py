@@ -16,9 +16,9 @@ from clm_middleware.cli.options import (
     generation_options,
     lifecycle_options,
     model_options,
+    on_error_option,
     remote_engine_options,
 )
-from clm_middleware.replay.report import ON_ERROR
 
 MODES = ("stateless", "prefix", "truncate", "clm")
 
@@ -52,14 +52,7 @@ MODES = ("stateless", "prefix", "truncate", "clm")
 @click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N conversations of the file."
 )
-@click.option(
-    "--on-error",
-    type=click.Choice(ON_ERROR),
-    default="stop",
-    show_default=True,
-    help="stop: a failing turn (a message over the budget or the context window, a bad record) ends the replay; "
-    "skip: record it in the report and go on.",
-)
+@on_error_option
 @click.option(
     "--json",
     "json_lines",

@@ -5,10 +5,14 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
 
 1. every pending label takes effect (with a budget, only once the prompt is over it,
    and only on messages already folded into the digest: the messages after the fold
-   stay as said; without one, once the pending labels would free
-   ``min_reclaim_tokens``): drop → DROPPED; compress → the compressor's
-   result replaces the segment (COMPRESSED), or, if compression fails, the segment is
-   kept and the failure recorded. Fact guard: a drop label on a segment that holds
+   stay as said; without one, only the labels the model gave itself, its
+   ``[LIFECYCLE]`` block or its logits over the labels, once they would free
+   ``min_reclaim_tokens``; labels read from its signals or given by rules are no
+   choice of the model's, and with no budget nothing needs the room, so they never
+   apply: a signals drop of "Tell me a joke." had left its answer after "What is my
+   name?"): drop → DROPPED; compress → the compressor's result replaces the
+   segment (COMPRESSED), or, if compression fails, the segment is kept and the
+   failure recorded. Fact guard: a drop label on a segment that holds
    distinctive tokens (numbers, codes, names) is applied as a compression, which
    keeps them verbatim; only budget pressure (step 2) can drop such a segment.
    Question guard: a drop label on a question the user asked waits for budget
@@ -70,6 +74,8 @@ from clm_middleware.lifecycle.config import LifecycleConfig
 from clm_middleware.lifecycle.distinctive import distinctive_tokens, has_distinctive, missing_from
 from clm_middleware.lifecycle.rules import eviction_value
 from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Segment, SegmentId, Status
+
+MODEL_DECIDED = frozenset({DecidedBy.MODEL, DecidedBy.CONSTRAINED})  # labels that apply without a budget
 
 OVERHEAD_TOKENS_PER_SEGMENT = 8  # a marker, a separator, a share of message glue
 # pass 4 trims a segment of facts instead of dropping it whole when it is this long and
@@ -178,6 +184,8 @@ class Compactor:
         length = self.prompt_length()
         over = budget is not None and length + headroom > budget
         pending = [s for s in ordered if s.pending and not s.pinned]
+        if budget is None:  # the model's own labels only (module docstring)
+            pending = [s for s in pending if s.decided_by in MODEL_DECIDED]
         if not over:  # question guard (module docstring): only budget pressure drops one
             pending = [s for s in pending if not (s.label is Label.DROP and asks(s))]
         else:  # the verbatim messages stay as said: their labels wait until they are folded
@@ -186,8 +194,8 @@ class Compactor:
         pending_saving = sum(len(s.visible_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in pending)
         result = CompactionResult(fold=fold)
         # under a budget the context changes only when it must: until then the model sees
-        # what the bare model would (no re-prefill, no lost turn); without one, labels are
-        # the only way the context shrinks, so they apply once they free enough
+        # what the bare model would (no re-prefill, no lost turn); without one, the model's
+        # own labels are the only way the context shrinks, so they apply once they free enough
         if not over and (budget is not None or not pending or pending_saving < self.config.min_reclaim_tokens):
             return result
         result.ran, result.reason = True, ("ahead" if ahead else "budget") if over else "pending"

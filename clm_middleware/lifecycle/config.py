@@ -100,9 +100,10 @@ class LifecycleConfig:
     a quarter and cost ~0.06 nats/token of ``reply_nll``).
     Under a budget nothing changes before that: while the prompt fits, the model sees
     every message as the bare model would (labels wait, no re-prefill).
-    Without a budget, pending drops and compressions are applied once they would free
-    ``min_reclaim_tokens`` (each application re-prefills from the first changed segment
-    on, so they are batched).
+    Without a budget, the drops and compressions the model gave itself (``free`` or
+    ``constrained`` tagging) are applied once they would free ``min_reclaim_tokens``
+    (each application re-prefills from the first changed segment on, so they are
+    batched); labels from signals or rules never apply without a budget.
 
     ``recent_share`` of the budget is kept for the newest messages verbatim, whole and
     in order: old messages are folded into the digest only while the messages after

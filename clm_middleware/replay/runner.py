@@ -194,6 +194,9 @@ def replay_interleaved(
                             for message in carried[mode]:
                                 driver.add(message)
                             if on_error == "stop":
+                                for other in modes:  # every report says why it stopped
+                                    if other != mode:
+                                        _record_stop(reports[other], mode, turn, transcript.conversation_id, error)
                                 raise ReplayTurnError(transcript.conversation_id, turn, error) from error
                             if on_failure is not None:
                                 on_failure(mode, failure)
@@ -225,6 +228,18 @@ def replay_interleaved(
         for report in reports.values():
             report.wall_s = time.perf_counter() - started
     return reports
+
+
+def _record_stop(report: ReplayReport, failed_mode: str, turn: int, conversation_id: str, error: ClmError) -> None:
+    """A ``Failure`` in ``report`` for the turn it did not run because another mode's failed."""
+    next_turn = len(report.turns) + sum(f.turn is not None for f in report.failures) + 1
+    report.failures.append(
+        Failure(
+            f"not run: the replay stopped when the {failed_mode} mode failed at turn {turn}: {error}",
+            next_turn,
+            conversation_id,
+        )
+    )
 
 
 def kept_as_recorded(answer: Message | None, teacher_force: bool, context: Sequence[Message] = ()) -> Message | None:

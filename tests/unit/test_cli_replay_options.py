@@ -92,6 +92,38 @@ def test_on_error_skip_goes_past_a_message_over_the_budget_in_clm_mode(tmp_path)
     assert "budget" in report["failures"][0]["error"]
 
 
+def bench(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["bench", *args, "--model", "tiny", "--max-new-tokens", "4"])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_a_bench_stopped_by_one_modes_failing_turn_says_why_in_every_modes_report(tmp_path):
+    messages = [*OVERSIZED[:2], {"role": "user", "content": "word " * 600}, *OVERSIZED[3:]]
+    path = write_transcript(tmp_path / "budget.jsonl", messages)
+    args = ("--modes", "prefix,truncate,clm", "--tagging", "rules", "--budget", "128")
+    code, _, err = bench(str(path), *args, "--report-dir", str(tmp_path / "out"))
+    assert code == 1 and "budget" in err
+    for mode in ("prefix", "truncate"):  # they answered turn 2; clm did not, and the bench stopped there
+        report = json.loads((tmp_path / "out" / f"{mode}.json").read_text())
+        [failure] = report["failures"]
+        assert report["complete"] is False and "the clm mode failed at turn 2" in failure["error"], failure
+    clm = json.loads((tmp_path / "out" / "clm.json").read_text())
+    assert clm["failures"][0]["turn"] == 2 and "budget" in clm["failures"][0]["error"]
+
+
+def test_a_bench_with_on_error_skip_runs_every_mode_to_the_end_past_one_modes_failing_turn(tmp_path):
+    messages = [*OVERSIZED[:2], {"role": "user", "content": "word " * 600}, *OVERSIZED[3:]]
+    path = write_transcript(tmp_path / "budget.jsonl", messages)
+    args = ("--modes", "prefix,clm", "--tagging", "rules", "--budget", "128", "--on-error", "skip")
+    code, out, err = bench(str(path), *args, "--report-dir", str(tmp_path / "out"))
+    assert code == 0, err
+    prefix = json.loads((tmp_path / "out" / "prefix.json").read_text())
+    clm = json.loads((tmp_path / "out" / "clm.json").read_text())
+    assert prefix["complete"] and clm["complete"] and prefix["failures"] == []
+    assert [t["turn"] for t in prefix["turns"]] == [1, 2, 3] and [t["turn"] for t in clm["turns"]] == [1, 3]
+    assert "clm: 1 failure(s) skipped (turns 2)" in err
+
+
 @pytest.mark.parametrize("mode", ["prefix", "stateless", "clm"])  # truncate keeps an oversized message's tail
 def test_on_error_skip_keeps_the_system_prompt_of_a_failed_first_turn(tmp_path, mode):
     # the first turn brings the system prompt; skipping that turn's message must not replay

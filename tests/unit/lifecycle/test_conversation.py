@@ -102,17 +102,46 @@ def test_a_segment_referenced_again_within_k_rounds_is_restored_and_its_blocks_s
     assert any(d.segment_id == target.id and "referenced again" in d.reason for d in reply.decisions)
 
 
-def test_pending_labels_batch_until_they_free_enough_tokens(converse):
-    conversation = converse(tagging="rules")
-    for text in ("ok thanks", "cool", "great thanks"):
+def test_the_models_own_labels_batch_until_they_free_enough_tokens(converse, scripted):
+    def block(turn: int) -> str:  # each turn's block labels every segment: the user's so far drop
+        return "Fine.\n[LIFECYCLE]\n" + "".join(f"seg_{2 * t}: drop\n" for t in range(turn + 1)) + "[/LIFECYCLE]"
+
+    engine, _ = scripted(*(block(turn) for turn in range(4)))
+    config = LifecycleConfig(tagging=TaggingConfig(mode="free"), min_reclaim_tokens=24)
+    conversation = converse(engine=engine, config=config, max_new_tokens=64)
+    for text in ("ok thanks", "cool", "great thanks", "nice"):
         conversation.send(text)
-    acks = [s for s in conversation.segments if s.kind == "ack" and s.role == "user"]
-    assert all(s.label is Label.DROP for s in acks)
-    stats = conversation.turn_log
-    assert [t.compaction for t in stats][:2] == [
-        "",
-        "",
-    ]  # each drop alone frees too little to re-prefill for
+    dropped = [s.status is Status.DROPPED for s in conversation.segments if s.role == "user"]
+    compactions = [t.compaction for t in conversation.turn_log]
+    assert compactions[:2] == ["", ""]  # each drop alone frees too little to re-prefill for
+    assert "pending" in compactions and any(dropped)
+
+
+@pytest.mark.parametrize("tagging", ["rules", "signals"])
+def test_without_a_budget_labels_from_signals_or_rules_never_apply_so_the_context_is_the_bare_templates(
+    converse, tiny_tok, tagging
+):
+    """They are no choice of the model's, and without a budget nothing needs the room:
+    through clm serve with no budget, SmolLM2's signals had dropped "Tell me a joke."
+    and kept its answer, which then followed "What is my name?"."""
+    conversation = converse(system_prompt="Be brief.", tagging=tagging)
+    exchanges = [
+        ("ok thanks", "You're welcome."),
+        ("Tell me a joke.", "Why did the chicken cross the road? To get to the other side."),
+        ("cool", "Glad you liked it."),
+        ("great thanks", "Anytime."),
+        ("What is my name?", "You have not told me your name."),
+        ("ok", "Anything else?"),
+    ]
+    for text, reply in exchanges:
+        conversation.add("user", text)
+        conversation.respond(reply)
+    assert all(s.status is Status.ACTIVE for s in conversation.segments)
+    assert all(t.compaction == "" for t in conversation.turn_log)
+    bare = [{"role": "system", "content": "Be brief."}]
+    for text, reply in exchanges:
+        bare += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
+    assert conversation.context == tiny_tok.apply_chat_template(bare, tokenize=False)
 
 
 def test_without_a_budget_a_drop_label_on_a_users_question_waits_and_the_rest_applies(converse, scripted):
