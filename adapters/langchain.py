@@ -749,8 +749,18 @@ def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
+_BUILDING = threading.Lock()  # concurrent first calls wait for one engine instead of each loading one
+
+
+def _shared_engine(*args: Any, **kwargs: Any) -> Engine:
+    """``_built_engine``, built once when first calls come at the same time (``batch``,
+    ``asyncio.gather``): each would load the weights and make its own pool."""
+    with _BUILDING:
+        return _built_engine(*args, **kwargs)
+
+
 @functools.lru_cache(maxsize=8)
-def _shared_engine(
+def _built_engine(
     model: str | None,
     device: str,
     dtype: str,
@@ -780,8 +790,14 @@ def _shared_engine(
     )
 
 
+def _shared_remote_engine(*args: Any, **kwargs: Any) -> Any:
+    """``_built_remote_engine``, built once (as ``_shared_engine``)."""
+    with _BUILDING:
+        return _built_remote_engine(*args, **kwargs)
+
+
 @functools.lru_cache(maxsize=8)
-def _shared_remote_engine(
+def _built_remote_engine(
     url: str,
     model: str | None,
     engine_model: str | None,

@@ -12,14 +12,16 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 import xxhash
@@ -56,6 +58,25 @@ class ModelSource:
     @property
     def gguf_file(self) -> str | None:
         return self.path.name if self.kind == "gguf" else None
+
+
+_LOADING = threading.RLock()
+_Loader = TypeVar("_Loader", bound=Callable[..., Any])
+
+
+def one_load_at_a_time(function: _Loader) -> _Loader:
+    """Runs ``function`` holding the process's loading lock. transformers is not safe to
+    load from two threads at once: its lazy imports raise ImportError in a fresh process,
+    and ``from_pretrained`` patches torch globally while it runs, which left meta tensors
+    in both models ("Cannot copy out of meta tensor") and in every later load (the first
+    concurrent calls of a fresh ``ChatCLM``)."""
+
+    @functools.wraps(function)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with _LOADING:
+            return function(*args, **kwargs)
+
+    return cast(_Loader, locked)
 
 
 def resolve_model_source(model: str | os.PathLike[str] | ModelSource | None = None) -> ModelSource:
@@ -108,6 +129,7 @@ def parse_device(device: str | torch.device) -> torch.device:
     return parsed
 
 
+@one_load_at_a_time
 def load_model(
     model: str | os.PathLike[str] | ModelSource | None = None,
     *,
@@ -129,7 +151,7 @@ def load_model(
     torch_device = parse_device(device)
     directory, digest = _weights_directory(source, cache_dir)
     try:
-        with _quiet_transformers():
+        with _transformers_loading():
             loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
     except Exception:
         if source.kind != "gguf":
@@ -137,7 +159,7 @@ def load_model(
         # A damaged conversion is never used: delete it and convert again, once.
         shutil.rmtree(directory, ignore_errors=True)
         directory, digest = _weights_directory(source, cache_dir)
-        with _quiet_transformers():
+        with _transformers_loading():
             loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
     loaded = loaded.to(torch_device).eval()
     if digest is not None:
@@ -150,6 +172,7 @@ def load_model(
     return loaded
 
 
+@one_load_at_a_time
 def load_tokenizer(
     model: str | os.PathLike[str] | ModelSource | None = None,
     *,
@@ -165,10 +188,10 @@ def load_tokenizer(
 
     source = resolve_model_source(model)
     if source.kind == "gguf" and not _is_complete(_converted_directory(source, file_digest(source.path), cache_dir)):
-        with _quiet_transformers():
+        with _transformers_loading():
             return AutoTokenizer.from_pretrained(source.path.parent, gguf_file=source.path.name, local_files_only=True)
     directory, _ = _weights_directory(source, cache_dir)
-    with _quiet_transformers():
+    with _transformers_loading():
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
@@ -227,6 +250,7 @@ def _is_complete(directory: Path) -> bool:
     return (directory / ".complete").is_file()
 
 
+@one_load_at_a_time
 def _convert_gguf(source: ModelSource, target: Path) -> None:
     """De-quantize a GGUF file once and save it as safetensors plus tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -236,7 +260,7 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
         shutil.rmtree(target, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
     try:
-        with _quiet_transformers():
+        with _transformers_loading():
             tokenizer = AutoTokenizer.from_pretrained(
                 source.path.parent, gguf_file=source.path.name, local_files_only=True
             )
@@ -261,8 +285,9 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Hide transformers' per-load progress bars; restore the caller's setting."""
+def _transformers_loading() -> Iterator[None]:
+    """Around every ``from_pretrained``: its per-load progress bars hidden (the caller's
+    setting restored). Callers hold ``_LOADING`` (``one_load_at_a_time``)."""
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()

@@ -115,7 +115,7 @@ def test_a_bench_with_on_error_skip_runs_every_mode_to_the_end_past_one_modes_fa
     messages = [*OVERSIZED[:2], {"role": "user", "content": "word " * 600}, *OVERSIZED[3:]]
     path = write_transcript(tmp_path / "budget.jsonl", messages)
     args = ("--modes", "prefix,clm", "--tagging", "rules", "--budget", "128", "--on-error", "skip")
-    code, out, err = bench(str(path), *args, "--report-dir", str(tmp_path / "out"))
+    code, _, err = bench(str(path), *args, "--report-dir", str(tmp_path / "out"))
     assert code == 0, err
     prefix = json.loads((tmp_path / "out" / "prefix.json").read_text())
     clm = json.loads((tmp_path / "out" / "clm.json").read_text())

@@ -77,3 +77,47 @@ def test_gguf_is_converted_once_and_a_damaged_conversion_is_redone(tmp_path, mon
     gguf.write_bytes(b"GGUF other bytes")  # a different file is a different conversion
     loading.load_model(gguf, cache_dir=cache)
     assert len(conversions) == 3
+
+
+CONCURRENT_LOADS = """
+import sys, threading
+import torch
+from clm_middleware.models.loading import load_model
+
+results = []
+
+def load():
+    try:
+        load_model(sys.argv[1])(torch.tensor([[1, 2, 3]]))
+        results.append("ok")
+    except Exception as error:
+        results.append(f"{type(error).__name__}: {error}")
+
+threads = [threading.Thread(target=load) for _ in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+load()  # and one after them
+print(results, torch.get_default_device())
+"""
+
+
+def test_threads_loading_models_at_once_each_get_a_whole_model_and_later_loads_still_work(tmp_path):
+    """transformers patches torch globally while it loads: two loads at once left meta tensors
+    in the models and in every later load ("Cannot copy out of meta tensor"; the first
+    concurrent calls of a fresh ChatCLM). In a child process, so a failure spoils no other test."""
+    import os
+    import subprocess
+    import sys
+
+    from clm_middleware.models import tiny_tokenizer
+
+    tiny_llama().save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", CONCURRENT_LOADS, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "['ok', 'ok', 'ok', 'ok', 'ok'] cpu", done.stdout

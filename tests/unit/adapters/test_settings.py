@@ -154,3 +154,12 @@ def test_pickling_a_chatclm_built_around_an_engine_object_says_how_to_pickle_one
     llm, _ = scripted_llm("x")
     with pytest.raises(TypeError, match="build it from its settings"):
         pickle.dumps(llm)
+
+
+def test_first_calls_at_the_same_time_share_one_engine():
+    """batch / asyncio.gather as a fresh ChatCLM's first use: each call built its own engine
+    (weights loaded twice, pools apart) and, for a real model, the loads broke each other."""
+    chat = ChatCLM(model="tiny", max_tokens=4, block_size=48)  # a setting no other test builds
+    replies = chat.batch(["hi", "hello", "hey"], config={"max_concurrency": 3})
+    engines = {id(chat.conversation(r.response_metadata["conversation_id"]).engine) for r in replies}
+    assert len(engines) == 1
