@@ -209,7 +209,8 @@ class Compactor:
             else:
                 segment.label = Label.KEEP  # already compressed: keep the faithful summary
         if over:  # budget pressure: go down to the low-water mark, so the next turns fit too
-            self._fit_budget(messages, segments, turn, budget, result)
+            condense = None if ahead else lambda: self._condense_newest(ordered, newest, turn, budget, result)
+            self._fit_budget(messages, segments, turn, budget, result, condense)
             if ahead:
                 return result
             if self.prompt_length() > budget:
@@ -244,9 +245,35 @@ class Compactor:
         turn: int,
         budget: int,
         result: CompactionResult,
+        condense_newest: Callable[[], None] | None = None,
+    ) -> None:
+        """Down to the low-water mark, keeping the newest exchanges verbatim. A tool result
+        continues the exchange its user request opened: the request, the calls and the
+        results before it stay verbatim (without them the model reads a result with no
+        question, and answered "The tool is a tool that helps you find…"), the newest
+        exchange condensed if need be (``condense_newest``), unless that exchange cannot
+        fit the budget; then only the newest exchange is kept, as for any other message
+        (a long agent loop folds its older calls and results)."""
+        protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
+        open_from = self._open_request(protected_from)
+        if open_from < protected_from:
+            self._fold_down(messages, segments, turn, budget, open_from, result)
+            if self.prompt_length() > budget and condense_newest is not None:
+                condense_newest()
+            if self.prompt_length() <= budget:
+                return
+        self._fold_down(messages, segments, turn, budget, protected_from, result)
+
+    def _fold_down(
+        self,
+        messages: Sequence[MessageRecord],
+        segments: Mapping[SegmentId, Segment],
+        turn: int,
+        budget: int,
+        protected_from: int,
+        result: CompactionResult,
     ) -> None:
         target = self.low_water_mark(budget, segments, turn)
-        protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
         body = messages[1:] if messages and messages[0].role == "system" else messages
         accepted = accepted_replies(self._history, among=messages)
         # facts are dropped only down to halfway between the configured mark and the
@@ -334,6 +361,23 @@ class Compactor:
                 break
             turn_start = message.index
         return max(start, turn_start)
+
+    def _open_request(self, protected_from: int) -> int:
+        """Index of the user message whose exchange the message at ``protected_from`` (a
+        tool result) continues: back over tool results and the assistant messages that
+        called for them; ``protected_from`` if that is no tool result or no user message
+        opened it."""
+        history = self._history
+        positions = [p for p, m in enumerate(history) if m.index == protected_from]
+        if not positions or history[positions[0]].role != "tool":
+            return protected_from
+        position = positions[0] - 1
+        while position >= 0 and (
+            history[position].role == "tool"
+            or (history[position].role == "assistant" and history[position + 1].role == "tool")
+        ):
+            position -= 1
+        return history[position].index if position >= 0 and history[position].role == "user" else protected_from
 
     @staticmethod
     def _older(

@@ -744,3 +744,25 @@ def test_a_code_block_a_reply_left_open_is_closed_in_the_digest(converse):
     digest = context[context.index("Notes from earlier turns:") :].split("<|im_end|>")[0]
     assert cut in digest and digest.count("```") == 2  # closed right after it
     assert f"{cut}\n```\n" in digest or digest.endswith(f"{cut}\n```")
+
+
+def test_a_tool_result_over_the_budget_keeps_the_request_and_the_call_it_answers(converse):
+    """An exchange ends at the assistant's answer, not at its tool call: the request that
+    opened it stays verbatim and the result is condensed (a ChatCLM agent loop had lost
+    "I have a pet ferret named Bingo. What does the otter eat? Use search." and its call,
+    and the model answered "The tool is a tool that helps you find…")."""
+    conversation = converse(budget=1024, tagging="rules")
+    conversation.add("user", "Hi, I am planning a trip.")
+    conversation.respond("Great, where to?")
+    question = "My ferret is Bingo. What does the otter eat? Use search."
+    call = '<tool_call>{"name": "search", "arguments": {"query": "otter"}}</tool_call>'
+    conversation.add("user", question)
+    conversation.add("assistant", call)
+    conversation.add(
+        "tool", " ".join(f"The animal number {i} lives in region {i} and eats food type {i * 7}." for i in range(16))
+    )
+    reply = conversation.respond("It eats food type 21.")
+    assert reply.stats.compaction == "budget" and conversation.context_tokens <= 1024
+    context = conversation.context
+    assert question in context and call in context
+    assert "eats 21" in context or "eats food type 21" in context  # the result condensed, its facts kept
