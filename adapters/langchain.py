@@ -37,7 +37,15 @@ from clm_middleware.structured import ResponseFormat
 from .chat_call import ChatAnswer, ChatCall, ChatRequest, system_sections
 from .messages import to_turn
 from .sessions import SessionRouter
-from .settings import chat_settings, check_settings, resolve_aliases, unknown_arguments, unknown_call_arguments
+from .settings import (
+    chat_settings,
+    check_settings,
+    number_setting,
+    resolve_aliases,
+    stop_list,
+    unknown_arguments,
+    unknown_call_arguments,
+)
 from .tools import check_tools, required_tool
 from .worker_events import WorkerEvents
 
@@ -316,7 +324,7 @@ class ChatCLM(BaseChatModel):
             ls_temperature=kwargs.get("temperature", self.temperature),
             ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
         )
-        stops = _stop_list(stop) or _stop_list(self.stop)
+        stops = stop_list(stop) or stop_list(self.stop)
         if stops:
             params["ls_stop"] = stops
         return params
@@ -597,7 +605,7 @@ class ChatCLM(BaseChatModel):
             top_k=self.top_k,
             min_p=self.min_p,
             seed=self.seed,
-            stop=_stop_list(self.stop),
+            stop=stop_list(self.stop),
             repetition_penalty=self.repetition_penalty,
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
@@ -611,20 +619,20 @@ class ChatCLM(BaseChatModel):
         return str(kwargs["session_id"]) if kwargs.get("session_id") else self.session_id
 
     def _settings(self, stop: list[str] | str | None, kwargs: dict[str, Any]) -> GenerationSettings:
-        stops = [*_stop_list(self.stop), *_stop_list(stop), *_stop_list(kwargs.get("stop"))]
+        stops = [*stop_list(self.stop), *stop_list(stop), *stop_list(kwargs.get("stop"))]
         # an argument given as None means "the default", as OpenAI-style code passes it
         kwargs = resolve_aliases({name: value for name, value in kwargs.items() if value is not None})
         return chat_settings(
-            max_new_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
-            temperature=float(kwargs.get("temperature", self.temperature)),
-            top_p=float(kwargs.get("top_p", self.top_p)),
+            max_new_tokens=number_setting(kwargs, "max_tokens", self.max_tokens, int),
+            temperature=number_setting(kwargs, "temperature", self.temperature, float),
+            top_p=number_setting(kwargs, "top_p", self.top_p, float),
             top_k=kwargs.get("top_k", self.top_k),
             min_p=kwargs.get("min_p", self.min_p),
             seed=kwargs.get("seed", self.seed),
             stop=tuple(dict.fromkeys(stops)),
             repetition_penalty=kwargs.get("repetition_penalty", self.repetition_penalty),
-            frequency_penalty=float(kwargs.get("frequency_penalty", self.frequency_penalty)),
-            presence_penalty=float(kwargs.get("presence_penalty", self.presence_penalty)),
+            frequency_penalty=number_setting(kwargs, "frequency_penalty", self.frequency_penalty, float),
+            presence_penalty=number_setting(kwargs, "presence_penalty", self.presence_penalty, float),
             no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", self.no_repeat_ngram_size),
             logit_bias=kwargs.get("logit_bias") or (),
         )
@@ -739,14 +747,6 @@ def _session_kwargs(config: RunnableConfig | None, kwargs: dict[str, Any]) -> di
     if configurable.get("session_id") and not kwargs.get("session_id"):
         return {**kwargs, "session_id": configurable["session_id"]}
     return kwargs
-
-
-def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
-    """Stop strings as given: one string is one stop string (OpenAI's API takes either),
-    never its characters."""
-    if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)
 
 
 _BUILDING = threading.Lock()  # concurrent first calls wait for one engine instead of each loading one

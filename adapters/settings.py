@@ -10,7 +10,7 @@ field), and a model path that is not there fails now, not at the first ``invoke`
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from clm_middleware.errors import ConfigError
@@ -143,3 +143,27 @@ def check_settings(model: Any) -> None:
             value = getattr(model, name)
             if value is not None and value != TINY_MODEL:
                 resolve_model_source(value)  # ModelNotFoundError names the path
+
+
+def stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    """Stop strings as given: one string is one stop string (OpenAI's API takes either),
+    never its characters; anything else is a ``ConfigError`` naming ``stop``."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if not isinstance(stop, Sequence):  # each string is checked where settings are (GenerationSettings)
+        raise ConfigError("stop", f"must be a string or a list of strings, got {stop!r}")
+    return list(stop)
+
+
+def number_setting(kwargs: dict[str, Any], name: str, default: float | int, kind: type[int] | type[float]) -> Any:
+    """A per-call numeric setting (``invoke(..., temperature=0.2)``) as ``kind``, else the
+    model's; a value that is no number is a ``ConfigError`` naming it."""
+    value = kwargs.get(name, default)
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(name, f"must be a number, got {value!r}") from None

@@ -200,13 +200,30 @@ def required_tool(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | bo
     {"name": ...}}``: that tool; a name no bound tool has is a ``ConfigError``, however
     it is spelt (a string, a dict, through ``.bind``).
     """
-    if tool_choice in (None, "auto", "none", False):
+    if tool_choice is None or tool_choice is False or tool_choice in ("auto", "none"):
         return None
     name: Any = None
     if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-    elif isinstance(tool_choice, str) and tool_choice not in ("any", "required"):
-        name = tool_choice
+        function = tool_choice.get("function")
+        name = (function.get("name") if isinstance(function, dict) else None) or tool_choice.get("name")
+        kind = tool_choice.get("type")
+        if name is None and kind in ("auto", "none"):  # Anthropic's spelling of the modes
+            return None
+        if name is None and kind not in ("any", "required"):
+            raise ConfigError(
+                "tool_choice",
+                "an object must name a tool ({'type': 'function', 'function': {'name': ...}}), "
+                f"got {tool_choice!r}",
+            )
+    elif isinstance(tool_choice, str):
+        if tool_choice not in ("any", "required"):
+            name = tool_choice
+    elif tool_choice is not True:
+        raise ConfigError(
+            "tool_choice",
+            f"must be 'auto', 'none', 'required' (or 'any'), True, a tool name or an object naming one; "
+            f"got {tool_choice!r}",
+        )
     names = [t["function"]["name"] for t in tools]
     if name is not None:
         if name not in names:

@@ -25,9 +25,10 @@ def join_text_parts(parts: Iterable[str]) -> str:
 
 
 def blocks_text(blocks: Iterable[Any]) -> str:
-    """The text of a list of content blocks: text blocks joined; blocks with data a tool
+    """The text of a list of content blocks: text blocks joined (``text``, the Responses
+    API's ``input_text`` / ``output_text``, a ``refusal``); blocks with data a tool
     returns (``json``, ``search_result``, a text ``document``, ``custom_tool_call_output``,
-    a dict without a type) as their text; media named, not dropped silently; reasoning
+    Anthropic's ``tool_result``, a dict without a type) as their text; media named, not dropped silently; reasoning
     left out (a template shows a model its earlier answers, not its earlier thoughts)."""
     return join_text_parts(text for block in blocks if (text := block_text(block)) is not None)
 
@@ -39,8 +40,16 @@ def block_text(block: Any) -> str | None:
     if not isinstance(block, dict):
         return _as_json(block)
     kind = block.get("type")
-    if kind in ("text", "text-plain"):
+    if kind in ("text", "text-plain", "input_text", "output_text"):  # the last two: OpenAI's Responses API
         return str(block.get("text", ""))
+    if kind == "refusal":  # what the assistant said, as every entry point reads it
+        return str(block.get("refusal", ""))
+    if kind == "tool_result":  # Anthropic's: its content a string or blocks
+        content = block.get("content")
+        return content if isinstance(content, str) else blocks_text(content or ())
+    if kind == "non_standard":  # LangChain's wrapper of a provider's own block
+        value = block.get("value")
+        return block_text(value) if isinstance(value, dict) and "type" in value else _as_json(value)
     if kind in ("tool_use", "tool_call", "tool_call_chunk", "server_tool_call", "reasoning", "thinking"):
         return None  # tool calls are rendered from ``tool_calls``; thoughts are not shown
     if kind == "json":

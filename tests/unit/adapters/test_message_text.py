@@ -43,6 +43,20 @@ def test_text_documents_and_custom_tool_outputs_are_read_and_media_named():
     assert message_text(_tool(content)) == "Terms\nClause 4: no refunds.\nexit code 0\n[image omitted]"
 
 
+def test_responses_api_text_anthropic_tool_results_refusals_and_wrapped_blocks_are_read_as_text():
+    """They reached the model as "[input_text omitted]": the user's question was lost."""
+    assert message_text(HumanMessage(content=[{"type": "input_text", "text": "What is 2+2?"}])) == "What is 2+2?"
+    assert message_text(AIMessage(content=[{"type": "output_text", "text": "4."}])) == "4."
+    assert message_text(AIMessage(content=[{"type": "refusal", "refusal": "I can't help with that."}])) == (
+        "I can't help with that."
+    )
+    nested = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "21 C, sunny"}]}
+    assert message_text(_tool([nested])) == "21 C, sunny"
+    assert message_text(_tool([{"type": "tool_result", "tool_use_id": "t1", "content": "done"}])) == "done"
+    wrapped = {"type": "non_standard", "value": {"type": "text", "text": "from a provider"}}
+    assert message_text(HumanMessage(content=[wrapped])) == "from a provider"
+
+
 def test_reasoning_blocks_of_a_sent_back_reply_are_not_shown_to_the_model():
     reply = AIMessage(
         content=[{"type": "reasoning", "reasoning": "The user wants..."}, {"type": "text", "text": "Hi!"}]

@@ -163,3 +163,36 @@ def test_first_calls_at_the_same_time_share_one_engine():
     replies = chat.batch(["hi", "hello", "hey"], config={"max_concurrency": 3})
     engines = {id(chat.conversation(r.response_metadata["conversation_id"]).engine) for r in replies}
     assert len(engines) == 1
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": "x"}, "top_p"),
+        ({"max_tokens": "many"}, "max_tokens"),
+        ({"frequency_penalty": [1]}, "frequency_penalty"),
+        ({"presence_penalty": True}, "presence_penalty"),
+        ({"stop": 5}, "stop"),
+    ],
+)
+def test_a_per_call_setting_of_the_wrong_type_is_an_error_naming_it(scripted_llm, arguments, field):
+    """They were a bare ValueError / TypeError from float() or list()."""
+    from clm_middleware.errors import ConfigError
+
+    llm, _ = scripted_llm("Fine.")
+    with pytest.raises(ConfigError, match=rf"^{field}: "):
+        llm.invoke("hi", **arguments)
+
+
+@pytest.mark.parametrize("choice", [5, 1.5, {"type": "function"}, {"function": "get_weather"}])
+def test_a_tool_choice_that_names_no_tool_and_no_mode_is_an_error(choice):
+    """tool_choice=5 and {"type": "function"} without a name made a call required."""
+    from clm_middleware.errors import ConfigError
+
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    with pytest.raises(ConfigError, match=r"^tool_choice: "):
+        ChatCLM(model="tiny", max_tokens=4).bind_tools([get_weather], tool_choice=choice)
