@@ -150,6 +150,9 @@ class Compactor:
         self._length = prompt_length  # renders the next prompt with a given fold and counts it
         self._fold = 0
         self._history: Sequence[MessageRecord] = []
+        # segments a budget compaction keeps whole even once folded, as pinned ones: the
+        # request a running tool exchange answers (``_running_request``); set per compaction
+        self._kept: frozenset[SegmentId] = frozenset()
 
     def prompt_length(self) -> int:
         return self._length(self._fold)
@@ -175,6 +178,7 @@ class Compactor:
         raises, since the next turn's own compaction still can."""
         self._fold = fold
         self._history = messages if history is None else history
+        self._kept = self._running_request(turn)
         budget = self.config.budget
         ordered = [segments[s] for m in messages for s in m.segment_ids]
         newest = self._exchange_start(1, turn)
@@ -183,7 +187,7 @@ class Compactor:
             self._check_condensable(ordered, newest, budget)
         length = self.prompt_length()
         over = budget is not None and length + headroom > budget
-        pending = [s for s in ordered if s.pending and not s.pinned]
+        pending = [s for s in ordered if s.pending and not s.pinned and s.id not in self._kept]
         if budget is None:  # the model's own labels only (module docstring)
             pending = [s for s in pending if s.decided_by in MODEL_DECIDED]
         if not over:  # question guard (module docstring): only budget pressure drops one
@@ -253,7 +257,9 @@ class Compactor:
         question, and answered "The tool is a tool that helps you find…"), the newest
         exchange condensed if need be (``condense_newest``), unless that exchange cannot
         fit the budget; then only the newest exchange is kept, as for any other message
-        (a long agent loop folds its older calls and results)."""
+        (a long agent loop folds its older calls and results), and the request stays whole
+        as a line of the digest (folding oldest first, it went first: an agent loop kept
+        its calls and results and lost "tell me where the otters sleep at night")."""
         protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
         open_from = self._open_request(protected_from)
         if open_from < protected_from:
@@ -362,6 +368,15 @@ class Compactor:
             turn_start = message.index
         return max(start, turn_start)
 
+    def _running_request(self, turn: int) -> frozenset[SegmentId]:
+        """The segments of the user request the newest messages (tool results) still
+        answer, if any: kept whole until the exchange ends (``_kept``)."""
+        protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
+        open_from = self._open_request(protected_from)
+        if open_from == protected_from:
+            return frozenset()
+        return frozenset(s for m in self._history if m.index == open_from for s in m.segment_ids)
+
     def _open_request(self, protected_from: int) -> int:
         """Index of the user message whose exchange the message at ``protected_from`` (a
         tool result) continues: back over tool results and the assistant messages that
@@ -379,13 +394,17 @@ class Compactor:
             position -= 1
         return history[position].index if position >= 0 and history[position].role == "user" else protected_from
 
-    @staticmethod
     def _older(
-        body: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment], protected_from: int
+        self, body: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment], protected_from: int
     ) -> list[Segment]:
-        """Visible, unpinned segments of the messages before index ``protected_from``, in order."""
+        """Visible, unpinned segments of the messages before index ``protected_from``, in
+        order, but those kept whole (``_kept``)."""
         older = [segments[s] for m in body for s in m.segment_ids]
-        return [s for s in older if s.visible and not s.pinned and s.message_index < protected_from]
+        return [
+            s
+            for s in older
+            if s.visible and not s.pinned and s.id not in self._kept and s.message_index < protected_from
+        ]
 
     def _reduce(
         self,
@@ -405,7 +424,7 @@ class Compactor:
         values = {
             s.id: (
                 float("inf")  # stays whatever happens
-                if s.message_index >= protected_from or s.pinned
+                if s.message_index >= protected_from or s.pinned or s.id in self._kept
                 else eviction_value(s, s.attention, accepted=s.message_index in accepted)
             )
             for s in visible
@@ -509,7 +528,7 @@ class Compactor:
             if later < recent_floor:
                 break
             for segment in (segments[s] for s in message.segment_ids):
-                if not segment.visible or segment.pinned:
+                if not segment.visible or segment.pinned or segment.id in self._kept:
                     continue
                 facts = _carries_facts(segment)
                 if not facts and not _states_a_request(segment):

@@ -766,3 +766,22 @@ def test_a_tool_result_over_the_budget_keeps_the_request_and_the_call_it_answers
     context = conversation.context
     assert question in context and call in context
     assert "eats 21" in context or "eats food type 21" in context  # the result condensed, its facts kept
+
+
+def test_a_long_tool_loop_folds_its_older_results_and_keeps_the_request_whole(converse):
+    """Once the running exchange outgrows the budget, its older calls and results fold; the
+    request they answer stays whole (folding oldest first had condensed it to "otter fetch,
+    otters" and then dropped it as restated by a result, while the calls stayed)."""
+    conversation = converse(budget=1024, tagging="rules")
+    question = "Read the otter report page by page with fetch, then tell me where the otters sleep."
+    conversation.add("user", question)
+    call = '<tool_call>{{"name": "fetch", "arguments": {{"page": {}}}}}</tool_call>'
+    conversation.respond(call.format(1))
+    for page in range(1, 6):
+        conversation.add(
+            "tool", f"Page {page}. " + " ".join(f"Line {i} of page {page} tells of rivers." for i in range(8))
+        )
+        reply = conversation.respond(call.format(page + 1))
+        assert question in conversation.context, page
+        assert reply.stats.prompt_tokens <= 1024
+    assert "budget" in [t.compaction for t in conversation.turn_log]  # the loop outgrew the budget
