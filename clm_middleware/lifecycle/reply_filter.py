@@ -28,7 +28,6 @@ from clm_middleware.lifecycle.reply_quality import (
     RepeatWatch,
     could_become_artifact,
     first_repeated_sentence,
-    repeat_in_progress,
     strip_artifacts,
 )
 
@@ -48,27 +47,17 @@ def cut_repeat(written: str, *, final: bool = False) -> str:
 
 
 def visible_answer(
-    raw: str,
-    *,
-    stops: Sequence[str],
-    cut_repeats: bool = False,
-    verbatim: bool = False,
-    machinery: bool = True,
-    truncated: bool = False,
+    raw: str, *, stops: Sequence[str], cut_repeats: bool = False, verbatim: bool = False, machinery: bool = True
 ) -> str:
     """The final answer: machinery cut (where the context shows it: ``machinery``),
     including a marker or block line left unfinished at the end; with ``cut_repeats``,
-    also everything from the first repeated sentence on, and, when the reply was cut at
-    its token cap (``truncated``), an unfinished last sentence that so far repeats an
-    earlier one ("The time is 15:00. The time is 15:0": what a stream held back);
-    ``verbatim``: only the stop strings cut."""
+    also everything from the first repeated sentence on; ``verbatim``: only the stop
+    strings cut."""
     if verbatim:
         return cut_at_stop(raw, stops).rstrip()
     written = model_answer(raw, stops) if machinery else cut_at_stop(raw, stops)
     if cut_repeats:
-        written = cut_repeat(written, final=not truncated)
-        if truncated:
-            written = written[: len(written) - repeat_in_progress(written)]
+        written = cut_repeat(written, final=True)
     if not machinery:
         return written.rstrip()
     return strip_artifacts(written[: len(written) - trailing_machinery(written, final=True)]).rstrip()

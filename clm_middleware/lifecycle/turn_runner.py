@@ -148,12 +148,7 @@ class TurnRunner:
                     *reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier, machinery=machinery),
                     *stats.reply_flags,  # string_loop_closed, raised while generating
                 ]
-                # or a repeat the token cap cut short, left out of the answer
-                cut_short = generation.finish_reason == "length" and answer_text != visible_answer(
-                    raw_output, stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=structured,
-                    machinery=machinery,
-                )  # fmt: skip
-                if generation.finish_reason == "repetition" or cut_short:
+                if generation.finish_reason == "repetition":
                     stats.reply_flags.append("repetition_cut")
             else:
                 stats.reply_nll = generation.forced_nll
@@ -309,12 +304,7 @@ class TurnRunner:
         ids = prefix_ids + [t for t in generation.token_ids if t not in c.engine.default_stop_ids]
         verbatim = settings.response_format is not None
         answer = visible_answer(
-            raw,
-            stops=settings.stop,
-            cut_repeats=settings.cut_repeats,
-            verbatim=verbatim,
-            machinery=machinery,
-            truncated=generation.finish_reason == "length",
+            raw, stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=verbatim, machinery=machinery
         )
         if answer == raw.rstrip():
             return answer, ids  # the context keeps every generated id: they are cached
