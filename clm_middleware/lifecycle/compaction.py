@@ -222,7 +222,8 @@ class Compactor:
             length = self.prompt_length()
             if length > budget:
                 raise ContextBudgetError(
-                    f"the prompt needs {length} tokens after removing everything removable; the budget is {budget}",
+                    f"the prompt needs {length} tokens after removing everything removable and condensing the newest "
+                    f"messages; the budget is {budget}",
                     hint="raise the budget, or send a shorter message",
                 )
         return result

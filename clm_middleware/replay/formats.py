@@ -233,13 +233,14 @@ def _detect(data: Any, path: str) -> str:
 
 
 def _openai(data: Any, path: str, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
-    if isinstance(data, dict):
+    single = isinstance(data, dict)  # one conversation object: its JSON path is "$", not "$[0]"
+    if single:
         data = [data]
     if not isinstance(data, list):
         raise TranscriptError(path, None, "expected a list of messages or of conversations")
     if data and isinstance(data[0], dict) and "role" in data[0]:
         return [Transcript(Path(path).stem, _openai_messages(data, path, "$"), path)]
-    return _each(data, path, skipped, _openai_conversation)
+    return _each(data, path, skipped, _openai_conversation, single=single)
 
 
 def _is_message_list(value: Any) -> bool:
@@ -247,8 +248,7 @@ def _is_message_list(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and "role" in value[0]
 
 
-def _openai_conversation(item: Any, number: int, path: str) -> Transcript:
-    where = f"$[{number}]"
+def _openai_conversation(item: Any, number: int, path: str, where: str) -> Transcript:
     if isinstance(item, list):  # a bare list of messages
         return Transcript(f"{Path(path).stem}-{number}", _openai_messages(item, path, where), path)
     if not isinstance(item, dict):
@@ -308,14 +308,17 @@ def _each(
     items: list[Any],
     path: str,
     skipped: list[TranscriptError] | None,
-    read: Callable[[Any, int, str], Transcript],
+    read: Callable[[Any, int, str, str], Transcript],
+    *,
+    single: bool = False,
 ) -> list[Transcript]:
-    """``read`` each conversation of a many-conversation file; with ``skipped``, one that
+    """``read`` each conversation of a many-conversation file, given its JSON path (``$``
+    for a file that is one conversation object, ``single``); with ``skipped``, one that
     fails is left out and its error (naming its JSON path) appended there."""
     transcripts = []
     for number, item in enumerate(items):
         try:
-            transcripts.append(read(item, number, path))
+            transcripts.append(read(item, number, path, "$" if single else f"$[{number}]"))
         except TranscriptError as error:
             if skipped is None:
                 raise
@@ -336,11 +339,10 @@ def _sharegpt(data: Any, path: str, skipped: list[TranscriptError] | None = None
     items = data if isinstance(data, list) else [data]
     if items and isinstance(items[0], dict) and "from" in items[0]:
         items = [{"conversations": items}]
-    return _each(items, path, skipped, _sharegpt_conversation)
+    return _each(items, path, skipped, _sharegpt_conversation, single=not isinstance(data, list))
 
 
-def _sharegpt_conversation(item: Any, number: int, path: str) -> Transcript:
-    where = f"$[{number}]"
+def _sharegpt_conversation(item: Any, number: int, path: str, where: str) -> Transcript:
     turns = item.get("conversations") if isinstance(item, dict) else None
     if not isinstance(turns, list):
         raise TranscriptError(path, None, f'{where}: expected {{"conversations": [...]}}')
@@ -356,8 +358,10 @@ def _sharegpt_conversation(item: Any, number: int, path: str) -> Transcript:
         )
     for index, turn in enumerate(turns):
         at = f"{where}.conversations[{index}]"
-        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+        if not isinstance(turn, dict) or "value" not in turn:
             raise TranscriptError(path, None, f'{at}: expected {{"from": ..., "value": "..."}}')
+        if not isinstance(turn["value"], str):
+            raise TranscriptError(path, None, f"{at}.value: must be a string, got {_json_type(turn['value'])}")
         source = str(turn.get("from", "")).lower()
         role = _SHAREGPT_ROLES.get(source)
         if role is None:
@@ -494,3 +498,14 @@ def probes_beside(path: str | Path) -> Path | None:
     path = Path(path)
     candidate = path.with_name(f"{path.stem}.probes.json")
     return candidate if candidate.is_file() else None
+
+
+def _json_type(value: Any) -> str:
+    """A JSON value's type as JSON names it (``null``, ``number``, ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "an array" if isinstance(value, list) else "an object" if isinstance(value, dict) else type(value).__name__

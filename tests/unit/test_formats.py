@@ -112,7 +112,7 @@ def test_a_message_without_a_role_says_so(tmp_path):
         (
             "who.json",
             {"conversations": [{"from": "robot", "value": "x"}]},
-            r"\$\[0\]\.conversations\[0\]\.from: unknown speaker 'robot'",
+            r"\$\.conversations\[0\]\.from: unknown speaker 'robot'",  # one object: "$", not "$[0]"
         ),
         ("role.json", [{"role": "narrator", "content": "x"}], r"\$\[0\]: unknown role 'narrator'"),
         ("type.json", [{"type": "alien", "data": {"content": "x"}}], r"\$\[0\]\.type: unknown message type 'alien'"),
@@ -217,7 +217,7 @@ def test_tools_a_conversation_declares_are_read_as_openai_specs(tmp_path):
     assert note is not None and "2 conversation(s) declare tools (add, get_weather)" in note
     assert declared_tools_note(read_transcripts(openai)[:0]) is None
     openai.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}], "tools": [{"parameters": {}}]}))
-    with pytest.raises(TranscriptError, match=r'\$\[0\]\.tools\[0\]: a tool needs a string "name"'):
+    with pytest.raises(TranscriptError, match=r'\$\.tools\[0\]: a tool needs a string "name"'):
         read_transcripts(openai)
 
 
@@ -265,6 +265,21 @@ def test_a_conversation_per_line_keeps_the_tools_it_declares(tmp_path):
     assert transcript.tool_names == ("get_weather",) and transcript.conversation_id == "tools-d1"
 
 
+def test_a_file_of_several_conversations_names_the_one_at_fault_by_its_index(tmp_path):
+    data = [
+        {"messages": [{"role": "user", "content": "a"}]},
+        {"messages": [{"role": "user", "content": "c"}, {"content": "b"}]},
+    ]
+    with pytest.raises(TranscriptError, match=r"\$\[1\]\.messages\[1\]: a message needs a \"role\""):
+        read_transcripts(write(tmp_path, "many.json", json.dumps(data)))
+
+
+def test_a_sharegpt_value_that_is_no_string_is_named_with_its_json_type(tmp_path):
+    data = {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": None}]}
+    with pytest.raises(TranscriptError, match=r"\$\.conversations\[1\]\.value: must be a string, got null"):
+        read_transcripts(write(tmp_path, "sg.json", json.dumps(data)))
+
+
 def test_a_structure_error_in_a_folder_with_a_colon_names_the_path_once(tmp_path):
     folder = tmp_path / "dir: x"
     folder.mkdir()
@@ -272,7 +287,7 @@ def test_a_structure_error_in_a_folder_with_a_colon_names_the_path_once(tmp_path
     with pytest.raises(TranscriptError) as raised:
         read_transcripts(write(folder, "conv.json", json.dumps(data)))
     message = str(raised.value)
-    assert message.startswith(f'{folder / "conv.json"}: $[0].messages[1]: a message needs a "role"')
+    assert message.startswith(f'{folder / "conv.json"}: $.messages[1]: a message needs a "role"')
     assert message.count("conv.json") == 1
 
 
@@ -395,7 +410,7 @@ def test_a_system_prompt_beside_the_messages_is_the_first_message(tmp_path):
     line = json.dumps({"system": "Be terse.", "messages": [{"role": "user", "content": "hi"}]})
     [per_line] = read_transcripts(write(tmp_path, "b.jsonl", line + "\n"))
     assert _roles_and_texts(per_line) == [("system", "Be terse."), ("user", "hi")]
-    with pytest.raises(TranscriptError, match=r"\$\[0\]\.system: "):
+    with pytest.raises(TranscriptError, match=r"\$\.system: "):
         read_transcripts(write(tmp_path, "c.json", {"system": 5, "messages": [{"role": "user", "content": "hi"}]}))
 
 
