@@ -262,7 +262,8 @@ class Compactor:
         as a line of the digest (folding oldest first, it went first: an agent loop kept
         its calls and results and lost "tell me where the otters sleep at night")."""
         protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
-        open_from = self._open_request(protected_from)
+        request = self._open_request(protected_from)
+        open_from = request.index if request is not None else protected_from
         if open_from < protected_from:
             self._fold_down(messages, segments, turn, budget, open_from, result)
             if self.prompt_length() > budget and condense_newest is not None:
@@ -373,27 +374,27 @@ class Compactor:
         """The segments of the user request the newest messages (tool results) still
         answer, if any: kept whole until the exchange ends (``_kept``)."""
         protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
-        open_from = self._open_request(protected_from)
-        if open_from == protected_from:
-            return frozenset()
-        return frozenset(s for m in self._history if m.index == open_from for s in m.segment_ids)
+        request = self._open_request(protected_from)
+        return frozenset(request.segment_ids) if request is not None else frozenset()
 
-    def _open_request(self, protected_from: int) -> int:
-        """Index of the user message whose exchange the message at ``protected_from`` (a
-        tool result) continues: back over tool results and the assistant messages that
-        called for them; ``protected_from`` if that is no tool result or no user message
-        opened it."""
+    def _open_request(self, protected_from: int) -> MessageRecord | None:
+        """The user message whose exchange the message at ``protected_from`` (a tool result)
+        continues: back over tool results and the assistant messages that called for
+        them; None if that is no tool result or no user message opened it. Walks back
+        from the newest message over the protected ones and the exchange only."""
         history = self._history
-        positions = [p for p, m in enumerate(history) if m.index == protected_from]
-        if not positions or history[positions[0]].role != "tool":
-            return protected_from
-        position = positions[0] - 1
+        position = len(history) - 1
+        while position >= 0 and history[position].index > protected_from:
+            position -= 1
+        if position < 0 or history[position].index != protected_from or history[position].role != "tool":
+            return None
+        position -= 1
         while position >= 0 and (
             history[position].role == "tool"
             or (history[position].role == "assistant" and history[position + 1].role == "tool")
         ):
             position -= 1
-        return history[position].index if position >= 0 and history[position].role == "user" else protected_from
+        return history[position] if position >= 0 and history[position].role == "user" else None
 
     def _older(
         self, body: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment], protected_from: int
