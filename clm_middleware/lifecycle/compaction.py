@@ -20,7 +20,9 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    reply after it answers it, and without it the context shows two replies in a row);
 2. if the prompt was over the budget, the oldest messages (older than the last
    ``protect_turns`` exchanges: an exchange ends at an assistant message, so a history
-   sent in one call has the exchanges it would have had turn by turn) are folded, in
+   sent in one call has the exchanges it would have had turn by turn; while tool
+   results come in, the exchange their user request opened is kept too, if it fits, and
+   that request stays whole in any case: ``Compactor._fit_budget``) are folded, in
    order, into the digest (see renderer.py): a segment with facts (distinctive
    tokens), or a request of the user or a tool in plain words ("a cheap place in the
    north"), is condensed by a faithful compression;
