@@ -129,7 +129,8 @@ class ChatCLM(BaseChatModel):
     dtype: str = "float32"
     """float32, bfloat16 or float16."""
     budget: int | None = None
-    """Context budget in tokens (max_context_tokens); None lets the context grow."""
+    """Context budget in tokens (max_context_tokens); None lets the context grow, as the
+    messages were sent (only a model's own [LIFECYCLE] labels apply without a budget)."""
     k: int = 2
     """Rounds a removed segment's KV blocks wait before they return to the pool."""
     tagging: str = "auto"

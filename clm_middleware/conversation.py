@@ -4,7 +4,7 @@ One turn (``send`` / ``stream`` / ``respond``)::
 
     new message ─ segment ─┐
     restore segments the new turn refers to (within K rounds)
-    compaction, if the budget or enough pending labels call for it   (compaction.py)
+    compaction, if the budget or the model's own labels call for it   (compaction.py)
     render segments → prompt ids, append-only                         (renderer.py)
     Engine.generate: pool hit, prefill the rest, decode, observe      (engine/)
     reply without its lifecycle block → a new segment with its generated ids
