@@ -94,7 +94,7 @@ def bench(
     Each mode has its own pool over the same weights; ratios from one run are
     comparable on a noisy machine, single times are not.
     """
-    from clm_middleware.cli.output import turn_progress
+    from clm_middleware.cli.output import skipped_line, turn_progress
     from clm_middleware.cli.plot import plot_reports
     from clm_middleware.cli.read import read_or_report, remove_stale
     from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes, report_settings
@@ -197,8 +197,7 @@ def bench(
 
     def skipped_turn(mode: str, failure: Failure, advance: Callable[[], None]) -> None:
         advance()
-        where = f"turn {failure.turn} ({failure.conversation_id})"
-        stderr.print(f"{mode}: skipped {where}: {failure.error}", markup=False, highlight=False)
+        stderr.print(f"{mode}: {skipped_line(failure)}", markup=False, highlight=False)
 
     finish_on_failure(run, save, stderr, reports=report_dir is not None)
     save()

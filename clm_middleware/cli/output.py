@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from clm_middleware.replay.report import ReplayReport, TurnRecord
+from clm_middleware.replay.report import Failure, ReplayReport, TurnRecord
 
 REPLY_PREVIEW_CHARS = 48
 
@@ -20,6 +20,12 @@ REPLY_PREVIEW_CHARS = 48
 # columns a narrow terminal drops first, in order; "turn" and the token counts stay
 _DROP_ORDER = ("reply", "turn s", "by", "TTFT s", "context", "k/c/d", "prefill")
 _MIN_REPLY = 12
+
+
+def skipped_line(failure: Failure) -> str:
+    """What ``--on-error skip`` says on stderr of a turn or a record it went past."""
+    where = f"turn {failure.turn} ({failure.conversation_id})" if failure.turn else "a record"
+    return f"skipped {where}: {failure.error}"
 
 
 def turn_table(report: ReplayReport, width: int | None = None) -> Table:

@@ -109,7 +109,7 @@ def replay(
     remove_stale(plot_path)
 
     from clm_middleware.cli import json_lines as lines
-    from clm_middleware.cli.output import replies_text, summary_table, turn_progress, turn_table
+    from clm_middleware.cli.output import replies_text, skipped_line, summary_table, turn_progress, turn_table
     from clm_middleware.cli.plot import plot_reports
     from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes, report_settings
     from clm_middleware.cli.setup import LifecycleOptions, build_engine, driver_factory
@@ -173,8 +173,7 @@ def replay(
         if json_lines:
             lines.emit(lines.failure_line(failure))
         else:
-            where = f"turn {failure.turn} ({failure.conversation_id})" if failure.turn else "a record"
-            stderr.print(f"skipped {where}: {failure.error}", markup=False, highlight=False)
+            stderr.print(skipped_line(failure), markup=False, highlight=False)
 
     for failure in report.failures:  # the records left out while reading
         failed(failure)

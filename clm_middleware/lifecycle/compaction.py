@@ -152,8 +152,10 @@ class Compactor:
         self._length = prompt_length  # renders the next prompt with a given fold and counts it
         self._fold = 0
         self._history: Sequence[MessageRecord] = []
-        # segments a budget compaction keeps whole even once folded, as pinned ones: the
-        # request a running tool exchange answers (``_running_request``); set per compaction
+        # the user request a running tool exchange answers (``_open_request``), and its
+        # segments, which a budget compaction keeps whole even once folded, as pinned
+        # ones; set per compaction
+        self._request: MessageRecord | None = None
         self._kept: frozenset[SegmentId] = frozenset()
 
     def prompt_length(self) -> int:
@@ -180,7 +182,10 @@ class Compactor:
         raises, since the next turn's own compaction still can."""
         self._fold = fold
         self._history = messages if history is None else history
-        self._kept = self._running_request(turn)
+        self._request = self._open_request(
+            self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
+        )
+        self._kept = frozenset(self._request.segment_ids) if self._request is not None else frozenset()
         budget = self.config.budget
         ordered = [segments[s] for m in messages for s in m.segment_ids]
         newest = self._exchange_start(1, turn)
@@ -264,10 +269,8 @@ class Compactor:
         as a line of the digest (folding oldest first, it went first: an agent loop kept
         its calls and results and lost "tell me where the otters sleep at night")."""
         protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
-        request = self._open_request(protected_from)
-        open_from = request.index if request is not None else protected_from
-        if open_from < protected_from:
-            self._fold_down(messages, segments, turn, budget, open_from, result)
+        if self._request is not None:  # it opened the exchange: it comes before protected_from
+            self._fold_down(messages, segments, turn, budget, self._request.index, result)
             if self.prompt_length() > budget and condense_newest is not None:
                 condense_newest()
             if self.prompt_length() <= budget:
@@ -371,13 +374,6 @@ class Compactor:
                 break
             turn_start = message.index
         return max(start, turn_start)
-
-    def _running_request(self, turn: int) -> frozenset[SegmentId]:
-        """The segments of the user request the newest messages (tool results) still
-        answer, if any: kept whole until the exchange ends (``_kept``)."""
-        protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
-        request = self._open_request(protected_from)
-        return frozenset(request.segment_ids) if request is not None else frozenset()
 
     def _open_request(self, protected_from: int) -> MessageRecord | None:
         """The user message whose exchange the message at ``protected_from`` (a tool result)

@@ -151,7 +151,7 @@ def load_model(
     torch_device = parse_device(device)
     directory, digest = _weights_directory(source, cache_dir)
     try:
-        with _transformers_loading():
+        with _quiet_transformers():
             loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
     except Exception:
         if source.kind != "gguf":
@@ -159,7 +159,7 @@ def load_model(
         # A damaged conversion is never used: delete it and convert again, once.
         shutil.rmtree(directory, ignore_errors=True)
         directory, digest = _weights_directory(source, cache_dir)
-        with _transformers_loading():
+        with _quiet_transformers():
             loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype, local_files_only=True)
     loaded = loaded.to(torch_device).eval()
     if digest is not None:
@@ -188,10 +188,10 @@ def load_tokenizer(
 
     source = resolve_model_source(model)
     if source.kind == "gguf" and not _is_complete(_converted_directory(source, file_digest(source.path), cache_dir)):
-        with _transformers_loading():
+        with _quiet_transformers():
             return AutoTokenizer.from_pretrained(source.path.parent, gguf_file=source.path.name, local_files_only=True)
     directory, _ = _weights_directory(source, cache_dir)
-    with _transformers_loading():
+    with _quiet_transformers():
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
@@ -260,7 +260,7 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
         shutil.rmtree(target, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
     try:
-        with _transformers_loading():
+        with _quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(
                 source.path.parent, gguf_file=source.path.name, local_files_only=True
             )
@@ -285,9 +285,9 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
 
 
 @contextlib.contextmanager
-def _transformers_loading() -> Iterator[None]:
-    """Around every ``from_pretrained``: its per-load progress bars hidden (the caller's
-    setting restored). Callers hold ``_LOADING`` (``one_load_at_a_time``)."""
+def _quiet_transformers() -> Iterator[None]:
+    """Hide transformers' per-load progress bars; restore the caller's setting. Callers
+    hold ``_LOADING`` (``one_load_at_a_time``)."""
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()

@@ -172,11 +172,12 @@ def replay_interleaved(
             try:
                 for mode in modes:
                     drivers[mode] = make_drivers[mode](transcript)
-                for context, answer in turn_plan(transcript):
+                plan = turn_plan(transcript)
+                for context, answer in plan:
                     shift = turn_index % len(modes)
                     for mode in modes[shift:] + modes[:shift]:
                         driver, report = drivers[mode], reports[mode]
-                        turn = len(report.turns) + sum(f.turn is not None for f in report.failures) + 1
+                        turn = next_turn(report)
                         added: list[Message] = []
                         try:
                             for message in context:
@@ -216,7 +217,7 @@ def replay_interleaved(
                         if on_turn is not None:
                             on_turn(mode, record)
                     turn_index += 1
-                for message in unanswerable_tail(transcript):
+                for message in unanswerable_tail(transcript, plan):
                     for mode in modes:  # no turn: the context holds them, as the transcript does
                         drivers[mode].add(message)
             finally:
@@ -232,14 +233,18 @@ def replay_interleaved(
 
 def _record_stop(report: ReplayReport, failed_mode: str, turn: int, conversation_id: str, error: ClmError) -> None:
     """A ``Failure`` in ``report`` for the turn it did not run because another mode's failed."""
-    next_turn = len(report.turns) + sum(f.turn is not None for f in report.failures) + 1
     report.failures.append(
         Failure(
             f"not run: the replay stopped when the {failed_mode} mode failed at turn {turn}: {error}",
-            next_turn,
+            next_turn(report),
             conversation_id,
         )
     )
+
+
+def next_turn(report: ReplayReport) -> int:
+    """The number of the report's next turn: a failed turn keeps its number."""
+    return len(report.turns) + sum(f.turn is not None for f in report.failures) + 1
 
 
 def kept_as_recorded(answer: Message | None, teacher_force: bool, context: Sequence[Message] = ()) -> Message | None:
@@ -280,10 +285,10 @@ def turn_plan(transcript: Transcript) -> list[tuple[list[Message], Message | Non
     return plan
 
 
-def unanswerable_tail(transcript: Transcript) -> list[Message]:
-    """The messages after the last turn of ``turn_plan`` that start none: a transcript of
-    only a system prompt (and a bot's greeting) has them all."""
-    planned = sum(len(context) + (answer is not None) for context, answer in turn_plan(transcript))
+def unanswerable_tail(transcript: Transcript, plan: list[tuple[list[Message], Message | None]]) -> list[Message]:
+    """The messages after the last turn of ``plan`` (``turn_plan(transcript)``) that start
+    none: a transcript of only a system prompt (and a bot's greeting) has them all."""
+    planned = sum(len(context) + (answer is not None) for context, answer in plan)
     return list(transcript.messages[planned:])
 
 
