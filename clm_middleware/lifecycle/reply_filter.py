@@ -10,8 +10,8 @@ bare model's would be. While streaming, a suffix
 that could still turn into a tag, a marker, a block line or a stop string is held
 back, so the user never sees machinery, or half of it, even for a single delta; the
 concatenated deltas equal the final answer. With ``cut_repeats`` the answer also ends
-before its first sentence that repeats an earlier one, and a sentence that may still
-become such a repeat is held back until it diverges.
+where it starts to repeat itself (``reply_quality.first_repeated_sentence``), and text
+that may still be cut so is held back until it diverges.
 
 A grammar-constrained reply (``verbatim``, see ``structured/``) is shown as written, cut
 only at a stop string: the grammar already rules out a block, and cutting a marker or a
@@ -40,7 +40,7 @@ def model_answer(raw: str, stops: Sequence[str]) -> str:
 
 
 def cut_repeat(written: str, *, final: bool = False) -> str:
-    """``written`` before its first sentence that repeats an earlier one (see reply_quality.py);
+    """``written`` before where it starts to repeat itself (see reply_quality.py);
     ``final``: the text is complete, so its last sentence is complete too."""
     cut = first_repeated_sentence(written + "\n" if final else written)
     return written if cut is None else written[:cut]
@@ -51,7 +51,7 @@ def visible_answer(
 ) -> str:
     """The final answer: machinery cut (where the context shows it: ``machinery``),
     including a marker or block line left unfinished at the end; with ``cut_repeats``,
-    also everything from the first repeated sentence on; ``verbatim``: only the stop
+    also everything from where it starts to repeat itself; ``verbatim``: only the stop
     strings cut."""
     if verbatim:
         return cut_at_stop(raw, stops).rstrip()

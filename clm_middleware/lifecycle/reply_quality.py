@@ -18,15 +18,29 @@ Flags (``reply_flags``), one list per generated reply, in the report:
   copies its last answer instead of answering the new message;
 - ``empty``: nothing visible was delivered.
 
-Cut (``first_repeated_sentence``): a reply is cut before the first complete sentence,
-or clause (split at ``, ; :`` and closing brackets too), that repeats an earlier one of the same reply
-(``I'm glad to help. I'm glad to help. ...``, ``you can add up the total, and you can
-add up the total, and you can add up the total``), and generation stops there (flag
-``repetition_cut``): a repeated sentence tells the user nothing, and a small greedy
-model that repeats one rarely stops on its own. Clauses of fewer than
-``REPEAT_MIN_WORDS`` words count only in a run: the same one ``REPEAT_RUN`` times in a
-row (``very, very, very, very, very, very, ...``) is cut before its last; said up to
-five times ("No, no, no, no, no.") it stays. Punctuation never counts. In Chinese and
+Cut (``first_repeated_sentence``): a reply is cut where it starts to repeat itself, and
+generation stops there (flag ``repetition_cut``): a repeated sentence tells the user
+nothing, and a small greedy model that repeats one rarely stops on its own. Two kinds
+of repeat cut, both counted in words (punctuation never counts):
+
+- a complete **sentence** (ended by ``. ! ? …``, a newline or ``。！？``) that repeats an
+  earlier sentence of the same reply (``I'm glad to help. I'm glad to help. ...``) is
+  cut at once;
+- a sentence that begins again with the first clause of an earlier sentence (split at
+  ``, ; :`` and closing brackets too) is cut there at once: the model restarts what
+  it said ("The weather can get quite hot, especially ... The weather can get quite
+  hot,");
+- any other **clause** that repeats an earlier one is cut only once the whole stretch
+  from that earlier clause on has been said again right after itself (``you can add up
+  the total, and you can add up the total, and you can add up the total``; ``A, B, C,
+  A, B, C``): lists, schedules and table rows share clauses without looping ("1. Golden
+  Wok, located in the north, serves Chinese food.\n2. Hakka, located in the north,
+  serves Chinese food.", which the bare model copies whole, was cut to "... 2. Hakka,"
+  before).
+
+Clauses of fewer than ``REPEAT_MIN_WORDS`` words start no repeat: the same one
+``REPEAT_RUN`` times in a row (``very, very, very, very, very, very, ...``) is cut before
+its last; said up to five times ("No, no, no, no, no.") it stays. In Chinese and
 Japanese, written without spaces, a word is one character and a full-width terminator
 (。！？，；：) ends a clause. Lines of a fenced code block are never cut (``RepeatWatch``).
 
@@ -72,6 +86,7 @@ _WORD = regex.compile(rf"[{_UNSPACED}]|[^\W{_UNSPACED}]+|[^\w\s]")
 # space after them: anything but another one ends the run.
 _TERMINATORS = r".!?…,;:\])"
 _WIDE_TERMINATORS = "。！？，；："
+_SENTENCE_MARKS = ".!?…。！？\n"  # of these terminators, those that end a sentence, not only a clause
 # where a sentence ends: the start of a terminator run followed by space, a full-width run
 # followed by what cannot extend it, or a newline (linear: the look-behind skips the
 # inside of a run, and nothing else can backtrack)
@@ -170,20 +185,17 @@ def _key(words: list[str]) -> str | None:
     return " ".join(words) if len(words) >= REPEAT_MIN_WORDS else None
 
 
-def _sentence_key(sentence: str) -> str | None:
-    return _key(_clause_words(sentence))
-
-
 def first_repeated_sentence(text: str) -> int | None:
-    """Offset where the first complete sentence that repeats an earlier one of ``text`` starts."""
+    """Offset where the first repeat of ``text`` that is cut starts (see the module docstring)."""
     watch = RepeatWatch()
     watch.update(text)
     return watch.cut
 
 
 def repeat_in_progress(text: str) -> int:
-    """Length of the unfinished last sentence of ``text`` when it may still become a repeat
-    (its words so far begin an earlier sentence): a stream holds it back until it diverges."""
+    """Characters at the end of ``text`` that may still be cut as a repeat (a clause that
+    may still turn out to start a repeated stretch, a sentence whose words so far begin
+    an earlier one): a stream holds them back until the text diverges."""
     watch = RepeatWatch()
     watch.update(text)
     return watch.in_progress(text)
@@ -192,76 +204,154 @@ def repeat_in_progress(text: str) -> int:
 class RepeatWatch:
     """``first_repeated_sentence`` and ``repeat_in_progress`` of a text that grows, fed the
     whole text so far after every token: each call scans only what was appended since
-    the last complete sentence, so a reply costs linear time, not quadratic.
+    the last complete clause, so a reply costs linear time in clauses said, not quadratic
+    in characters.
 
     Code is not prose: a line of a fenced block (between ```` ``` ```` or ``~~~`` lines,
-    the fence lines included) is never compared nor cut, since code repeats its lines by nature (a
-    signature before and after a change, two fixtures alike) and a cut there leaves the
-    block unclosed.
+    the fence lines included) is never compared nor cut, since code repeats its lines by
+    nature (a signature before and after a change, two fixtures alike) and a cut there
+    leaves the block unclosed; it also ends the sentence and any repeat in progress.
 
-    Invariant: ``_complete`` is the text through its last complete sentence (an end that
+    Invariant: ``_complete`` is the text through its last complete clause (an end that
     appending cannot move: its terminator is already followed by whitespace), or through
-    the repeated one once there is a ``cut``; ``_keys`` holds the keys of the sentences
-    before it, sorted, for prefix look-ups; ``_open_fence`` is the fence it leaves open
-    (None: not inside a block). A text that does not start with ``_complete`` (a stop string cut it)
-    starts over; ``_run`` is the last short clause of ``_complete`` and how many times in
-    a row it ends it."""
+    the one that made the ``cut``; ``_clauses`` are the words of its prose clauses and
+    ``_starts`` where each starts; ``_seen`` maps a clause key to the clauses that have
+    it, ``_keys`` and ``_sentence_keys`` are the keys of the clauses and of the complete
+    sentences, sorted, for prefix look-ups; ``_sentence`` holds the words of the
+    sentence in progress; ``_pending`` holds each clause ``i`` that repeats an earlier
+    clause ``j`` with how many clauses from ``i`` on have repeated those from ``j`` on
+    so far (the stretch is repeated, and cut, once ``i - j`` have); ``_openers`` are
+    the keyed clauses that open a sentence; ``_open_fence`` is
+    the fence it leaves open (None: not inside a block). A text that does not start with
+    ``_complete`` (a stop string cut it) starts over; ``_run`` is the last short clause
+    and how many times in a row it ends ``_complete``."""
 
     def __init__(self) -> None:
         self._complete = ""
+        self._clauses: list[str] = []
+        self._starts: list[int] = []
+        self._seen: dict[str, list[int]] = {}
         self._keys: list[str] = []
+        self._sentence_keys: list[str] = []
+        self._sentence: list[str] = []
+        self._sentence_start: int | None = None
+        self._pending: list[tuple[int, int, int]] = []
+        self._openers: set[int] = set()
         self._run: tuple[str, int] = ("", 0)
         self._open_fence: str | None = None
-        self.cut: int | None = None  # where the first repeated sentence starts, once there is one
+        self.cut: int | None = None  # where the first repeat starts, once there is one
 
     def update(self, text: str) -> None:
         if not text.startswith(self._complete):
-            self._complete, self._keys, self._run, self._open_fence, self.cut = "", [], ("", 0), None, None
+            self.__init__()  # type: ignore[misc]
         if self.cut is not None:
             return
         scanned = start = len(self._complete)
         for end in _SENTENCE_END.finditer(text, pos=start):
-            sentence, start = text[start : end.end()], end.end()
-            in_code = self._open_fence is not None or has_code_block(sentence)
-            self._open_fence = unclosed_fence(sentence, self._open_fence)
-            if in_code:
-                self._run = ("", 0)
-                continue
-            words = _clause_words(sentence)
-            key = _key(words)
-            if key is None:
-                if self._short_run(" ".join(words)) >= REPEAT_RUN:
-                    self.cut = start - len(sentence.lstrip())
-                    break
-                continue
-            self._run = ("", 0)
-            at = bisect.bisect_left(self._keys, key)
-            if at < len(self._keys) and self._keys[at] == key:
-                self.cut = start - len(sentence.lstrip())
+            unit, start = text[start : end.end()], end.end()
+            self.cut = self._take(unit, start - len(unit.lstrip()), ends_sentence=_ends_sentence(end.group()))
+            if self.cut is not None:
                 break
-            self._keys.insert(at, key)
-        if start != scanned:  # copied only when a sentence ended, not on every token
+        if start != scanned:  # copied only when a clause ended, not on every token
             self._complete = text[:start]
 
+    def _take(self, unit: str, at: int, *, ends_sentence: bool) -> int | None:
+        """Count one complete clause (``unit``, its words starting at ``at``); where a
+        repeat it completes starts, if it completes one."""
+        in_code = self._open_fence is not None or has_code_block(unit)
+        self._open_fence = unclosed_fence(unit, self._open_fence)
+        if in_code:
+            self._run, self._pending = ("", 0), []
+            self._end_sentence()
+            return None
+        words = _clause_words(unit)
+        cuts = []
+        if words:
+            clause, index = " ".join(words), len(self._clauses)
+            self._clauses.append(clause)
+            self._starts.append(at)
+            cuts += self._advance(clause)
+            key = _key(words)
+            if key is None:
+                if self._short_run(clause) >= REPEAT_RUN:
+                    cuts.append(at)
+            else:
+                self._run = ("", 0)
+                earlier = self._seen.setdefault(key, [])
+                if not earlier:
+                    bisect.insort(self._keys, key)
+                opens = not self._sentence  # the first clause of its sentence
+                for j in earlier:
+                    if index - j == 1 or (opens and j in self._openers):
+                        cuts.append(at)  # said again right after itself, or a sentence begun again
+                    else:
+                        self._pending.append((index, j, 1))
+                earlier.append(index)
+                if opens:
+                    self._openers.add(index)
+            if self._sentence_start is None:
+                self._sentence_start = at
+            self._sentence.extend(words)
+        if ends_sentence:
+            cuts += self._end_sentence()
+        return min(cuts, default=None)
+
+    def _advance(self, clause: str) -> list[int]:
+        """Extend each pending repeat by ``clause``: those it continues stay (or, once the
+        whole stretch is said again, are where the cut starts); the others end."""
+        cuts, pending = [], []
+        for start, earlier, matched in self._pending:
+            if self._clauses[earlier + matched] != clause:
+                continue
+            if matched + 1 == start - earlier:
+                cuts.append(self._starts[start])
+            else:
+                pending.append((start, earlier, matched + 1))
+        self._pending = pending
+        return cuts
+
+    def _end_sentence(self) -> list[int]:
+        """Close the sentence in progress: where it starts if it repeats an earlier one."""
+        key, start = _key(self._sentence), self._sentence_start
+        self._sentence, self._sentence_start = [], None
+        if key is None:
+            return []
+        at = bisect.bisect_left(self._sentence_keys, key)
+        if at < len(self._sentence_keys) and self._sentence_keys[at] == key:
+            return [start] if start is not None else []
+        self._sentence_keys.insert(at, key)
+        return []
+
     def _short_run(self, clause: str) -> int:
-        """Count ``clause`` (a short one; "" for punctuation or a line break) into the run of
-        equal clauses in a row; a line break or punctuation alone neither ends nor extends it."""
-        if clause:
-            last, count = self._run
-            self._run = (clause, count + 1 if clause == last else 1)
-        return self._run[1] if clause else 0
+        """Count ``clause`` (a short one) into the run of equal clauses in a row."""
+        last, count = self._run
+        self._run = (clause, count + 1 if clause == last else 1)
+        return self._run[1]
 
     def in_progress(self, text: str) -> int:
         """``repeat_in_progress`` of ``text``, the text of the last ``update``."""
         tail = text[len(self._complete) :]
         if self._open_fence is not None or has_code_block(tail):
             return 0  # code is never cut, so never held back
+        held = [self._starts[start] for start, _, _ in self._pending]
         said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
-        if not said:
-            return 0
-        begun = " ".join(said)  # an earlier key that starts with it: its words, the last one begun
-        at = bisect.bisect_left(self._keys, begun)
-        if at < len(self._keys) and self._keys[at].startswith(begun):
-            return len(tail)
-        clause, count = self._run  # or the clause that would complete a run
-        return len(tail) if count == REPEAT_RUN - 1 and clause.startswith(begun) else 0
+        tail_at = len(text) - len(tail.lstrip())
+        if said:
+            begun = " ".join(said)  # an earlier key that starts with it: its words, the last one begun
+            clause, count = self._run  # or the clause that would complete a run
+            if _begins_one_of(self._keys, begun) or (count == REPEAT_RUN - 1 and clause.startswith(begun)):
+                held.append(tail_at)
+        sentence = " ".join(self._sentence + said)
+        if sentence and _begins_one_of(self._sentence_keys, sentence):
+            held.append(self._sentence_start if self._sentence_start is not None else tail_at)
+        return len(text) - min(held) if held else 0
+
+
+def _begins_one_of(sorted_keys: list[str], begun: str) -> bool:
+    at = bisect.bisect_left(sorted_keys, begun)
+    return at < len(sorted_keys) and sorted_keys[at].startswith(begun)
+
+
+def _ends_sentence(terminator: str) -> bool:
+    """Whether a clause's terminator run (``.``, ``?)``, ``\n``, ``，``) ends its sentence too."""
+    return any(mark in terminator for mark in _SENTENCE_MARKS)

@@ -263,10 +263,50 @@ def test_a_short_clause_four_times_in_a_row_is_cut_before_the_fourth(raw, delive
 
 
 def test_a_run_of_bracketed_placeholders_that_repeats_is_cut():
-    raw = "The options are: [Your Name] [Your Phone Number] [Your Email Address] [Your Phone Number] [Your Email"
+    raw = (
+        "The options are: [Your Name] [Your Phone Number] [Your Email Address] [Your Phone Number] "
+        "[Your Email Address] [Your Phone"
+    )
     assert visible_answer(raw, stops=(), cut_repeats=True) == (
         "The options are: [Your Name] [Your Phone Number] [Your Email Address]"
     )
+
+
+LISTS_THAT_SHARE_CLAUSES = [
+    # SmolLM2 asked to copy a list, as the bare model copies it (a sweep: cut to "... 2. Hakka,")
+    "1. Golden Wok, located in the north, serves Chinese food.\n2. Hakka, located in the north, serves "
+    "Chinese food.\n3. Nirala, located in the north, serves Indian food.",
+    "Monday: open from 9 am to 5 pm.\nTuesday: open from 9 am to 5 pm.\nWednesday: closed.",
+    "| A | north side, near the river |\n| B | north side, near the river |",
+    "Train TR1923 leaves at 09:50, arrives at 10:07. Train TR4096 leaves at 09:50, arrives at 10:07 on Thursday.",
+]
+
+
+@pytest.mark.parametrize("reply", LISTS_THAT_SHARE_CLAUSES)
+def test_items_of_a_list_that_share_clauses_are_not_cut_streamed_or_not(reply):
+    assert visible_answer(reply, stops=(), cut_repeats=True) == reply
+    stream = ReplyFilter(stops=(), cut_repeats=True)
+    shown = "".join(stream.delta(reply[:end]) for end in range(1, len(reply) + 1))
+    assert shown + stream.finish(reply) == reply
+
+
+def test_a_sentence_begun_again_with_an_earlier_sentences_first_clause_is_cut_there():
+    """SmolLM2 on the bundled chat, at the token cap: the restart is cut as it is said."""
+    raw = (
+        "The weather in late April can be quite hot, and it's not too hot for the Mouraria. The weather can "
+        "get quite hot, especially during the peak season. The weather can get quite hot, especially during the peak"
+    )
+    assert visible_answer(raw, stops=(), cut_repeats=True) == (
+        "The weather in late April can be quite hot, and it's not too hot for the Mouraria. The weather can "
+        "get quite hot, especially during the peak season."
+    )
+
+
+def test_a_stretch_of_clauses_said_again_right_after_itself_is_cut_at_its_repeat():
+    looping = "Sure, you can pay by card, and the total is due today, you can pay by card, and the total is due"
+    assert first_repeated_sentence(looping) is None  # said again only in part: not yet a loop
+    looped = looping + " today, you can pay"
+    assert looped[: first_repeated_sentence(looped)] == "Sure, you can pay by card, and the total is due today, "
 
 
 @pytest.mark.parametrize(
@@ -303,36 +343,84 @@ def test_a_reply_cut_inside_a_character_ends_before_it_and_equals_its_stream(tin
 
 
 def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
-    """The whole-text scan the watch replaces, kept plain as the oracle: every complete
-    sentence in order, the first repeated key's start (or the last of a run of
-    REPEAT_RUN equal short clauses), and the unfinished tail's hold."""
-    from clm_middleware.lifecycle.reply_quality import _SENTENCE_END, REPEAT_RUN, _sentence_key, _words
-
-    sentences, start = [], 0
-    for end in _SENTENCE_END.finditer(text):
-        sentences.append((start, text[start : end.end()]))
-        start = end.end()
-    cut, seen, run = None, set(), ("", 0)
-    for at, sentence in sentences:
-        key = _sentence_key(sentence)
-        short = " ".join(w for w in _words(sentence) if w[0].isalnum())
-        if key is None and short:
-            run = (short, run[1] + 1 if run[0] == short else 1)
-        elif key is not None:
-            run = ("", 0)
-        if (key is not None and key in seen) or (key is None and short and run[1] >= REPEAT_RUN):
-            cut = at + len(sentence) - len(sentence.lstrip())
-            break
-        seen.add(key)
-    tail = text[start:]
-    said = [w for w in _words(tail) if w[0].isalnum()]
-    keys = [k.split() for _, s in sentences if (k := _sentence_key(s)) is not None]
-    if run[1] == REPEAT_RUN - 1:
-        keys.append(run[0].split())  # the clause that would complete the run
-    hold = any(
-        len(said) <= len(w) and w[: len(said) - 1] == said[:-1] and w[len(said) - 1].startswith(said[-1]) for w in keys
+    """The rule restated as a brute-force whole-text scan, kept plain as the oracle of the
+    incremental watch: after each complete clause, every repeat complete so far (a
+    sentence said before; a stretch of clauses from a repeated one on said again right
+    after itself, tried over every pair; a run of REPEAT_RUN equal short clauses), the
+    first clause at which any is complete giving the cut (its earliest start); and the
+    unfinished tail's hold (the earliest start of what may still become such a repeat)."""
+    from clm_middleware.lifecycle.reply_quality import (
+        _SENTENCE_END,
+        _SENTENCE_MARKS,
+        REPEAT_MIN_WORDS,
+        REPEAT_RUN,
+        _words,
     )
-    return cut, len(tail) if said and hold else 0
+
+    clauses: list[tuple[int, str]] = []  # (start, words) of clauses with words
+    openers: set[int] = set()  # the clauses that open a sentence
+    sentences: list[tuple[int, str]] = []  # (start, words) of complete sentences
+    sentence: list[tuple[int, str]] = []
+    start = 0
+
+    def repeats() -> list[int]:
+        found = []
+        words = [w for _, w in clauses]
+        for i in range(len(words)):
+            for j in range(i):
+                period = i - j
+                if len(words[i].split()) >= REPEAT_MIN_WORDS and words[i : i + period] == words[j:i]:
+                    found.append(clauses[i][0])
+                if {i, j} <= openers and len(words[i].split()) >= REPEAT_MIN_WORDS and words[i] == words[j]:
+                    found.append(clauses[i][0])
+        keys = [w for _, w in sentences]
+        found += [at for n, (at, w) in enumerate(sentences) if len(w.split()) >= REPEAT_MIN_WORDS and w in keys[:n]]
+        for n in range(REPEAT_RUN - 1, len(words)):
+            run = words[n - REPEAT_RUN + 1 : n + 1]
+            if len(run[0].split()) < REPEAT_MIN_WORDS and all(w == run[0] for w in run):
+                found.append(clauses[n][0])
+        return found
+
+    for end in _SENTENCE_END.finditer(text):
+        unit, start = text[start : end.end()], end.end()
+        words = " ".join(w for w in _words(unit) if w[0].isalnum())
+        if words:
+            if not sentence:
+                openers.add(len(clauses))
+            clauses.append((start - len(unit.lstrip()), words))
+            sentence.append(clauses[-1])
+        if any(mark in end.group() for mark in _SENTENCE_MARKS) and sentence:
+            sentences.append((sentence[0][0], " ".join(w for _, w in sentence)))
+            sentence = []
+        if found := repeats():
+            return min(found), 0
+    tail = text[start:]
+    said = " ".join(w for w in _words(tail) if w[0].isalnum())
+    tail_at = len(text) - len(tail.lstrip())
+    held = []
+    words = [w for _, w in clauses]
+    for i in range(len(words)):  # a stretch repeating so far, not yet whole
+        for j in range(i):
+            if {i, j} <= openers and words[i] == words[j]:
+                continue  # that repeat would have been cut
+            if len(words[i].split()) >= REPEAT_MIN_WORDS and words[i:] == words[j : j + len(words) - i]:
+                held.append(clauses[i][0])
+    long_words = [w for w in words if len(w.split()) >= REPEAT_MIN_WORDS]
+    runs = words[-(REPEAT_RUN - 1) :] if len(words) >= REPEAT_RUN - 1 else []
+    if said and any(w.startswith(said) for w in long_words):
+        held.append(tail_at)
+    if (
+        said
+        and runs
+        and len(runs[0].split()) < REPEAT_MIN_WORDS
+        and all(w == runs[0] for w in runs)
+        and runs[0].startswith(said)
+    ):
+        held.append(tail_at)
+    begun = " ".join([w for _, w in sentence] + ([said] if said else []))
+    if begun and any(w.startswith(begun) and len(w.split()) >= REPEAT_MIN_WORDS for _, w in sentences):
+        held.append(sentence[0][0] if sentence else tail_at)
+    return None, len(text) - min(held) if held else 0
 
 
 SENTENCES = [
