@@ -7,7 +7,7 @@ One turn (``send`` / ``stream`` / ``respond``)::
     compaction, if the budget or the model's own labels call for it   (compaction.py)
     render segments → prompt ids, append-only                         (renderer.py)
     Engine.generate: pool hit, prefill the rest, decode, observe      (engine/)
-    reply without its lifecycle block → a new segment with its generated ids
+    reply without its lifecycle block → a new segment, its text tokenized as a message
     label the window: model block | constrained | signals | rules      (tagging.py)
     release blocks held K rounds; persist the turn                    (reclaimer.py, store/)
 

@@ -24,7 +24,9 @@ def record_observation(
     prefix_tokens: int,
 ) -> None:
     """``generated_segment`` holds ``prefix_tokens`` forced tokens (no decode log-prob),
-    then the generated ones."""
+    then, if the context keeps them as generated, the generated ones: their decode
+    log-probs are its self-information (a reply tokenized another way has none from
+    decoding)."""
     logprobs = generation.prompt_logprobs
     if logprobs is not None:
         for segment in segments:
@@ -37,7 +39,7 @@ def record_observation(
     if generated_segment is not None and generation.token_logprobs:
         decoded = generated_segment.token_ids[prefix_tokens:]
         values = [-v for v in generation.token_logprobs[: len(decoded)]]
-        if len(values) == len(decoded):
+        if len(values) == len(decoded) and decoded == list(generation.token_ids[: len(decoded)]):
             generated_segment.surprisal = [None] * prefix_tokens + values
     attention = generation.attention
     if attention is None:

@@ -26,7 +26,8 @@ message's leading whitespace is the first segment's separator, rendered only whi
 segment is shown; its trailing whitespace ends its last segment.
 
 Prefix stability: every piece is a cached token sequence (glue, separators, markers)
-or a segment's own ids (tokenized once; a generated reply keeps its generated ids).
+or a segment's own ids (tokenized once; a generated reply as its text tokenizes, which
+the generated ids are unless the model spelled a word another way).
 So the prompt of turn t+1 starts with the prompt of turn t plus its reply, unless a
 segment changed; a change at segment i leaves every token before i untouched.
 Markers appear only where the protocol needs them (tagging modes that ask the model

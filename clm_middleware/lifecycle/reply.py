@@ -34,20 +34,6 @@ class IncrementalText:
         return self._text
 
 
-def ids_for_prefix(tokenizer: Any, token_ids: Sequence[int], text_length: int) -> list[int]:
-    """The shortest prefix of ``token_ids`` whose text covers ``text_length`` characters.
-
-    Used to cut a reply before its lifecycle block or a stop string: the kept ids are
-    exactly what was generated (and cached), so the next turn still hits them.
-    """
-    if text_length <= 0:
-        return []
-    for end in range(1, len(token_ids) + 1):
-        if len(tokenizer.decode(list(token_ids[:end]), skip_special_tokens=True).rstrip()) >= text_length:
-            return list(token_ids[:end])
-    return list(token_ids)
-
-
 def cut_at_stop(text: str, stops: Sequence[str]) -> str:
     """``text`` up to the first stop string (the stop string itself is not shown)."""
     cut = min((text.find(stop) for stop in stops if stop and stop in text), default=-1)

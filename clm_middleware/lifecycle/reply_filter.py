@@ -2,7 +2,9 @@
 
 The visible answer is the model's output before a ``[LIFECYCLE]`` block and before
 any stop string, without the machinery ``reply_quality.strip_artifacts`` removes
-(segment markers, stray tags, block lines), right-stripped. That holds unless
+(segment markers, stray tags, block lines), and right-stripped only where something
+was cut from it (a stop string leaves the whitespace before it, as on OpenAI, vLLM and
+llama.cpp). That holds unless
 ``machinery`` is off (``reply_quality.shows_machinery``): the context shows no protocol
 and itself holds such text, which the user, a tool or a document wrote, so a
 ``[seg_3]`` or ``[LIFECYCLE]`` in the reply quotes it and is shown as written, as the
@@ -46,21 +48,32 @@ def cut_repeat(written: str, *, final: bool = False) -> str:
     return written if cut is None else written[:cut]
 
 
+def cuts_a_repeat(raw: str, *, stops: Sequence[str], machinery: bool = True) -> bool:
+    """Whether ``visible_answer`` with ``cut_repeats`` ends ``raw`` before a repeat: also
+    one that ended with the generation (a repeated last sentence, then end of text)."""
+    written = model_answer(raw, stops) if machinery else cut_at_stop(raw, stops)
+    return cut_repeat(written, final=True) != written
+
+
 def visible_answer(
     raw: str, *, stops: Sequence[str], cut_repeats: bool = False, verbatim: bool = False, machinery: bool = True
 ) -> str:
-    """The final answer: machinery cut (where the context shows it: ``machinery``),
-    including a marker or block line left unfinished at the end; with ``cut_repeats``,
-    also everything from where it starts to repeat itself; ``verbatim``: only the stop
-    strings cut."""
+    """The final answer: the model's text before a lifecycle block and the first stop
+    string, as written (trailing whitespace included, as an OpenAI-compatible server
+    returns it), but for what this library cuts, after which it is right-stripped:
+    machinery (where the context shows it: ``machinery``), including a marker or block
+    line left unfinished at the end; with ``cut_repeats``, everything from where the
+    answer starts to repeat itself. ``verbatim``: only the stop strings cut."""
     if verbatim:
-        return cut_at_stop(raw, stops).rstrip()
+        return cut_at_stop(raw, stops)
     written = model_answer(raw, stops) if machinery else cut_at_stop(raw, stops)
-    if cut_repeats:
-        written = cut_repeat(written, final=True)
+    if cut_repeats and (kept := cut_repeat(written, final=True)) != written:
+        written = kept.rstrip()
     if not machinery:
-        return written.rstrip()
-    return strip_artifacts(written[: len(written) - trailing_machinery(written, final=True)]).rstrip()
+        return written
+    held = trailing_machinery(written, final=True)
+    cleaned = strip_artifacts(written[: len(written) - held])
+    return written if not held and cleaned == written else cleaned.rstrip()
 
 
 def trailing_machinery(written: str, *, final: bool = False) -> int:
@@ -131,7 +144,7 @@ class ReplyFilter:
 
     def _held_stop(self, answer: str) -> int:
         """Characters at the end that might still become a stop string, with the
-        whitespace before them (the final answer is right-stripped before either)."""
+        whitespace before them (a cut after it would strip that whitespace)."""
         cut = len(answer.rstrip())  # trailing whitespace is always held
         for stop in self.stops:
             for size in range(min(len(stop) - 1, len(answer)), 0, -1):

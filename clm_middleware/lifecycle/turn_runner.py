@@ -24,8 +24,8 @@ from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_fro
 from clm_middleware.lifecycle.observation import record_observation
 from clm_middleware.lifecycle.protocol import CLOSE_TAG, block_may_follow, could_open_block
 from clm_middleware.lifecycle.renderer import RenderedContext
-from clm_middleware.lifecycle.reply import IncrementalText, cut_at_stop, ids_for_prefix
-from clm_middleware.lifecycle.reply_filter import ReplyFilter, model_answer, visible_answer
+from clm_middleware.lifecycle.reply import IncrementalText, cut_at_stop
+from clm_middleware.lifecycle.reply_filter import ReplyFilter, cuts_a_repeat, model_answer, visible_answer
 from clm_middleware.lifecycle.reply_quality import first_repeated_sentence, reply_flags, shows_machinery
 from clm_middleware.lifecycle.segmenter import is_ack
 from clm_middleware.lifecycle.segments import (
@@ -138,7 +138,7 @@ class TurnRunner:
                         generation.finish_reason = "length"
                         break
             raw_output = prefix + detok.text if forced is None else forced
-            answer_text, answer_ids = self._answer(forced, raw_output, generation, prefix_ids, settings, machinery)
+            answer_text, answer_ids = self._answer(forced, raw_output, generation, settings, machinery)
             if forced is None:
                 tail = reply_filter.finish(answer_text)
                 if tail:
@@ -148,7 +148,11 @@ class TurnRunner:
                     *reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier, machinery=machinery),
                     *stats.reply_flags,  # string_loop_closed, raised while generating
                 ]
-                if generation.finish_reason == "repetition":
+                if generation.finish_reason == "repetition" or (
+                    settings.cut_repeats
+                    and settings.response_format is None
+                    and cuts_a_repeat(raw_output, stops=settings.stop, machinery=machinery)
+                ):
                     stats.reply_flags.append("repetition_cut")
             else:
                 stats.reply_nll = generation.forced_nll
@@ -292,25 +296,24 @@ class TurnRunner:
         forced: str | None,
         raw: str,
         generation: Generation,
-        prefix_ids: list[int],
         settings: GenerationSettings,
         machinery: bool,
     ) -> tuple[str, list[int]]:
-        """The visible answer and the token ids the context keeps for it (prefix included);
+        """The visible answer and the token ids the context keeps for it: the answer's text
+        tokenized as the chat template tokenizes a message (prefix included), which is
+        what the bare model sees of it next turn, and what a client that re-sends the
+        history has. The generated ids are mostly those; where the model spelled a word
+        another way (" past" + "a" for " pasta"), the next turn recomputes from there
+        instead of showing the model a prompt the bare template never makes.
         ``machinery``: markers and blocks are cut (``reply_quality.shows_machinery``)."""
         c = self.conversation
         if forced is not None:
             return forced, list(generation.token_ids) if forced else []
-        ids = prefix_ids + [t for t in generation.token_ids if t not in c.engine.default_stop_ids]
         verbatim = settings.response_format is not None
         answer = visible_answer(
             raw, stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=verbatim, machinery=machinery
         )
-        if answer == raw.rstrip():
-            return answer, ids  # the context keeps every generated id: they are cached
-        if raw.startswith(answer):
-            return answer, ids_for_prefix(c.engine.tokenizer, ids, len(answer))
-        return answer, c.encode_content(answer, "assistant")  # machinery was cut from inside: its ids are gone
+        return answer, c.encode_content(answer, "assistant")
 
     def _probe_block(self, prefix: list[int], stats: TurnStats) -> str:
         """After a forced reply, let the model continue and see whether it writes a block.

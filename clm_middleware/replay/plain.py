@@ -144,14 +144,17 @@ def forced_ids(forced: Message | None, chat_format: ChatFormat) -> list[int] | N
 def reply_of(
     generation: Generation, forced: Message | None, chat_format: ChatFormat, engine: Engine
 ) -> tuple[str, list[int]]:
-    """The turn's reply text and the ids the history keeps: the forced reply, or what was generated."""
+    """The turn's reply text and the ids the history keeps: the forced reply, or what was
+    generated, tokenized as its text (what a client re-sending the history sends: the
+    generated ids, unless the model spelled a word in tokens the tokenizer would not use)."""
     if forced is not None:
         reply = message_text(forced)
         return reply, list(generation.token_ids) if generation.request.forced else []
     reply_ids = strip_stop_token(generation.token_ids, engine.default_stop_ids)
     # a token cap can end the reply inside a character: its first bytes decode to U+FFFD,
-    # which no reader wants; the history keeps every id
-    return chat_format.tokenizer.decode(reply_ids, skip_special_tokens=True).rstrip("\ufffd"), reply_ids
+    # which no reader wants, nor a client re-sends
+    reply = chat_format.tokenizer.decode(reply_ids, skip_special_tokens=True).rstrip("\ufffd")
+    return reply, chat_format.encode(reply)
 
 
 def plain_turn_record(

@@ -1,5 +1,6 @@
 """SmolLM2-135M through the middleware answers in words, like the bare model: no marker, no block, no id."""
 
+import functools
 import json
 from pathlib import Path
 
@@ -7,7 +8,9 @@ from click.testing import CliRunner
 
 from clm_middleware.cli.main import cli
 from clm_middleware.conversation import Conversation
+from clm_middleware.engine import Engine
 from clm_middleware.lifecycle.reply_quality import has_artifact
+from clm_middleware.models import ScriptedReplies
 
 SYSTEM = "You are a helpful airline customer support agent."
 QUICKSTART = [
@@ -66,3 +69,27 @@ def test_a_context_that_fits_has_the_ids_of_the_bare_chat_template(smol_engine):
     assert sum(len(m.segment_ids) for m in chat.history) > len(messages)  # sentences are segments
     assert chat.context_ids == bare_ids
     chat.close()
+
+
+def test_a_reply_generated_in_tokens_the_tokenizer_would_not_use_is_kept_as_its_text_tokenizes(smol_engine):
+    """SmolLM2 may write " pasta" as " past" + "a": the next prompt holds the reply as the
+    bare chat template tokenizes it (what a client re-sending the history has), not as
+    generated; before, such a chat through ``clm serve`` diverged from the bare model."""
+    tokenizer = smol_engine.tokenizer
+    encode = functools.partial(tokenizer.encode, add_special_tokens=False)
+    spelled = encode("Try the") + encode(" past") + encode("a") + encode(".")
+    assert tokenizer.decode(spelled) == "Try the pasta." and encode("Try the pasta.") != spelled
+    script = ScriptedReplies([[*spelled, tokenizer.eos_token_id]])
+    engine = Engine(smol_engine.model, tokenizer, logits_processors=[script])
+    with Conversation(engine, system_prompt=SYSTEM, tagging="signals", max_new_tokens=16) as chat:
+        reply = chat.send("What should I eat in Rome?")
+        assert reply.text == "Try the pasta."
+        chat.add("user", "Thanks.")
+        messages = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "What should I eat in Rome?"},
+            {"role": "assistant", "content": "Try the pasta."},
+            {"role": "user", "content": "Thanks."},
+        ]
+        bare = tokenizer.apply_chat_template(messages, tokenize=True)
+        assert chat.context_ids == (list(bare["input_ids"]) if hasattr(bare, "keys") else list(bare))

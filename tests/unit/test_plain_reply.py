@@ -1,4 +1,4 @@
-"""The plain drivers' reply text: what a token cap leaves is readable."""
+"""The plain drivers' reply text: what a token cap leaves is readable, held as its text tokenizes."""
 
 from types import SimpleNamespace
 
@@ -12,4 +12,5 @@ def test_a_cap_inside_a_character_leaves_no_replacement_character(engine):
     generation = SimpleNamespace(token_ids=ids[:cut], request=SimpleNamespace(forced=None))
     text, kept = reply_of(generation, None, ChatFormat.from_tokenizer(engine.tokenizer), engine)
     assert "\ufffd" not in text and text.startswith("Hi")
-    assert kept == ids[:cut]  # the history keeps every generated id
+    # the history keeps the text a client would re-send: the bytes of the cut character go
+    assert kept == engine.tokenizer.encode(text, add_special_tokens=False) and kept == ids[: len(kept)]

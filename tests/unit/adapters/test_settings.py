@@ -65,7 +65,7 @@ def test_an_unknown_per_call_argument_fails_before_the_turn(call, message):
 
 def test_a_stop_string_is_one_stop_and_none_arguments_mean_the_defaults(scripted_llm):
     llm, _ = scripted_llm("In the sea there are fish.", "In the sea there are fish.")
-    assert llm.invoke("Tell me.", stop="sea").content == "In the"
+    assert llm.invoke("Tell me.", stop="sea").content == "In the "  # the text before it, as OpenAI returns it
     reply = llm.invoke("Again.", max_tokens=None, temperature=None, top_p=None, stop=None)
     assert reply.content == "In the sea there are fish."
 

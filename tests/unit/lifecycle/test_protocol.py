@@ -97,3 +97,15 @@ def test_streamed_text_equals_the_final_answer_and_never_shows_the_block(answer,
     shown += stream.finish(final)
     assert shown == final
     assert "[LIFECYCLE]" not in shown.upper().replace(" ", "")
+
+
+def test_the_answer_keeps_its_trailing_whitespace_unless_something_was_cut_after_it():
+    """As OpenAI, vLLM and llama.cpp return it: the text before a stop string, or all of
+    it; a cut of this library's (block, marker, repeat) takes the whitespace before it."""
+    assert visible_answer("The capital of France", stops=["France"]) == "The capital of "
+    assert visible_answer("1. Banana\n2. Apple", stops=["2."]) == "1. Banana\n"
+    assert visible_answer("Sure!\n\n", stops=()) == "Sure!\n\n"
+    assert visible_answer("Sure!\n[LIFECYCLE]\nseg_1: drop\n[/LIFECYCLE]", stops=()) == "Sure!"
+    assert visible_answer("Hello there\n[seg_3]", stops=()) == "Hello there"
+    looping = "I'm glad to help. I'm glad to help. "
+    assert visible_answer(looping, stops=(), cut_repeats=True) == "I'm glad to help."

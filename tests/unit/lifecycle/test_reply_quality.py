@@ -162,6 +162,15 @@ def test_a_reply_is_cut_before_its_first_repeated_sentence_and_generation_stops(
     assert conversation.history[-1].raw_output.startswith(looping[:40])
 
 
+def test_a_repeat_that_ends_with_the_generation_is_cut_and_flagged(converse, scripted):
+    """The last sentence is complete only once the text ends: cut then, and flagged (a
+    sweep through clm serve saw such a reply cut with no flag)."""
+    engine, _ = scripted("Sure, the museum opens at nine. Sure, the museum opens at nine.")
+    reply = converse(engine=engine, max_new_tokens=300).send("When does it open?")
+    assert reply.text == "Sure, the museum opens at nine."
+    assert reply.stats.reply_flags == ["repetition_cut"] and reply.finish_reason == "stop"
+
+
 def test_cut_repeats_can_be_turned_off(converse, scripted):
     looping = "You're welcome. I'm glad to help. I'm glad to help."
     engine, _ = scripted(looping)
