@@ -38,7 +38,13 @@ from clm_middleware.lifecycle.compaction import ContextBudgetError
 log = logging.getLogger("clm_middleware.server")
 
 RETRY_AFTER_S = 1
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 503: "overloaded_error"}
+# as OpenAI: a 404 (an unknown model, session or path) is an invalid request, told apart by its code
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    503: "overloaded_error",
+}
 
 
 @dataclass(slots=True)

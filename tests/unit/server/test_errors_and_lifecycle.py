@@ -156,9 +156,10 @@ def test_an_empty_body_is_a_400_saying_it_is_empty(server):
     assert "body is empty" in _error(_post(server.api, b""), 400)["message"]
 
 
-def test_an_unknown_model_is_a_404(server, model_id):
+def test_an_unknown_model_is_a_404_of_openais_shape(server, model_id):
     error = _error(_post(server.api, _hello("gpt-5")), 404)
     assert error["param"] == "model" and error["code"] == "model_not_found"
+    assert error["type"] == "invalid_request_error"  # OpenAI's type for it
     assert _error(httpx.get(server.api + "/models/gpt-5", timeout=TIMEOUT_S), 404)["code"] == "model_not_found"
     assert httpx.get(f"{server.api}/models/{model_id}", timeout=TIMEOUT_S).json()["id"] == model_id
 
