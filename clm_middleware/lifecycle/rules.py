@@ -12,8 +12,11 @@ Eviction value (``eviction_value``), lowest evicted first, oldest first among eq
 labelled drop or content-free 0 · labelled compress, not yet condensed 1 · otherwise 2
 · +2 with distinctive tokens, else +1 for what a user or tool said once condensed to
 its content words · +1 when the newest turns attended to it more than to an average token
-· +1.5 for what the user or a tool said (a reply restates it, and a small model's
-replies are full of invented numbers and names that must not outlast real facts)
+· +1.5 for what the user said (a reply restates it, and a small model's replies are
+full of invented numbers and names that must not outlast real facts), +1 for what a
+tool returned (real facts too, but the user's own ones come first: a tool can be asked
+again, and its results are long — a five-row JSON result of 300 tokens had outlasted
+the user's name and insurance number in an agent chat at budget 1024)
 · +1 for a reply the user accepted (see acceptance.py): the agreed state, in the
 assistant's words, ranks above the model's other replies and below the user's facts.
 """
@@ -73,8 +76,8 @@ def eviction_value(segment: Segment, attention_density: float = 0.0, *, accepted
         value += 1.0  # a request condensed to its content words: below a fact, above a reply
     if attention_density > 1.0:
         value += 1.0
-    if segment.role in ("user", "tool", "system"):
+    if segment.role in ("user", "system"):
         value += 1.5
-    elif accepted:
+    elif segment.role == "tool" or accepted:  # a tool's facts; the state the user agreed to
         value += 1.0
     return value

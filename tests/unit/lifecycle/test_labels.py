@@ -87,3 +87,14 @@ def test_a_reply_the_user_accepted_ranks_between_other_replies_and_what_the_user
     replied.role = "assistant"
     assert eviction_value(replied) < eviction_value(replied, accepted=True) < eviction_value(said)
     assert eviction_value(said, accepted=True) == eviction_value(said)  # acceptance is about replies
+
+
+def test_a_tool_result_ranks_below_the_users_own_facts_and_above_the_models_replies():
+    """An agent chat at budget 1024 kept a 300-token JSON search result and dropped the
+    user's name and insurance number: the user's facts now go last."""
+    said = seg("I'm Ana Lima, insurance number K-20931-7.")
+    returned = seg('[{"therapist_name": "Leininger Anne", "phone_number": "408-847-2100"}]')
+    returned.role = "tool"
+    replied = seg("Leininger Anne, 408-847-2100.")
+    replied.role = "assistant"
+    assert eviction_value(replied) < eviction_value(returned) < eviction_value(said)
