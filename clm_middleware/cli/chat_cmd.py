@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -20,6 +20,9 @@ from clm_middleware.cli.options import (
 )
 from clm_middleware.errors import ClmError
 from clm_middleware.lifecycle.modes import TAGGING_MODES
+
+if TYPE_CHECKING:
+    from clm_middleware.conversation import Conversation
 
 COMMANDS = "/segments  /pin N  /forget N  /stats  /save [PATH]  /help  /quit"
 HELP = (
@@ -182,8 +185,7 @@ def chat(
                 try:
                     reply = conversation.send(text)
                 except ClmError as error:
-                    conversation.discard(answered)
-                    lines.emit(lines.error_line(str(error)))
+                    lines.emit(lines.error_line(_after_failure(conversation, answered, error)))
                     continue
                 lines.emit(lines.chat_turn_line(conversation.id, reply))
                 continue
@@ -194,8 +196,7 @@ def chat(
                 for piece in stream:
                     console.print(piece, end="", markup=False, highlight=False)
             except ClmError as error:  # e.g. a message over the budget: say so, keep the chat
-                conversation.discard(answered)
-                console.print(f"\n[red]{error}[/red]")
+                console.print(f"\n[red]{_after_failure(conversation, answered, error)}[/red]", highlight=False)
                 continue
             except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
                 stream.close()  # a stream closed early takes its message back
@@ -203,6 +204,16 @@ def chat(
                 continue
             console.print()
             _report_turn(conversation, console)
+
+
+def _after_failure(conversation: Conversation, answered: int, error: ClmError) -> str:
+    """What to tell the user of a failed message, after taking back what it added: a
+    turn that failed before its reply leaves nothing; one whose reply came but could not
+    be saved (a read-only or full store, another writer) keeps the reply in this chat."""
+    if any(message.role == "assistant" for message in conversation.history[answered:]):
+        return f"{error} (the reply stands in this chat, but it was not saved)"
+    conversation.discard(answered)
+    return str(error)
 
 
 def _read_line(prompt: str) -> str | bytes | None:

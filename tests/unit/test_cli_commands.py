@@ -1,6 +1,8 @@
 """Every CLI command through click's runner: formats, plots, chat, stats, errors, interrupts."""
 
+import io
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -483,6 +485,38 @@ def test_chat_survives_a_save_that_cannot_be_written(tmp_path):
     said = " ".join(result.output.split())  # the console wraps long lines at 80 columns
     assert said.count("/save failed") == 2 and "not a usable SQLite store" in said
     assert "turns: 2" in said  # the chat went on after both failed saves
+
+
+class _SecondWindow(io.BytesIO):
+    """Chat input during which another window continues the stored session, just before
+    the second line is read: the chat's next save finds the store moved on."""
+
+    def __init__(self, text: str, db: Path) -> None:
+        super().__init__(text.encode())
+        self.db, self.lines_read = db, 0
+
+    def readline(self, *args) -> bytes:
+        self.lines_read += 1
+        if self.lines_read == 2:
+            with sqlite3.connect(self.db) as connection:
+                connection.execute("UPDATE conversations SET turn = turn + 1")
+        return super().readline(*args)
+
+
+@pytest.mark.parametrize("json_lines", [False, True])
+def test_chat_says_why_a_turn_was_not_saved_and_goes_on(tmp_path, json_lines):
+    """A save that fails after the reply (another writer, a read-only or full store) is
+    told as itself; the chat had died on an unrelated 'only unanswered messages can be
+    discarded' (a helper's sweep)."""
+    db = tmp_path / "c.db"
+    base = ["chat", "--model", "tiny", "--max-new-tokens", "3", "--db", str(db), "--session", "x"]
+    assert run(*base, input="hello\n/quit\n").exit_code == 0
+    flags = ["--json"] if json_lines else []
+    result = run(*base, *flags, input=_SecondWindow("second\nthird\n/quit\n", db))
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "another writer" in said and "the reply stands in this chat, but it was not saved" in said
+    assert "only unanswered messages" not in said
 
 
 def test_ctrl_c_during_a_reply_stops_that_reply_and_keeps_the_chat(monkeypatch, tiny_model, tiny_tok):
