@@ -662,8 +662,16 @@ class Conversation:
         return list(self._turn_log)
 
     def close(self) -> None:
-        """Give back every pool reference; the conversation can be loaded again from its store."""
-        self.release_cache()
+        """Save what the store does not hold yet (messages added since the last turn: a
+        system prompt, a seeded history, a fork's copy), then give back every pool
+        reference: the conversation can be loaded again from its store as it is. A
+        conversation with nothing unsaved writes nothing (a store opened read-only stays
+        untouched)."""
+        try:
+            if self.store is not None and not self.journal.empty:
+                self.persist(None)
+        finally:
+            self.release_cache()
 
     def release_cache(self) -> int:
         """Give back every pool reference this conversation holds between turns (its last
@@ -681,7 +689,7 @@ class Conversation:
     def abandon(self) -> None:
         """Close a conversation whose first call failed: one that never saved a turn also
         leaves no row in its store (nothing half-done is stored)."""
-        self.close()
+        self.release_cache()
         if self.store is not None and not self._saved:
             self.store.unregister(self.id)
 

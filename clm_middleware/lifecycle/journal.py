@@ -49,6 +49,11 @@ class ChangeJournal:
         if self._first_message is not None and self._first_message >= messages[0].index:
             self._first_message = None
 
+    @property
+    def empty(self) -> bool:
+        """Nothing changed since the last save."""
+        return self._first_message is None and not self._decisions and not self._segments
+
     def pending(self, messages: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment]) -> ConversationChanges:
         """What changed, read from the conversation's ``messages`` and ``segments``; the
         journal keeps it until ``saved``: a save that fails leaves it for the next one."""

@@ -16,7 +16,10 @@ from clm_middleware.store.migrations import MIGRATIONS, MIGRATIONS_TABLE, migrat
 INTRO = """# The conversation store (SQLite)
 
 `Conversation(..., store="chats.db")`, `clm replay --mode clm --db`, `clm chat --db`.
-WAL mode; one transaction per turn; the file is created owner-only (0600). Schema
+WAL mode; one transaction per turn (what was added before a turn, a system prompt, a
+seeded history or a fork's copy, is saved with it, or by `close()` if no turn comes:
+closed before its first reply, a conversation had loaded back empty); the file is
+created owner-only (0600). Schema
 changes are ordered migrations recorded in `{table}`
 (`clm_middleware/store/migrations.py`): {names}.
 

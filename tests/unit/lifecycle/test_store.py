@@ -324,3 +324,39 @@ def test_a_reload_shows_the_tools_section_and_the_prompts_the_conversation_had(c
     loaded = Conversation.load(path, "tools", engine)
     assert loaded.tools_prompt == "You may call get_weather(city)." and loaded.protocol_text == custom
     assert loaded.render_prompt(None).token_ids == expected
+
+
+def test_what_was_added_before_the_first_reply_is_saved_on_close_and_loads_back(converse, engine, tmp_path):
+    """A system prompt and a seeded history were written only with a turn: closed before
+    one, the conversation loaded back empty while its id stayed taken (a helper's sweep:
+    `clm chat --system ... ` then /quit lost the system prompt for good)."""
+    path = tmp_path / "chats.db"
+    seeded = converse(store=path, system_prompt="Be brief.", conversation_id="ana")
+    seeded.add("assistant", "Hi! How can I help?")
+    seeded.add("user", "My order is 48213-KX.")
+    context = seeded.context
+    seeded.close()
+    loaded = Conversation.load(path, "ana", engine)
+    assert [(m.role, m.content) for m in loaded.history] == [
+        ("system", "Be brief."),
+        ("assistant", "Hi! How can I help?"),
+        ("user", "My order is 48213-KX."),
+    ]
+    assert loaded.context == context and loaded.turn == 0
+    twin = loaded.fork(len(loaded.history), conversation_id="ana-2")
+    twin.close()
+    assert [m.content for m in Conversation.load(path, "ana-2", engine).history] == [m.content for m in loaded.history]
+    loaded.close()
+
+
+def test_closing_a_conversation_with_nothing_unsaved_writes_nothing(converse, engine, tmp_path):
+    path = tmp_path / "chats.db"
+    first = converse(store=path, conversation_id="ro")
+    first.send("hello")
+    first.close()
+    path.chmod(0o444)
+    try:
+        reader = Conversation.load(Store(path, read_only=True), "ro", engine)
+        reader.close()  # a read-only store: a write here would fail
+    finally:
+        path.chmod(0o644)
