@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from clm_middleware.cli.options import OutputPath, format_option
+from clm_middleware.errors import ClmError
 
 
 def eval_options(*, default_tagging: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -224,7 +225,13 @@ def run_files(
         for name, mode, lifecycle in variants(taggings, budget, compression):
             stderr.print(f"[bold]{item.label} · {name}[/bold] …")
             engine = sibling_engine(first)
-            retention = run_variant(name, engine, item.transcripts, item.probes, driver_factory, lifecycle, mode)
+            try:
+                retention = run_variant(name, engine, item.transcripts, item.probes, driver_factory, lifecycle, mode)
+            except ClmError as error:  # e.g. a budget under one tagging mode's protocol prompt
+                raise ClmError(
+                    f"{item.label} · {name}: {error.message}",
+                    hint=error.hint or "--tagging picks which clm variants run",
+                ) from error
             results.append(per_variant(item, name, engine, lifecycle, retention))
         per_file.append(results)
     return per_file

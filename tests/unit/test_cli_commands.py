@@ -587,3 +587,27 @@ def test_a_json_report_is_created_with_the_umask_like_any_other_file(tmp_path):
     finally:
         os.umask(previous)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_eval_retention_names_the_variant_a_budget_is_too_small_for(tmp_path):
+    """A budget under one tagging mode's protocol prompt failed without saying which variant."""
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    probes = tmp_path / "probes.json"
+    probes.write_text(json.dumps([{"question": "Order?", "answer": "88412"}]))
+    result = run(
+        "eval",
+        "retention",
+        str(path),
+        "--probes",
+        str(probes),
+        "--budget",
+        "64",
+        "--tagging",
+        "constrained",
+        "--model",
+        "tiny",
+    )
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "chat.jsonl · clm:constrained:" in said, said
+    assert "does not show the protocol prompt" in said  # its own hint, kept
