@@ -42,7 +42,9 @@ turn stays in memory and the next save writes it with its own, so the store neve
 gap. Two objects continuing one stored conversation (two `Conversation.load`s of one
 id, two `clm chat --session` windows) cannot overwrite each other: a save whose row
 says another turn than the writer last read or wrote is refused (`StoreError`: load it
-again). A store whose pages are damaged is a `StoreError` naming the file on load.
+again). A store whose pages are damaged is a `StoreError` naming the file on load, and so is a
+row that does not read back (a value that is not its JSON, a segment a message lists
+that is gone): a conversation is loaded whole or not at all.
 
 Generated from the schema by `python -m clm_middleware.store.docs docs/store.md`;
 do not edit by hand.

@@ -198,23 +198,36 @@ class Store:
     def load(self, conversation_id: str) -> StoredConversation:
         """Every message, segment and turn's stats of one conversation; a ``StoreError`` if it is not there."""
         row = self.conversation_row(conversation_id)
-        record = ConversationRecord(
-            id=row["id"],
-            model=row["model"],
-            settings=json.loads(row["settings"] or "{}"),
-            turn=row["turn"],
-            next_index=row["next_index"],
-            fold=row.get("fold") or 0,
-            protocol_context=bool(row["protocol_context"]),
-            parse_history=json.loads(row["parse_history"] or "[]"),
-        )
-        messages = [_message(m) for m in self.rows("messages", conversation_id, "idx")]
-        segments = [_segment(s) for s in self.rows("segments", conversation_id, "idx")]
         with self._named_errors("cannot read"):
             has_turns = self.db["turns"].exists()
-        turns = [json.loads(t["stats"]) for t in self.rows("turns", conversation_id, "turn")] if has_turns else []
+        rows = {table: self.rows(table, conversation_id, "idx") for table in ("messages", "segments")}
+        turn_rows = self.rows("turns", conversation_id, "turn") if has_turns else []
+        try:  # a row another program or a partial write left unreadable: never half-loaded
+            record = ConversationRecord(
+                id=row["id"],
+                model=row["model"],
+                settings=json.loads(row["settings"] or "{}"),
+                turn=row["turn"],
+                next_index=row["next_index"],
+                fold=row.get("fold") or 0,
+                protocol_context=bool(row["protocol_context"]),
+                parse_history=json.loads(row["parse_history"] or "[]"),
+            )
+            messages = [_message(m) for m in rows["messages"]]
+            segments = [_segment(s) for s in rows["segments"]]
+            turns = [json.loads(t["stats"]) for t in turn_rows]
+        except (ValueError, TypeError, KeyError) as error:  # JSONDecodeError is a ValueError
+            raise StoreError(
+                f"{self.path}: conversation {conversation_id!r} has a damaged row ({type(error).__name__}: {error})"
+            ) from error
         if [m.index for m in messages] != list(range(len(messages))):
             raise StoreError(f"{self.path}: conversation {conversation_id!r} has gaps in its messages (damaged)")
+        missing = {s for m in messages for s in m.segment_ids} - {s.id for s in segments}
+        if missing:
+            raise StoreError(
+                f"{self.path}: conversation {conversation_id!r} lacks segments its messages list "
+                f"({', '.join(sorted(missing)[:3])}; damaged)"
+            )
         return StoredConversation(record, messages, segments, turns)
 
     # ---------------------------------------------------------------- reads

@@ -313,6 +313,32 @@ def test_a_store_with_damaged_pages_is_a_store_error_naming_the_file(converse, e
         Conversation.load(path, "hurt", engine)
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        ("update segments set token_ids = '[1, 2' where idx = 1", r"has a damaged row \(JSONDecodeError"),
+        ("delete from segments where idx = 1", r"lacks segments its messages list \(seg_1; damaged\)"),
+    ],
+)
+def test_a_damaged_row_is_a_store_error_naming_the_file_never_a_half_loaded_conversation(
+    converse, engine, tmp_path, damage
+):
+    """A raw JSONDecodeError traceback, or a load that passed and a KeyError at .context later
+    (a helper's sweep)."""
+    from clm_middleware.store import StoreError
+
+    statement, message = damage
+    path = tmp_path / "chats.db"
+    conversation = converse(store=path, conversation_id="hurt")
+    conversation.send("My order is 48213-KX.")
+    conversation.close()
+    with Database(path) as database:
+        database.execute(statement)
+        database.conn.commit()
+    with pytest.raises(StoreError, match=r"chats\.db: conversation 'hurt' " + message):
+        Conversation.load(path, "hurt", engine)
+
+
 def test_a_reload_shows_the_tools_section_and_the_prompts_the_conversation_had(converse, engine, tmp_path):
     path = tmp_path / "chats.db"
     custom = "Label every segment. Custom words for this test."
