@@ -50,7 +50,10 @@ class Store:
         if read_only:
             self._open_read_only()
             return
-        _create_private(self.path)
+        try:
+            _create_private(self.path)
+        except OSError as error:  # a read-only folder, a path through a file, a full disk
+            raise StoreError(f"{self.path}: cannot create the store ({error.strerror or error})") from None
         try:
             connection = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
             self.db = Database(connection)

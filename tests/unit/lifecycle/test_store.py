@@ -386,3 +386,13 @@ def test_closing_a_conversation_with_nothing_unsaved_writes_nothing(converse, en
         reader.close()  # a read-only store: a write here would fail
     finally:
         path.chmod(0o644)
+
+
+def test_a_store_that_cannot_be_created_is_a_store_error_naming_the_path(converse, tmp_path):
+    """A raw PermissionError / NotADirectoryError from os.open before (a helper's sweep)."""
+    from clm_middleware.store import StoreError
+
+    not_a_folder = tmp_path / "notes.txt"
+    not_a_folder.write_text("plain text\n")
+    with pytest.raises(StoreError, match=r"notes\.txt/chats\.db: cannot create the store"):
+        converse(store=not_a_folder / "chats.db")
