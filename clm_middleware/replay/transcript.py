@@ -78,6 +78,13 @@ def parse_jsonl(text: str, path: Path, skipped: list[TranscriptError] | None = N
         try:
             conversation, message = _jsonl_line(raw, path, number)
         except TranscriptError as error:
+            if not groups and _is_one_document(text):  # a JSON file read as JSON Lines
+                raise TranscriptError(
+                    str(path),
+                    None,
+                    "is one JSON document, not one message per line; use --format auto "
+                    "(or openai, sharegpt, langchain)",
+                ) from None
             if skipped is None:
                 raise
             skipped.append(error)
@@ -86,6 +93,17 @@ def parse_jsonl(text: str, path: Path, skipped: list[TranscriptError] | None = N
     if not groups:
         raise TranscriptError(str(path), None, "the file holds no messages")
     return [Transcript(cid, tuple(messages), str(path)) for cid, messages in groups.items()]
+
+
+def _is_one_document(text: str) -> bool:
+    """Whether ``text`` is a single JSON array or object over several lines."""
+    if "\n" not in text.strip() or text.lstrip()[:1] not in ("[", "{"):
+        return False
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _jsonl_line(raw: str, path: Path, number: int) -> tuple[str, Message]:

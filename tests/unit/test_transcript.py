@@ -119,6 +119,17 @@ def test_json_lines_read_as_another_format_name_the_mismatch(tmp_path):
         read_transcripts(path, "sharegpt")
 
 
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_json_document_read_as_json_lines_names_the_mismatch(tmp_path, skip):
+    """The reverse mistake said "use --format jsonl"; this one only "not valid JSON"."""
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], indent=2))
+    with pytest.raises(
+        TranscriptError, match=r"chat\.json: is one JSON document, not one message per line; use --format auto"
+    ):
+        read_jsonl(path, [] if skip else None)
+
+
 def test_a_developer_message_reads_as_a_system_message(tmp_path):
     lines = ['{"role": "developer", "content": "Be brief."}', '{"role": "user", "content": "hi"}']
     (transcript,) = read_jsonl(write_lines(tmp_path / "d.jsonl", lines))
