@@ -23,6 +23,9 @@ from clm_middleware.cli.options import (
 MODES = ("stateless", "prefix", "truncate", "clm")
 
 
+_MODES_USING = {"--budget": ("clm", "truncate"), "--db": ("clm",), "--summarizer": ("clm",)}
+
+
 @click.command()
 @click.argument("transcript", type=click.Path(path_type=Path))
 @format_option
@@ -122,11 +125,9 @@ def replay(
 
     if (note := declared_tools_note(transcripts)) is not None:
         stderr.print(f"[yellow]warning: {note}[/yellow]", highlight=False)
-    if mode in ("stateless", "prefix"):
-        ignored = [name for name, value in (("--budget", budget), ("--db", db), ("--summarizer", summarizer)) if value]
-        if ignored:  # these modes keep the whole history by definition
-            verb = "applies" if len(ignored) == 1 else "apply"
-            stderr.print(f"[yellow]warning: {', '.join(ignored)} only {verb} to --mode clm or truncate[/yellow]")
+    for name, value in (("--budget", budget), ("--db", db), ("--summarizer", summarizer)):
+        if value and mode not in _MODES_USING[name]:  # e.g. stateless and prefix keep the whole history
+            stderr.print(f"[yellow]warning: {name} only applies to --mode {' or '.join(_MODES_USING[name])}[/yellow]")
     probes = load_probes(transcript, probes_path)
     options = ReplayOptions(
         mode=mode,

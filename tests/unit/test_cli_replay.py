@@ -387,3 +387,14 @@ def test_a_run_that_fails_before_its_first_turn_leaves_no_earlier_report_behind(
     )
     assert result.exit_code == 1
     assert not report_path.exists()  # the earlier run's report does not stand for this one
+
+
+def test_db_in_truncate_mode_is_flagged_as_ignored(tmp_path):
+    """Only clm stores its conversations; the warning had said --db applies to truncate too."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(m) for m in TRANSCRIPT[:3]) + "\n")
+    args = ["replay", str(path), "--model", "tiny", "--teacher-force", "--mode", "truncate", "--budget", "256"]
+    result = CliRunner().invoke(cli, [*args, "--db", str(tmp_path / "c.db")])
+    assert result.exit_code == 0, result.output
+    assert "--db only applies to --mode clm" in result.output and "--budget only" not in result.output
+    assert not (tmp_path / "c.db").exists()
