@@ -721,6 +721,15 @@ class Conversation:
                 raise StoreError(f"{store}: no such store")
             store = Store(store)
         stored = store.load(conversation_id)
+        known = inspect.signature(cls.__init__).parameters.keys() - {"self", "engine", "store", "conversation_id"}
+        if unknown := sorted(stored.record.settings.keys() - known - {TOOLS_PROMPT_SETTING}):
+            raise StoreError(
+                f"{store.path}: conversation {conversation_id!r} has settings this version does not know "
+                f"({', '.join(unknown)})",
+                hint="was it stored by a newer clm-middleware?",
+            )
+        if unknown := sorted(settings.keys() - known):
+            raise ConfigError(unknown[0], f"not a setting of a loaded conversation (known: {', '.join(sorted(known))})")
         given = {**stored.record.settings, **settings}
         tools_prompt = given.pop(TOOLS_PROMPT_SETTING, None)  # set with set_tools_prompt, not a constructor argument
         conversation = cls(engine, conversation_id=conversation_id, **given)

@@ -396,3 +396,25 @@ def test_a_store_that_cannot_be_created_is_a_store_error_naming_the_path(convers
     not_a_folder.write_text("plain text\n")
     with pytest.raises(StoreError, match=r"notes\.txt/chats\.db: cannot create the store"):
         converse(store=not_a_folder / "chats.db")
+
+
+def test_settings_a_load_does_not_know_are_named(converse, engine, tmp_path):
+    """A stored setting from a newer version, or a mistyped one given to load, was a bare
+    TypeError from the constructor (a helper's sweep)."""
+    from clm_middleware.errors import ConfigError
+    from clm_middleware.store import StoreError
+
+    path = tmp_path / "chats.db"
+    conversation = converse(store=path, conversation_id="s")
+    conversation.send("hello")
+    conversation.close()
+    with pytest.raises(ConfigError, match="budgett"):
+        Conversation.load(path, "s", engine, budgett=512)
+    with Database(path) as database:
+        settings = json.loads(next(database.query("select settings from conversations"))["settings"])
+        database.execute("update conversations set settings = ?", [json.dumps({**settings, "warp_drive": True})])
+        database.conn.commit()
+    with pytest.raises(
+        StoreError, match=r"chats\.db: conversation 's' has settings this version does not know \(warp_drive\)"
+    ):
+        Conversation.load(path, "s", engine)
