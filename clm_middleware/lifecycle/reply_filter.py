@@ -41,6 +41,12 @@ def model_answer(raw: str, stops: Sequence[str]) -> str:
     return cut_at_stop(split_reply(raw)[0], stops)
 
 
+def _written(raw: str, stops: Sequence[str], machinery: bool) -> str:
+    """What the model wrote of its answer: before the first stop string, and, where
+    markers and blocks are machinery, before a lifecycle block (``model_answer``)."""
+    return model_answer(raw, stops) if machinery else cut_at_stop(raw, stops)
+
+
 def cut_repeat(written: str, *, final: bool = False) -> str:
     """``written`` before where it starts to repeat itself (see reply_quality.py);
     ``final``: the text is complete, so its last sentence is complete too."""
@@ -51,7 +57,7 @@ def cut_repeat(written: str, *, final: bool = False) -> str:
 def cuts_a_repeat(raw: str, *, stops: Sequence[str], machinery: bool = True) -> bool:
     """Whether ``visible_answer`` with ``cut_repeats`` ends ``raw`` before a repeat: also
     one that ended with the generation (a repeated last sentence, then end of text)."""
-    written = model_answer(raw, stops) if machinery else cut_at_stop(raw, stops)
+    written = _written(raw, stops, machinery)
     return cut_repeat(written, final=True) != written
 
 
@@ -66,7 +72,7 @@ def visible_answer(
     answer starts to repeat itself. ``verbatim``: only the stop strings cut."""
     if verbatim:
         return cut_at_stop(raw, stops)
-    written = model_answer(raw, stops) if machinery else cut_at_stop(raw, stops)
+    written = _written(raw, stops, machinery)
     if cut_repeats and (kept := cut_repeat(written, final=True)) != written:
         written = kept.rstrip()
     if not machinery:
