@@ -17,7 +17,7 @@ GGUF="$(.venv/bin/python -c 'from clm_middleware.models.loading import _default_
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1
 
 "$SERVER" --model "$GGUF" --host 127.0.0.1 --port "$PORT" --ctx-size 16384 --parallel 2 --threads 1 \
-    --no-webui >"${TMPDIR:-/tmp}/clm_bench_llama_server.log" 2>&1 &
+    --no-webui --no-repack >"${TMPDIR:-/tmp}/clm_bench_llama_server.log" 2>&1 &
 PID=$!
 trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null || true' EXIT
 for _ in $(seq 120); do

@@ -58,6 +58,9 @@ class LlamaServer:
             "--threads",
             "2",
             "--no-webui",
+            # llama.cpp's AMX repacked weights crash (SIGSEGV in ggml_backend_amx_mul_mat)
+            # on CPUs with AMX, as this machine's; plain CPU buffers compute the same.
+            "--no-repack",
         ]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
