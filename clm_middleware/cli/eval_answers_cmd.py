@@ -23,6 +23,8 @@ replay (the replay the answers were asked after, as `eval retention` reports it:
 prefill_tokens, lifecycle_share, invented, compressed_segments, reply_nll: the token-weighted mean
 NLL of the transcript's replies, teacher-forced, pooled over the files' reply tokens),
 answers[]: question, answer, gold_mean_logprob, greedy_answer, hit, retained.
+A variant that fails is left out and named in failed[] (transcript, variant, error), as in
+`eval retention`; without truncate or keep-all, gap_closed is null. The command exits 1.
 """
 
 
@@ -50,7 +52,7 @@ def answers_command(
 ) -> None:
     """Replay each TRANSCRIPT as `eval retention` does, then ask each probe question of every variant's
     final context: the gold answer's mean log-likelihood, and whether a greedy answer contains it."""
-    from clm_middleware.cli.eval_variants import read_inputs, run_files, table_rows, variants
+    from clm_middleware.cli.eval_variants import failures_error, read_inputs, run_files, table_rows, variants
     from clm_middleware.cli.read import remove_stale
     from clm_middleware.cli.setup import build_engine
     from clm_middleware.evaluation.answers import answer_variant, close_gaps, overall
@@ -71,7 +73,7 @@ def answers_command(
             )
     remove_stale(report_path, markdown_path)
     first = build_engine(**engine_options)
-    per_file = run_files(inputs, taggings, budget, compression, first, answered)
+    per_file, failures = run_files(inputs, taggings, budget, compression, first, answered)
     for results in per_file:
         close_gaps(results, truncate=TRUNCATE, keep_all=KEEP_ALL)
     total = overall(per_file, truncate=TRUNCATE, keep_all=KEEP_ALL)
@@ -99,7 +101,7 @@ def answers_command(
             "probes": probes,
             "variants": [r.as_dict() for r in total],
         }
-        write_json_atomic(report_path, files_report(report, inputs, per_file))
+        write_json_atomic(report_path, files_report(report, inputs, per_file, failures))
     if markdown_path:
         lines = markdown_table(table_header, rows)
         for item, results in zip(inputs, per_file, strict=True):
@@ -118,7 +120,9 @@ def answers_command(
             f"{probes} probes{files}; budget {budget} tokens; model {first.model_name}; "
             f"greedy answers of at most {max_answer_tokens} tokens."
         )
-        write_markdown(markdown_path, summary, lines)
+        write_markdown(markdown_path, summary, lines, failures)
+    if failures:
+        raise failures_error(failures)
 
 
 def _answer_rows(results: list[Any]) -> list[list[str]]:

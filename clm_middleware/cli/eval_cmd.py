@@ -24,6 +24,9 @@ Several TRANSCRIPTs: one row per file and variant, then an OVERALL row per varia
 reply_nll, the teacher-forced replies' mean NLL, weighted by each file's scored_tokens).
 The --report JSON: budget, probes (total), variants[] (overall; for one file, that
 file's), and with several files transcripts[] and files[]: transcript, probes, variants[].
+A variant that fails on a file (e.g. a budget under the protocol prompt) is said at once,
+not run on later files and left out of every row; the others finish and are written, with
+failed[]: transcript, variant, error; the command then exits 1.
 """
 
 
@@ -43,7 +46,7 @@ def retention_command(
 ) -> None:
     """Replay each TRANSCRIPT teacher-forced under clm (each tagging mode), truncation and keep-all,
     and report the share of probes whose answer is still in the final context."""
-    from clm_middleware.cli.eval_variants import read_inputs, run_files, table_rows, variants
+    from clm_middleware.cli.eval_variants import failures_error, read_inputs, run_files, table_rows, variants
     from clm_middleware.cli.read import remove_stale
     from clm_middleware.cli.setup import build_engine
     from clm_middleware.evaluation.retention import overall
@@ -52,7 +55,9 @@ def retention_command(
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
     remove_stale(report_path, markdown_path)
     first = build_engine(**engine_options)
-    per_file = run_files(inputs, taggings, budget, compression, first, lambda item, name, engine, lifecycle, kept: kept)
+    per_file, failures = run_files(
+        inputs, taggings, budget, compression, first, lambda item, name, engine, lifecycle, kept: kept
+    )
     total = overall(per_file)
     probes = sum(len(item.probes) for item in inputs)
     header = [
@@ -71,7 +76,7 @@ def retention_command(
         from clm_middleware.replay.report import write_json_atomic
 
         report: dict[str, Any] = {"budget": budget, "probes": probes, "variants": [r.as_dict() for r in total]}
-        write_json_atomic(report_path, files_report(report, inputs, per_file))
+        write_json_atomic(report_path, files_report(report, inputs, per_file, failures))
     if markdown_path:
         lines = markdown_table(table_header, rows)
         lines += ["", "Lost (answers not in the final context):", ""]
@@ -80,8 +85,10 @@ def retention_command(
             lines += [f"- {prefix}{r.name}: " + (", ".join(f"`{a}`" for a in r.lost) or "none") for r in results]
         files = f" in {len(inputs)} files" if len(inputs) > 1 else ""
         write_markdown(
-            markdown_path, f"{probes} probes{files}; budget {budget} tokens; model {first.model_name}.", lines
+            markdown_path, f"{probes} probes{files}; budget {budget} tokens; model {first.model_name}.", lines, failures
         )
+    if failures:
+        raise failures_error(failures)
 
 
 def _rows(results: list[Any]) -> list[list[str]]:

@@ -174,8 +174,9 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     wider than the terminal is printed whole (the terminal wraps its lines)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, title_justify="left")
+    table = Table(title=Text(title), title_justify="left")
     # a header wraps at its spaces, so its longest word sets a floor too
     widths = [max([1, *(len(row[i]) for row in rows), *map(len, header[i].split())]) for i in range(len(header))]
     for column, width in zip(header, widths, strict=True):
@@ -184,7 +185,7 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     for previous, row in zip([None, *rows], rows, strict=False):
         if row[0] == OVERALL and (previous is None or previous[0] != OVERALL):
             table.add_section()  # a rule above the overall rows
-        table.add_row(*row)
+        table.add_row(*map(Text, row))  # file names and answers as said, never markup
     console = Console()
     # "│ cell " per column and one closing border, each header on one line: room enough
     # that rich never crops a column (it shrinks columns to fit before it wraps a header)
@@ -202,6 +203,19 @@ def with_files(
     return rows + [[OVERALL, *row] for row in overall]
 
 
+@dataclass(frozen=True, slots=True)
+class VariantFailure:
+    """A variant that failed on a file: it is left out of every file's results."""
+
+    path: Path
+    label: str  # the file's name in tables
+    variant: str
+    error: ClmError
+
+    def as_dict(self) -> dict[str, str]:
+        return {"transcript": str(self.path), "variant": self.variant, "error": self.error.message}
+
+
 def run_files(
     inputs: Sequence[EvalInput],
     taggings: str,
@@ -209,32 +223,54 @@ def run_files(
     compression: str,
     first: Any,
     per_variant: Callable[[EvalInput, str, Any, Any, Any], Any],
-) -> list[list[Any]]:
+) -> tuple[list[list[Any]], list[VariantFailure]]:
     """Replay every file under every variant (truncation, keep-all, each tagging) on its
     own sibling engine of ``first``; ``per_variant(item, name, engine, lifecycle, retention)`` makes
-    the result kept for it. One list of results per file, in variant order."""
+    the result kept for it. One list of results per file, in variant order, and the failures.
+
+    A variant that fails on a file (e.g. a budget under one tagging mode's protocol prompt)
+    is said on stderr, not run on later files and left out of every file's results, so
+    the others finish and are reported (what they cost is not lost); when every variant
+    fails, the first failure is raised at once."""
     from rich.console import Console
+    from rich.markup import escape
 
     from clm_middleware.cli.setup import driver_factory, sibling_engine
     from clm_middleware.evaluation.retention import run_variant
 
-    stderr = Console(stderr=True)
-    per_file = []
+    stderr = Console(stderr=True, emoji=False)  # "clm:free:" is not an emoji
+    planned = variants(taggings, budget, compression)
+    per_file: list[list[Any]] = []
+    failures: list[VariantFailure] = []
     for item in inputs:
         results = []
-        for name, mode, lifecycle in variants(taggings, budget, compression):
-            stderr.print(f"[bold]{item.label} · {name}[/bold] …")
+        for name, mode, lifecycle in planned:
+            if any(f.variant == name for f in failures):
+                continue
+            stderr.print(f"[bold]{escape(item.label)} · {name}[/bold] …")
             engine = sibling_engine(first)
             try:
                 retention = run_variant(name, engine, item.transcripts, item.probes, driver_factory, lifecycle, mode)
-            except ClmError as error:  # e.g. a budget under one tagging mode's protocol prompt
-                raise ClmError(
-                    f"{item.label} · {name}: {error.message}",
-                    hint=error.hint or "--tagging picks which clm variants run",
-                ) from error
+            except ClmError as error:
+                failures.append(VariantFailure(item.path, item.label, name, error))
+                stderr.print(f"[red]error:[/red] {escape(f'{item.label} · {name}: {error.message}')}", highlight=False)
+                if len(failures) == len(planned):
+                    raise failures_error(failures[:1]) from error
+                continue
             results.append(per_variant(item, name, engine, lifecycle, retention))
         per_file.append(results)
-    return per_file
+    failed = {f.variant for f in failures}
+    return [[r for r in results if r.name not in failed] for results in per_file], failures
+
+
+def failures_error(failures: Sequence[VariantFailure]) -> ClmError:
+    """The error a run with failed variants ends with (after the others are reported)."""
+    said = "; ".join(f"{f.label} · {f.variant}: {f.error.message}" for f in failures)
+    hints = {f.error.hint for f in failures if f.error.hint}
+    return ClmError(
+        f"{len(failures)} variant(s) failed: {said}" if len(failures) > 1 else said,
+        hint="; ".join(sorted(hints)) or "--tagging picks which clm variants run",
+    )
 
 
 def table_rows(
@@ -252,10 +288,16 @@ def table_rows(
 
 
 def files_report(
-    report: dict[str, Any], inputs: Sequence[EvalInput], per_file: Sequence[Sequence[Any]]
+    report: dict[str, Any],
+    inputs: Sequence[EvalInput],
+    per_file: Sequence[Sequence[Any]],
+    failures: Sequence[VariantFailure] = (),
 ) -> dict[str, Any]:
     """``report`` (overall figures) with where they come from: ``transcript`` for one
-    file (the one-file shape, unchanged), else ``transcripts`` and a ``files`` entry each."""
+    file (the one-file shape, unchanged), else ``transcripts`` and a ``files`` entry each;
+    ``failed`` lists the variants left out, when any failed."""
+    if failures:
+        report = {**report, "failed": [f.as_dict() for f in failures]}
     if len(inputs) == 1:
         return {"transcript": str(inputs[0].path), **report}
     return {
@@ -276,8 +318,13 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def write_markdown(path: Path, summary: str, body: list[str]) -> None:
-    """``Command: `clm ...``` (this process's own arguments), ``summary``, then ``body`` lines."""
+def write_markdown(path: Path, summary: str, body: list[str], failures: Sequence[VariantFailure] = ()) -> None:
+    """``Command: `clm ...``` (this process's own arguments), ``summary``, then ``body``
+    lines, then the failed variants, if any."""
     command = "clm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    failed = [f"- {f.label} · {f.variant}: {f.error.message}" for f in failures]
+    if failed:
+        failed = ["", "Failed (left out of every row):", "", *failed]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join([f"Command: `{command}`", "", summary, "", *body]) + "\n", encoding="utf-8")
+    text = "\n".join([f"Command: `{command}`", "", summary, "", *body, *failed]) + "\n"
+    path.write_text(text, encoding="utf-8")

@@ -174,8 +174,11 @@ def gap_closed(value: float | None, truncate: float | None, keep_all: float | No
 
 
 def close_gaps(results: Sequence[AnswersResult], *, truncate: str, keep_all: str) -> None:
-    """Set ``gap_closed`` on every ``clm:`` variant from the two baselines among ``results``."""
+    """Set ``gap_closed`` on every ``clm:`` variant from the two baselines among ``results``;
+    without both baselines (one failed) it stays None."""
     by_name = {r.name: r for r in results}
+    if truncate not in by_name or keep_all not in by_name:
+        return
     low, high = by_name[truncate].mean_gold_logprob, by_name[keep_all].mean_gold_logprob
     for result in results:
         if result.name.startswith("clm"):

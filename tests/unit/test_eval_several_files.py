@@ -153,7 +153,7 @@ def test_answers_refuses_a_file_of_several_conversations_naming_it(tmp_path):
     assert result.exit_code == 2 and "holds 2 conversations" in result.output
 
 
-def test_a_run_that_fails_on_a_later_file_leaves_no_earlier_runs_outputs(tmp_path):
+def test_a_run_that_fails_on_a_later_file_replaces_earlier_runs_outputs_with_what_finished(tmp_path):
     write_file(tmp_path, "a", "My order number is 88412.", "88412", 1)
     overlong = [{"role": "user", "content": "word " * 5000}, {"role": "assistant", "content": "ok"}]
     (tmp_path / "broken.jsonl").write_text("".join(json.dumps(m) + "\n" for m in overlong))  # read, then fails
@@ -163,8 +163,11 @@ def test_a_run_that_fails_on_a_later_file_leaves_no_earlier_runs_outputs(tmp_pat
     markdown.write_text("an earlier run's table")
     files = [str(tmp_path / "a.jsonl"), str(tmp_path / "broken.jsonl")]
     result = run(*retention_by_rules(*files), "--report", str(report), "--markdown", str(markdown))
-    assert result.exit_code != 0 and "broken.jsonl" in result.output
-    assert not report.exists() and not markdown.exists()
+    assert result.exit_code == 1 and "broken.jsonl" in result.output
+    data = json.loads(report.read_text())  # the earlier run's report is gone: this run's is what finished
+    assert [v["variant"] for v in data["variants"]] == ["truncate"]  # a 25,000-token message truncated
+    assert [f["variant"] for f in data["failed"]] == ["clm:rules", "keep-all"]
+    assert "an earlier run" not in markdown.read_text()
 
 
 def test_a_probe_whose_answer_the_transcript_never_says_is_warned_about(tmp_path):
@@ -200,3 +203,31 @@ def test_file_labels_lengthen_only_clashing_names():
     paths = [Path("runs/a/x.jsonl"), Path("runs/b/x.jsonl"), Path("runs/a/y.jsonl"), Path("runs/a/x.jsonl")]
     assert file_labels(paths) == ["a/x.jsonl", "b/x.jsonl", "y.jsonl", "a/x.jsonl"]
     assert file_labels([Path("x.jsonl"), Path("d/x.jsonl")]) == ["x.jsonl", "d/x.jsonl"]
+
+
+def test_a_variant_that_fails_is_left_out_and_the_others_are_reported(tmp_path):
+    """At a budget under the protocol prompt `clm:free` fails; the other variants finish,
+    their table, report and markdown are written, the failure is named in each, and the
+    command exits 1."""
+    write_file(tmp_path, "a", "My order number is 88412.", "88412", 2)
+    write_file(tmp_path, "b", "The gate code is 5521.", "5521", 1)
+    report, markdown = tmp_path / "r.json", tmp_path / "r.md"
+    files = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    args = ["eval", "retention", *files, "--budget", "160", "--tagging", "rules,free", "--model", "tiny"]
+    result = run(*args, "--report", str(report), "--markdown", str(markdown))
+    assert result.exit_code == 1
+    assert "a.jsonl · clm:free: the system block (protocol prompt) takes" in " ".join(result.output.split())
+    assert "b.jsonl · clm:free …" not in result.output  # not run again on the next file
+    data = json.loads(report.read_text())
+    assert [v["variant"] for v in data["variants"]] == ["clm:rules", "truncate", "keep-all"]
+    assert all([v["variant"] for v in f["variants"]] == ["clm:rules", "truncate", "keep-all"] for f in data["files"])
+    assert [(f["transcript"], f["variant"]) for f in data["failed"]] == [(files[0], "clm:free")]
+    assert "Failed (left out of every row):" in markdown.read_text()
+
+
+def test_answers_without_a_failed_baseline_leaves_gap_closed_empty():
+    from clm_middleware.evaluation.answers import AnswersResult, close_gaps
+
+    results = [AnswersResult(name="clm:rules", context_tokens=1, answers=[]), AnswersResult("keep-all", 1, [])]
+    close_gaps(results, truncate="truncate", keep_all="keep-all")
+    assert results[0].gap_closed is None
