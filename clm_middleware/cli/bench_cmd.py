@@ -11,6 +11,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from clm_middleware.cli.options import (
     OutputPath,
@@ -131,7 +132,7 @@ def bench(
     from clm_middleware.replay.formats import declared_tools_note
 
     if (note := declared_tools_note(transcripts)) is not None:
-        Console(stderr=True).print(f"[yellow]warning: {note}[/yellow]", highlight=False)
+        Console(stderr=True).print(Text(f"warning: {note}", style="yellow"))
     probes = load_probes(transcript, probes_path)
     first = build_engine(**engine_options)
     factories, reports, lifecycles, engines = {}, {}, {}, {}
@@ -202,11 +203,11 @@ def bench(
     finish_on_failure(run, save, stderr, reports=report_dir is not None)
     save()
     baseline = chosen[0]
-    table = Table(title=f"{transcript.name} · {first.model_name}", title_justify="left")
+    table = Table(title=Text(f"{transcript.name} · {first.model_name}"), title_justify="left")
     for index, name in enumerate(header(reports, baseline)):
         table.add_column(name, justify="left" if index == 0 else "right")
     for row in comparison_rows(reports, baseline):
-        table.add_row(*row)
+        table.add_row(*map(Text, row))
     Console().print(table)
     turns = count_turns(transcripts)
     notes = [

@@ -10,6 +10,7 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from clm_middleware.cli.options import (
     OutputPath,
@@ -103,7 +104,7 @@ def chat(
     from clm_middleware.conversation import Conversation
     from clm_middleware.store import Store
 
-    console = Console(stderr=json_lines)  # with --json, stdout carries only the JSON lines
+    console = Console(stderr=json_lines, emoji=False)  # with --json, stdout carries only the JSON lines
     engine = build_engine(**engine_options)
     store = Store(db) if db else None
     if store is not None and session is not None and session in store.conversation_ids():
@@ -131,10 +132,12 @@ def chat(
         source = click.get_current_context().get_parameter_source("tenant")
         salt = {"cache_salt": tenant} if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) else {}
         conversation = Conversation.load(store, session, engine, **salt, **given)
-        console.print(f"resumed {session}: {len(conversation.history)} messages, turn {conversation.turn}")
+        console.print(
+            f"resumed {session}: {len(conversation.history)} messages, turn {conversation.turn}", markup=False
+        )
         if given:  # they apply from now on, and the store records them with the next turn
             applied = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in given.items())
-            console.print(f"applied to the resumed conversation: {applied}")
+            console.print(f"applied to the resumed conversation: {applied}", markup=False)
         if system_prompt:
             console.print("[yellow]--system is ignored on resume: the conversation keeps its own[/yellow]")
     else:
@@ -159,7 +162,7 @@ def chat(
             store=store,
             cache_salt=tenant,
         )
-    console.print(f"[dim]{engine.model_name} · conversation {conversation.id} · {COMMANDS}[/dim]")
+    console.print(Text(f"{engine.model_name} · conversation {conversation.id} · {COMMANDS}", style="dim"))
     with conversation:
         while True:
             text = _read_line("" if json_lines else "you> ")
@@ -196,7 +199,7 @@ def chat(
                 for piece in stream:
                     console.print(piece, end="", markup=False, highlight=False)
             except ClmError as error:  # e.g. a message over the budget: say so, keep the chat
-                console.print(f"\n[red]{_after_failure(conversation, answered, error)}[/red]", highlight=False)
+                console.print(Text(f"\n{_after_failure(conversation, answered, error)}", style="red"))
                 continue
             except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
                 stream.close()  # a stream closed early takes its message back
@@ -244,15 +247,15 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
         console.print(_segments_table(conversation, console.width))
     elif name in ("/pin", "/forget"):
         if not argument:
-            console.print(f"usage: {name} N (a segment number, or seg_N)")
+            console.print(f"usage: {name} N (a segment number, or seg_N)", markup=False)
             return True
         segment_id = argument if argument.startswith("seg_") else f"seg_{argument}"
         try:
             segment = conversation.pin(segment_id) if name == "/pin" else conversation.forget(segment_id)
         except Exception as error:  # a ClmError names the segment; keep the chat going
-            console.print(f"[red]{error}[/red]")
+            console.print(Text(str(error), style="red"))
             return True
-        console.print(f"{segment.id}: {'pinned' if name == '/pin' else 'forgotten'}")
+        console.print(f"{segment.id}: {'pinned' if name == '/pin' else 'forgotten'}", markup=False)
     elif name == "/stats":
         stats = conversation.stats()
         console.print(f"{'turn':>18}: {conversation.turn}")
@@ -278,12 +281,12 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
             else:
                 _save(conversation, argument, console)
         except (ClmError, OSError) as error:  # an unwritable path, a file that is no store: keep the chat
-            console.print(f"[red]/save failed: {error}[/red]")
+            console.print(Text(f"/save failed: {error}", style="red"))
     elif name == "/help":
         for usage, meaning in HELP:
             console.print(f"  {usage:<14} {meaning}", markup=False, highlight=False)
     else:
-        console.print(f"unknown command {name}; /help lists them: {COMMANDS}")
+        console.print(f"unknown command {name}; /help lists them: {COMMANDS}", markup=False, highlight=False)
     return True
 
 
@@ -305,7 +308,7 @@ def _export(conversation: Any, path: Path, console: Console) -> None:
             "stats": conversation.stats(),
         },
     )
-    console.print(f"exported {conversation.id} to {path}")
+    console.print(f"exported {conversation.id} to {path}", markup=False)
 
 
 def _save(conversation: Any, argument: str, console: Console) -> None:
@@ -315,9 +318,11 @@ def _save(conversation: Any, argument: str, console: Console) -> None:
     if conversation.store is None:
         conversation.attach_store(Store(wanted))
     elif argument and wanted.resolve() != conversation.store.path.resolve():
-        console.print(f"[yellow]already saving to {conversation.store.path}; {wanted} is not used[/yellow]")
+        console.print(Text(f"already saving to {conversation.store.path}; {wanted} is not used", style="yellow"))
         return
-    console.print(f"saved to {conversation.store.path} as {conversation.id}; later turns are saved as they happen")
+    console.print(
+        f"saved to {conversation.store.path} as {conversation.id}; later turns are saved as they happen", markup=False
+    )
 
 
 def _report_turn(conversation: Any, console: Console) -> None:
@@ -325,11 +330,13 @@ def _report_turn(conversation: Any, console: Console) -> None:
     stats = reply.stats
     decided = [f"{d.segment_id}:{d.label.value}" for d in reply.decisions if d.label.value != "keep"]
     console.print(
-        f"[dim]turn {stats.turn} · prompt {stats.prompt_tokens} · cached {stats.cached_tokens} · "
-        f"prefilled {stats.prefill_tokens} · by {stats.tagging_mode or '-'}"
-        + (f" · {', '.join(decided)}" if decided else "")
-        + (f" · compaction: {stats.compaction}" if stats.compaction else "")
-        + "[/dim]"
+        Text(
+            f"turn {stats.turn} · prompt {stats.prompt_tokens} · cached {stats.cached_tokens} · "
+            f"prefilled {stats.prefill_tokens} · by {stats.tagging_mode or '-'}"
+            + (f" · {', '.join(decided)}" if decided else "")
+            + (f" · compaction: {stats.compaction}" if stats.compaction else ""),
+            style="dim",
+        )
     )
 
 
@@ -357,5 +364,6 @@ def _segments_table(conversation: Any, width: int) -> Table:
     table.add_column("text", no_wrap=True, width=room)
     for row in rows:
         text = row[-1]
-        table.add_row(*row[:-1], text if len(text) <= room else text[: room - 1] + "…")
+        # Text: a segment's words are shown as said, never read as markup ("[/x]") or emoji (":x:")
+        table.add_row(*row[:-1], Text(text if len(text) <= room else text[: room - 1] + "…"))
     return table

@@ -52,14 +52,15 @@ def turn_table(report: ReplayReport, width: int | None = None) -> Table:
         if width is None or _table_width(shown, widths) <= width:
             break
         shown.remove(name)
-    table = Table(title=f"{report.mode} · {report.model}", title_justify="left")
+    table = Table(title=Text(f"{report.mode} · {report.model}"), title_justify="left")
     for name in shown:
         if name == "reply":
             table.add_column(name, overflow="ellipsis", no_wrap=True, max_width=REPLY_PREVIEW_CHARS, ratio=1)
         else:
             table.add_column(name, justify="left" if name == "by" else "right", no_wrap=True, min_width=widths[name])
     for row in rows:
-        table.add_row(*(cell for name, cell in zip(names, row, strict=True) if name in shown))
+        # Text: a reply is shown as said, never read as markup ("[/i]" ended the run) or emoji (":x:")
+        table.add_row(*(Text(cell) for name, cell in zip(names, row, strict=True) if name in shown))
     return table
 
 
@@ -148,7 +149,7 @@ def summary_table(report: ReplayReport) -> Table:
             ("max context tokens", totals["max_context_tokens"]),
         ]
     for name, value in rows:
-        table.add_row(name, str(value))
+        table.add_row(name, Text(str(value)))
     return table
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from clm_middleware.cli.options import (
     OutputPath,
@@ -124,7 +125,7 @@ def replay(
     from clm_middleware.replay.formats import declared_tools_note
 
     if (note := declared_tools_note(transcripts)) is not None:
-        stderr.print(f"[yellow]warning: {note}[/yellow]", highlight=False)
+        stderr.print(Text(f"warning: {note}", style="yellow"))
     for name, value in (("--budget", budget), ("--db", db), ("--summarizer", summarizer)):
         if value and mode not in _MODES_USING[name]:  # e.g. stateless and prefix keep the whole history
             stderr.print(f"[yellow]warning: {name} only applies to --mode {' or '.join(_MODES_USING[name])}[/yellow]")

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 @click.command()
@@ -27,7 +28,7 @@ def stats(db: Path, conversation_id: str | None) -> None:
             return
         ids = store.conversation_ids()
         if not ids:
-            console.print(f"{db}: no conversations")
+            console.print(f"{db}: no conversations", markup=False)
             return
         console.print(_conversations_table(store, ids))
     except sqlite3.Error as error:  # a table missing or a page damaged: name the file, not a traceback
@@ -79,8 +80,8 @@ def _conversations_table(store, ids: list[str]) -> Table:
         }
         summaries = db["summaries"].count_where("conversation_id = ? and ok = 1", [cid])
         table.add_row(
-            cid,
-            row["model"] or "",
+            Text(cid),
+            Text(row["model"] or ""),
             str(row["turn"]),
             str(db["messages"].count_where("conversation_id = ?", [cid])),
             str(context),
@@ -92,7 +93,7 @@ def _conversations_table(store, ids: list[str]) -> Table:
 
 
 def _turns_table(store, conversation_id: str) -> Table:
-    table = Table(title=f"{conversation_id}", title_justify="left")
+    table = Table(title=Text(conversation_id), title_justify="left")
     for column in (
         "turn",
         "prompt",
@@ -116,7 +117,7 @@ def _turns_table(store, conversation_id: str) -> Table:
             str(stats["context_tokens"]),
             f"{decisions.get('keep', 0)}/{decisions.get('compress', 0)}/{decisions.get('drop', 0)}",
             stats.get("tagging_mode") or "-",
-            stats.get("compaction") or "",
+            Text(stats.get("compaction") or ""),
             str(len(stats["summaries"])),
         )
     return table

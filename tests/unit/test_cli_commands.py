@@ -612,3 +612,25 @@ def test_eval_retention_names_the_variant_a_budget_is_too_small_for(tmp_path):
     said = " ".join(result.output.split())
     assert result.exit_code != 0 and "chat.jsonl · clm:constrained:" in said, said
     assert "does not show the protocol prompt" in said  # its own hint, kept
+
+
+MARKUP_LOOKALIKES = "see arr[/i] and :x: [bold]here"
+
+
+def test_text_that_looks_like_rich_markup_is_shown_as_said_in_replay_and_chat(tmp_path, monkeypatch):
+    """Rich reads "[/i]" as a closing tag (a MarkupError after the whole replay) and ":x:"
+    as an emoji; a reply or a segment is printed as it was said."""
+    monkeypatch.setenv("COLUMNS", "200")
+    path = tmp_path / "chat.jsonl"
+    path.write_text(
+        json.dumps({"role": "user", "content": "hi"})
+        + "\n"
+        + json.dumps({"role": "assistant", "content": MARKUP_LOOKALIKES})
+        + "\n"
+    )
+    result = run("replay", str(path), "--model", "tiny", "--teacher-force", "--mode", "prefix")
+    assert result.exit_code == 0, result.output
+    assert MARKUP_LOOKALIKES in result.output
+    result = run("chat", "--model", "tiny", "--max-new-tokens", "4", input=f"{MARKUP_LOOKALIKES}\n/segments\n/quit\n")
+    assert result.exit_code == 0, result.output
+    assert MARKUP_LOOKALIKES in result.output and "❌" not in result.output
