@@ -151,7 +151,8 @@ def replay_interleaved(
     comparable even when absolute times are not.
 
     A turn whose messages or answer raise a ``ClmError`` (a message over the budget, a
-    prompt over the context window, a message no entry point accepts) stops the replay
+    prompt over the context window, a message no entry point accepts; a conversation that
+    cannot be set up, e.g. a protocol prompt over the budget, fails its every turn) stops the replay
     with ``on_error="stop"``: a ``ReplayTurnError`` naming the conversation and turn.
     With ``"skip"`` the mode's report records a ``Failure`` instead, the driver forgets
     that turn's messages (``discard_turn``) but its system messages (the first turn
@@ -169,17 +170,24 @@ def replay_interleaved(
         for transcript in transcripts:
             drivers: dict[str, TurnDriver] = {}
             carried: dict[str, list[Message]] = {mode: [] for mode in modes}  # system messages of failed turns
+            unset: dict[str, ClmError] = {}  # modes whose conversation could not be set up (its every turn fails)
             try:
                 for mode in modes:
-                    drivers[mode] = make_drivers[mode](transcript)
+                    try:
+                        drivers[mode] = make_drivers[mode](transcript)
+                    except ClmError as error:  # e.g. a protocol prompt over the budget
+                        unset[mode] = error
                 plan = turn_plan(transcript)
                 for context, answer in plan:
                     shift = turn_index % len(modes)
                     for mode in modes[shift:] + modes[:shift]:
-                        driver, report = drivers[mode], reports[mode]
+                        report = reports[mode]
                         turn = next_turn(report)
                         added: list[Message] = []
                         try:
+                            if mode in unset:
+                                raise unset[mode]
+                            driver = drivers[mode]
                             for message in context:
                                 driver.add(message)
                                 added.append(message)
@@ -187,13 +195,15 @@ def replay_interleaved(
                         except ClmError as error:
                             failure = Failure(str(error), turn, transcript.conversation_id)
                             report.failures.append(failure)  # stopping or not, the report says why
-                            driver.discard_turn()  # the context is the last answered turn's, as reported
-                            # but for the system messages that came with the turn: they set up the
-                            # conversation (its first turn brings the system prompt), not this turn;
-                            # they stay unanswered until a turn succeeds, so a second failure keeps them too
-                            carried[mode] += [m for m in added if m.role == "system"]
-                            for message in carried[mode]:
-                                driver.add(message)
+                            if mode in drivers:
+                                driver = drivers[mode]
+                                driver.discard_turn()  # the context is the last answered turn's, as reported
+                                # but for the system messages that came with the turn: they set up the
+                                # conversation (its first turn brings the system prompt), not this turn; they
+                                # stay unanswered until a turn succeeds, so a second failure keeps them too
+                                carried[mode] += [m for m in added if m.role == "system"]
+                                for message in carried[mode]:
+                                    driver.add(message)
                             if on_error == "stop":
                                 for other in modes:  # every report says why it stopped
                                     if other != mode:
@@ -218,8 +228,8 @@ def replay_interleaved(
                             on_turn(mode, record)
                     turn_index += 1
                 for message in unanswerable_tail(transcript, plan):
-                    for mode in modes:  # no turn: the context holds them, as the transcript does
-                        drivers[mode].add(message)
+                    for driver in drivers.values():  # no turn: the context holds them, as the transcript does
+                        driver.add(message)
             finally:
                 for driver in drivers.values():
                     driver.close()

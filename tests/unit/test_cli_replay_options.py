@@ -310,3 +310,22 @@ def test_the_report_settings_name_what_rounds_the_numbers_and_the_tenant(tmp_pat
     settings = json.loads((tmp_path / "r.json").read_text())["settings"]
     assert settings["dtype"] == "float32" and settings["kv_dtype"] == "bfloat16"
     assert settings["pool_blocks"] > 0 and settings["tenant"] == "t1"
+
+
+def test_a_conversation_that_cannot_be_set_up_fails_its_turns_in_the_report(tmp_path):
+    """A protocol prompt over the budget fails when the conversation is made, before any
+    turn: the report said complete false with no failure and the error named no turn."""
+    path = write_transcript(tmp_path / "chat.jsonl")
+    args = ("--modes", "prefix,clm", "--tagging", "free", "--budget", "300")
+    code, _, err = bench(str(path), *args, "--report-dir", str(tmp_path / "stop"))
+    assert code == 1 and "conversation 'chat', turn 1: the system block (protocol prompt)" in " ".join(err.split())
+    clm = json.loads((tmp_path / "stop" / "clm.json").read_text())
+    assert [(f["turn"], f["conversation_id"]) for f in clm["failures"]] == [(1, "chat")]
+    prefix = json.loads((tmp_path / "stop" / "prefix.json").read_text())
+    assert "the clm mode failed at turn 1" in prefix["failures"][0]["error"]
+    code, _, err = bench(str(path), *args, "--on-error", "skip", "--report-dir", str(tmp_path / "skip"))
+    assert code == 0, err
+    clm = json.loads((tmp_path / "skip" / "clm.json").read_text())
+    prefix = json.loads((tmp_path / "skip" / "prefix.json").read_text())
+    assert [f["turn"] for f in clm["failures"]] == [1, 2] and clm["turns"] == []
+    assert [t["turn"] for t in prefix["turns"]] == [1, 2]

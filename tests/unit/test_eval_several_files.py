@@ -216,7 +216,9 @@ def test_a_variant_that_fails_is_left_out_and_the_others_are_reported(tmp_path):
     args = ["eval", "retention", *files, "--budget", "160", "--tagging", "rules,free", "--model", "tiny"]
     result = run(*args, "--report", str(report), "--markdown", str(markdown))
     assert result.exit_code == 1
-    assert "a.jsonl · clm:free: the system block (protocol prompt) takes" in " ".join(result.output.split())
+    assert "a.jsonl · clm:free: conversation 'a', turn 1: the system block (protocol prompt)" in " ".join(
+        result.output.split()
+    )
     assert "b.jsonl · clm:free …" not in result.output  # not run again on the next file
     data = json.loads(report.read_text())
     assert [v["variant"] for v in data["variants"]] == ["clm:rules", "truncate", "keep-all"]
