@@ -95,7 +95,7 @@ def bench(
     Each mode has its own pool over the same weights; ratios from one run are
     comparable on a noisy machine, single times are not.
     """
-    from clm_middleware.cli.output import skipped_line, turn_progress
+    from clm_middleware.cli.output import print_whole, skipped_line, turn_progress
     from clm_middleware.cli.plot import plot_reports
     from clm_middleware.cli.read import read_or_report, remove_stale
     from clm_middleware.cli.runs import add_retention, finish_on_failure, load_probes, report_settings
@@ -208,7 +208,7 @@ def bench(
         table.add_column(name, justify="left" if index == 0 else "right")
     for row in comparison_rows(reports, baseline):
         table.add_row(*map(Text, row))
-    Console().print(table)
+    print_whole(Console(emoji=False), table)
     turns = count_turns(transcripts)
     notes = [
         f"Model: {first.model_name}; {len(transcripts)} conversation(s), {turns} turns; "

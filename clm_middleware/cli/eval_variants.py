@@ -176,23 +176,16 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from clm_middleware.cli.output import print_whole
+
     table = Table(title=Text(title), title_justify="left")
-    # a header wraps at its spaces, so its longest word sets a floor too
-    widths = [max([1, *(len(row[i]) for row in rows), *map(len, header[i].split())]) for i in range(len(header))]
-    for column, width in zip(header, widths, strict=True):
-        justify = "left" if column in ("file", "variant") else "right"
-        table.add_column(column, justify=justify, min_width=width)
+    for column in header:
+        table.add_column(column, justify="left" if column in ("file", "variant") else "right")
     for previous, row in zip([None, *rows], rows, strict=False):
         if row[0] == OVERALL and (previous is None or previous[0] != OVERALL):
             table.add_section()  # a rule above the overall rows
         table.add_row(*map(Text, row))  # file names and answers as said, never markup
-    console = Console()
-    # "│ cell " per column and one closing border, each header on one line: room enough
-    # that rich never crops a column (it shrinks columns to fit before it wraps a header)
-    needed = sum(max(width, len(column)) + 3 for column, width in zip(header, widths, strict=True)) + 1
-    if needed > console.width:
-        console = Console(width=needed)
-    console.print(table)
+    print_whole(Console(emoji=False), table)
 
 
 def with_files(

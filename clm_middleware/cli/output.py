@@ -28,6 +28,16 @@ def skipped_line(failure: Failure) -> str:
     return f"skipped {where}: {failure.error}"
 
 
+def print_whole(console: Console, table: Table) -> None:
+    """Print ``table`` with no cell cut or wrapped: wider than the terminal when it must
+    be (the terminal wraps its lines), so an id or a figure is never shown as ``t_unic…``.
+    For tables of short cells; a reply preview has its own room (``turn_table``)."""
+    needed = console.measure(table, options=console.options.update_width(10**5)).maximum
+    if needed > console.width:
+        console = Console(width=needed, stderr=console.stderr, emoji=False)
+    console.print(table)
+
+
 def turn_table(report: ReplayReport, width: int | None = None) -> Table:
     """One row per turn. In ``width`` columns (a terminal's), columns are dropped by
     ``_DROP_ORDER`` until the rest fit whole: a number is never cut, the turn column never

@@ -17,20 +17,21 @@ from rich.text import Text
 @click.option("--conversation", "conversation_id", default=None, help="Show this conversation turn by turn.")
 def stats(db: Path, conversation_id: str | None) -> None:
     """Summarise the conversations in a store, or one conversation turn by turn."""
+    from clm_middleware.cli.output import print_whole
     from clm_middleware.store import Store
 
     store = Store(db, read_only=True)  # a read command never writes, and refuses a foreign file
-    console = Console()
+    console = Console(emoji=False)
     try:
         if conversation_id is not None:
             store.conversation_row(conversation_id)  # a clear error if it is not there
-            console.print(_turns_table(store, conversation_id))
+            print_whole(console, _turns_table(store, conversation_id))
             return
         ids = store.conversation_ids()
         if not ids:
             console.print(f"{db}: no conversations", markup=False)
             return
-        console.print(_conversations_table(store, ids))
+        print_whole(console, _conversations_table(store, ids))
     except sqlite3.Error as error:  # a table missing or a page damaged: name the file, not a traceback
         raise click.ClickException(f"{db}: cannot read ({error})") from None
 
@@ -51,7 +52,7 @@ _TURN_KEYS = ("turn", "prompt_tokens", "cached_tokens", "prefill_tokens", "conte
 
 
 def _conversations_table(store, ids: list[str]) -> Table:
-    table = Table(title=f"{store.path} · {len(ids)} conversations", title_justify="left")
+    table = Table(title=Text(f"{store.path} · {len(ids)} conversations"), title_justify="left")
     for column in (
         "conversation",
         "model",

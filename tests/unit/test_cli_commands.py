@@ -332,6 +332,17 @@ def test_stats_lists_conversations_and_turns(tmp_path):
     assert missing.exit_code == 1 and "no conversation 'nope'" in missing.output
 
 
+def test_stats_piped_at_80_columns_shows_every_id_whole(tmp_path, monkeypatch):
+    """An id cut to "sgd-test…" cannot be passed to --conversation."""
+    monkeypatch.setenv("COLUMNS", "80")
+    db = tmp_path / "s.db"
+    session = "sgd-test-4_00118-a-long-session-name"
+    chat = ("chat", "--model", "tiny", "--max-new-tokens", "4", "--tagging", "rules", "--db", str(db))
+    run(*chat, "--session", session, input="hello there\n/quit\n")
+    listing = run("stats", "--db", str(db))
+    assert listing.exit_code == 0 and session in listing.output and "…" not in listing.output
+
+
 def test_stats_on_a_damaged_store_names_the_file_or_the_turn_instead_of_a_traceback(tmp_path):
     import sqlite3
 
