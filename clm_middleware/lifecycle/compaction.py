@@ -49,9 +49,17 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    the model found most surprising); only then does folding go on
    to the protected exchange. A reply dropped from between two user messages would
    show the model another conversation than the one it is in, and the next reply
-   depends most on the last turns as they were said;
+   depends most on the last turns as they were said. Two exceptions: a tool's result
+   among the verbatim messages is data, not wording, so folding goes on to the
+   protected exchange before any fact is given up; and when the protected exchange
+   alone outgrows the low-water mark (a long tool result), facts go only to fit the
+   budget, since the next turn folds that exchange anyway. A tool exchange kept whole
+   that does not fit after all is undone before it is folded (``_Snapshot``): what it
+   dropped to make room for itself comes back;
 3. if the newest exchange alone still outgrows the budget, its own long segments are
-   condensed (faithfully) as a last resort; if even that cannot fit the budget,
+   condensed (faithfully) as a last resort, and then a tool's result in it that
+   condensing cannot shorten enough is trimmed to what fits (its facts first; an agent
+   cannot send a shorter result); if even that cannot fit the budget,
    ``ContextBudgetError`` says by how much. A newest exchange over ``budget ×
    target_ratio`` tokens is refused at once, before any of this work (bounded cost).
 """
@@ -76,6 +84,7 @@ from clm_middleware.lifecycle.config import LifecycleConfig
 from clm_middleware.lifecycle.distinctive import distinctive_tokens, has_distinctive, missing_from
 from clm_middleware.lifecycle.rules import eviction_value
 from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Segment, SegmentId, Status
+from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
 
 MODEL_DECIDED = frozenset({DecidedBy.MODEL, DecidedBy.CONSTRAINED})  # labels that apply without a budget
 
@@ -90,6 +99,12 @@ DIGEST_GLUE_TOKENS = 1  # a digest line's newline, or the space between two segm
 
 def _carries_facts(segment: Segment) -> bool:
     return segment.kind != "ack" and segment.label is not Label.DROP and has_distinctive(segment.text)
+
+
+def _calls_a_tool(segment: Segment) -> bool:
+    """A reply that calls a tool: dropped once folded, so it never vouches for a fact
+    in pass 2 (the user's "my user ID is mia_li_3668" went as restated by a call)."""
+    return segment.role == "assistant" and TOOL_CALL_OPEN in segment.text
 
 
 def _plain_request(segment: Segment) -> bool:
@@ -143,6 +158,55 @@ class CompactionResult:
     compressions: list[tuple[Segment, CompressionResult]] = field(default_factory=list)  # incl. tightenings
     compression_s: float = 0.0
     fold: int = 0  # messages before this index are rendered in the digest
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """What a compaction attempt may change, to undo it: the live segments' state, the
+    fold and the result's (append-only) records."""
+
+    states: dict[SegmentId, tuple]
+    fold: int
+    removed: int
+    decisions: int
+    compressions: int
+    dropped_tokens: int
+    compressed_tokens: int
+
+    FIELDS = ("status", "label", "decided_by", "summary", "summary_ids", "summary_method")
+
+    @classmethod
+    def of(
+        cls,
+        messages: Sequence[MessageRecord],
+        segments: Mapping[SegmentId, Segment],
+        fold: int,
+        result: CompactionResult,
+    ) -> _Snapshot:
+        states = {s: tuple(getattr(segments[s], f) for f in cls.FIELDS) for m in messages for s in m.segment_ids}
+        return cls(
+            states,
+            fold,
+            len(result.removed),
+            len(result.decisions),
+            len(result.compressions),
+            result.dropped_tokens,
+            result.compressed_tokens,
+        )
+
+    def restore(self, segments: Mapping[SegmentId, Segment], result: CompactionResult) -> int:
+        """Put the segments and ``result`` back as they were; returns the fold then."""
+        for segment_id, state in self.states.items():
+            for name, value in zip(self.FIELDS, state, strict=True):
+                setattr(segments[segment_id], name, value)
+        del result.removed[self.removed :], result.decisions[self.decisions :]
+        del result.compressions[self.compressions :]
+        result.dropped_tokens, result.compressed_tokens, result.fold = (
+            self.dropped_tokens,
+            self.compressed_tokens,
+            self.fold,
+        )
+        return self.fold
 
 
 class Compactor:
@@ -226,11 +290,13 @@ class Compactor:
                 return result
             if self.prompt_length() > budget:
                 self._condense_newest(ordered, newest, turn, budget, result)
+            if self.prompt_length() > budget:
+                self._trim_newest_tool_results(ordered, newest, turn, budget, result)
             length = self.prompt_length()
             if length > budget:
                 raise ContextBudgetError(
                     f"the prompt needs {length} tokens after removing everything removable and condensing the newest "
-                    f"messages; the budget is {budget}",
+                    f"messages as far as their facts allow; the budget is {budget}",
                     hint="raise the budget, or send a shorter message",
                 )
         return result
@@ -270,11 +336,15 @@ class Compactor:
         its calls and results and lost "tell me where the otters sleep at night")."""
         protected_from = self._exchange_start(self.config.protect_turns, turn - self.config.protect_turns + 1)
         if self._request is not None:  # it opened the exchange: it comes before protected_from
+            before = _Snapshot.of(messages, segments, self._fold, result)
             self._fold_down(messages, segments, turn, budget, self._request.index, result)
             if self.prompt_length() > budget and condense_newest is not None:
                 condense_newest()
             if self.prompt_length() <= budget:
                 return
+            # the exchange does not fit: what this attempt dropped to make room for it
+            # (the user's facts, down to fact_target) is given back before folding it
+            self._fold = before.restore(segments, result)
         self._fold_down(messages, segments, turn, budget, protected_from, result)
 
     def _fold_down(
@@ -290,22 +360,31 @@ class Compactor:
         body = messages[1:] if messages and messages[0].role == "system" else messages
         accepted = accepted_replies(self._history, among=messages)
         # facts are dropped only down to halfway between the configured mark and the
-        # budget, wherever the pace puts the target
+        # budget, wherever the pace puts the target; and only to fit the budget when what
+        # cannot go (the newest exchange: a long tool result) alone outgrows the mark: the
+        # next turn folds that exchange anyway, so the room would buy nothing
         fact_target = (int(budget * self.config.low_water) + budget) // 2
+        if self._irreducible_length(messages, segments, protected_from, result) > target:
+            fact_target = budget
         # the messages after the fold stay verbatim, whole and in order (a reply dropped
         # from between two user messages reads as another conversation): room comes from
         # the digest (passes 2-4 over what is folded) while the verbatim messages hold
         # recent_share of the budget (or all of the target, if that is less), then half
         # of that, without losing a fact; then facts in the digest go, down to
         # fact_target; only then does folding go on to the protected exchange
+        # — unless a tool's result is among the verbatim messages: it is data, not the
+        # conversation's wording, and the digest condenses it without losing a fact, so
+        # folding goes on before any fact is given up (a 384-token user record outlived
+        # the user's own id, phone and date)
         wide = self._recent_floor(budget, segments, turn)
         no_fact_lost = sys.maxsize  # a prompt length never reached: pass 4 keeps every fact
-        for floor, keep_facts_under in (  # floor None: no further folding this round
-            (wide, no_fact_lost),
-            (wide // 2, no_fact_lost),
-            (None, fact_target),
-            (0, fact_target),
-        ):
+        for step in range(4):  # floor None: no further folding this round
+            floor, keep_facts_under = (
+                (wide, no_fact_lost),
+                (wide // 2, no_fact_lost),
+                (0, no_fact_lost) if self._tool_result_unfolded(segments, protected_from) else (None, fact_target),
+                (0, fact_target),
+            )[step]
             if floor is not None:
                 self._fold_oldest(body, segments, accepted, protected_from, target, floor, turn, result)
                 if self.prompt_length() <= target:
@@ -314,6 +393,31 @@ class Compactor:
             self._reduce(messages, segments, folded, protected_from, accepted, target, keep_facts_under, turn, result)
             if self.prompt_length() <= target:
                 return
+
+    def _tool_result_unfolded(self, segments: Mapping[SegmentId, Segment], protected_from: int) -> bool:
+        """Whether a tool's result shows verbatim between the fold and ``protected_from``."""
+        return any(
+            message.role == "tool" and any(segments[s].visible for s in message.segment_ids)
+            for message in self._history[self._fold :]
+            if message.index < protected_from
+        )
+
+    def _irreducible_length(
+        self,
+        messages: Sequence[MessageRecord],
+        segments: Mapping[SegmentId, Segment],
+        protected_from: int,
+        result: CompactionResult,
+    ) -> int:
+        """The prompt's length with everything a budget compaction may remove before
+        ``protected_from`` gone (rendered, then put back)."""
+        before = _Snapshot.of(messages, segments, self._fold, result)
+        body = messages[1:] if messages and messages[0].role == "system" else messages
+        for segment in self._older(body, segments, protected_from):
+            segment.status = Status.DROPPED
+        length = self.prompt_length()
+        before.restore(segments, result)
+        return length
 
     def _recent_floor(self, budget: int, segments: Mapping[SegmentId, Segment], turn: int) -> int:
         """Tokens the verbatim window holds at least while the digest can make room."""
@@ -421,6 +525,7 @@ class Compactor:
         """Passes 2-4 over ``candidates``, until the prompt is under ``target``; what
         carries facts only until it is under ``fact_target``."""
         visible = [segments[s] for m in messages for s in m.segment_ids if segments[s].visible]
+
         values = {
             s.id: (
                 float("inf")  # stays whatever happens
@@ -530,6 +635,12 @@ class Compactor:
             for segment in (segments[s] for s in message.segment_ids):
                 if not segment.visible or segment.pinned or segment.id in self._kept:
                     continue
+                if _calls_a_tool(segment):
+                    # machinery, not something said: a digest line of a raw call (one cut
+                    # off at max_tokens too) is one more the model would imitate; its
+                    # result, folded after it, holds what the call found
+                    self._drop(segment, result, turn, reason="a tool call, folded")
+                    continue
                 facts = _carries_facts(segment)
                 if not facts and not _states_a_request(segment):
                     self._drop(segment, result, turn)
@@ -571,7 +682,11 @@ class Compactor:
         for segment in list(candidates):
             facts = distinctive_tokens(segment.visible_text)
             floor = values[segment.id]
-            rest = " ".join(s.visible_text for s in visible if s is not segment and s.visible and values[s.id] >= floor)
+            rest = " ".join(
+                s.visible_text
+                for s in visible
+                if s is not segment and s.visible and values[s.id] >= floor and not _calls_a_tool(s)
+            )
             if facts and not missing_from(facts, rest):
                 self._drop(segment, result, turn, reason="facts stated elsewhere in the context")
                 candidates.remove(segment)
@@ -597,6 +712,32 @@ class Compactor:
                 return
             if len(segment.token_ids) >= MIN_CONDENSE_TOKENS:
                 self._compress(segment, result, turn)
+
+    def _trim_newest_tool_results(
+        self, ordered: list[Segment], newest_from: int, turn: int, budget: int, result: CompactionResult
+    ) -> None:
+        """Very last resort: a tool's result in the newest exchange that condensing cannot
+        bring under the budget (every token a fact: flight numbers, times, prices) is
+        trimmed to what fits, its facts first, longest result first. Facts of it go; the
+        alternative was no reply at all (an agent cannot send a shorter message, and a
+        replay of its trace stopped there). A user's own message is never trimmed: its
+        sender can shorten it, and the error says so."""
+        results = [
+            s for s in ordered if s.message_index >= newest_from and s.role == "tool" and s.visible and not s.pinned
+        ]
+        for segment in sorted(results, key=lambda s: -len(s.visible_ids)):
+            excess = self.prompt_length() - budget
+            if excess <= 0:
+                return
+            room = len(segment.visible_ids) - excess - OVERHEAD_TOKENS_PER_SEGMENT
+            if room <= 0:
+                continue
+            tick = time.perf_counter()
+            outcome = self.compressor.trim(segment, room)
+            result.compression_s += time.perf_counter() - tick
+            if outcome.ok:
+                result.compressions.append((segment, outcome))
+                self._apply_compression(segment, outcome, result, turn)
 
     def _drop(
         self, segment: Segment, result: CompactionResult, forced_at: int | None = None, reason: str = "budget"

@@ -36,6 +36,7 @@ from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.distinctive import distinctive_spans, distinctive_tokens, folded_word, missing_from
+from clm_middleware.lifecycle.json_trim import json_prefix
 from clm_middleware.lifecycle.negation import has_negation, with_negations
 from clm_middleware.lifecycle.segmenter import has_code_block
 from clm_middleware.lifecycle.segments import Segment, SegmentId
@@ -322,13 +323,18 @@ class Compressor:
     def trim(self, segment: Segment, max_tokens: int) -> CompressionResult:
         """At most about ``max_tokens`` of the segment's visible words, in order: its
         distinctive tokens first, then the words the model found most surprising where they
-        were said, function words last. Unlike ``tighten`` it lets facts go: the budget's
-        answer to a long segment (a pasted log, an email) when dropping it whole would free
-        far more than needed. It says less, never something else. Fails when nothing fits
-        or the result is not shorter."""
+        were said, function words last; a JSON array or object, its leading items whole
+        (``json_trim``). Unlike ``tighten`` it lets facts go: the budget's answer to a long
+        segment (a pasted log, an email, a tool's records) when dropping it whole would
+        free far more than needed. It says less, never something else. Fails when nothing
+        fits or the result is not shorter."""
         current = len(segment.visible_ids)
         if (whole := _kept_whole(segment.text)) is not None:
             return _whole_only(current, whole)
+        # JSON (a tool's records) keeps its leading items whole, and parses
+        as_json = json_prefix(segment.text, lambda text: len(self._encode(text)) <= max_tokens)
+        if as_json is not None and len(ids := self._encode(as_json)) < current:
+            return CompressionResult(True, TRIMMED, as_json, ids, current)
         original_words = list(_WORD.finditer(segment.text))
         try:
             scores = self._word_scores(segment.text, original_words, segment)

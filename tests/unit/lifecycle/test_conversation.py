@@ -1,6 +1,7 @@
 """Conversation mechanics on the tiny model: reuse, budget, reclamation, restore, tagging modes."""
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -785,3 +786,85 @@ def test_a_long_tool_loop_folds_its_older_results_and_keeps_the_request_whole(co
         assert question in conversation.context, page
         assert reply.stats.prompt_tokens <= 1024
     assert "budget" in [t.compaction for t in conversation.turn_log]  # the loop outgrew the budget
+
+
+def test_the_users_fact_stays_when_the_newest_tool_result_alone_outgrows_the_mark(converse):
+    """Facts in the digest go down to halfway between the low-water mark and the budget;
+    when the newest exchange alone (a long tool result of flight codes, which condensing
+    cannot shorten) is over the mark, that room buys nothing (the next turn folds the
+    result anyway), so facts go only to fit the budget: "my user ID is mia_li_3668" was
+    dropped from a prompt that ended 45 tokens under the budget."""
+    conversation = converse(budget=1024, tagging="rules")
+    conversation.add("user", "Sure, my user ID is mia_li_3668.")
+    conversation.respond("Thanks. What would you like to book?")
+    conversation.add("user", "A one-way economy flight, just me.")
+    conversation.add(
+        "assistant", '<tool_call>{"name": "get_user", "arguments": {"user_id": "mia_li_3668"}}</tool_call>'
+    )
+    conversation.add("tool", " ".join(f"HA{i:03d} 0{i % 10}:30 ${90 + i}" for i in range(53)))
+    reply = conversation.respond("I found your flights.")
+    assert reply.stats.compaction == "budget" and reply.stats.prompt_tokens <= 1024
+    assert '"user_id": "mia_li_3668"' not in conversation.context  # the call made room: its id is gone
+    assert "mia_li_3668" in conversation.context  # the user's own words still say it
+
+
+def test_a_tool_result_among_the_verbatim_messages_folds_before_a_user_fact_is_dropped(converse):
+    """The verbatim messages after the digest are kept for the conversation's wording,
+    and facts in the digest went first; a tool's result among them is data that the
+    digest condenses without losing a fact, so it folds first (a 384-token user record
+    kept verbatim had outlived the user's own id, phone and date)."""
+    conversation = converse(budget=640, tagging="rules")
+    conversation.add("user", "Hi, I'm Mia. My user id is mia_li_3668 and my phone number is 555-0199.")
+    conversation.add(
+        "assistant", '<tool_call>{"name": "get_user", "arguments": {"user_id": "mia_li_3668"}}</tool_call>'
+    )
+    conversation.add(
+        "tool", " ".join(f"Reservation R{i:02d} is a flight from city {i} to city {i + 1} in May." for i in range(7))
+    )
+    conversation.add("assistant", "I found your profile, Mia, with seven reservations.")
+    conversation.add("user", "Great. Please keep in mind I prefer an aisle seat.")
+    conversation.add("assistant", "Noted: an aisle seat.")
+    conversation.add("user", "What phone number did I give you?")
+    reply = conversation.respond("You gave 555-0199.")
+    assert reply.stats.compaction == "budget" and reply.stats.prompt_tokens <= 640
+    context = conversation.context
+    assert "555-0199" in context.split("<|im_start|>assistant")[0]  # before the reply: in the digest
+    assert "mia_li_3668" in context
+
+
+def test_a_tool_result_of_records_too_long_for_the_budget_is_trimmed_to_whole_leading_records(converse):
+    """Condensing keeps every fact, so a result of flight records (every value a code, a
+    time or a price) could not shrink, and the turn failed ("the prompt needs 2879
+    tokens ... the budget is 1024"); an agent cannot send a shorter result. It is
+    trimmed to its leading records, whole, and still parses."""
+    records = [
+        {"flight_number": f"HAT{i:03d}", "origin": "JFK", "destination": "SEA", "departure": f"{i % 24:02d}:30:00"}
+        for i in range(40)
+    ]
+    conversation = converse(budget=1024, tagging="rules")
+    conversation.add("user", "Find me a flight from JFK to SEA on May 20.")
+    conversation.add("assistant", '<tool_call>{"name": "search", "arguments": {"date": "2024-05-20"}}</tool_call>')
+    conversation.add("tool", json.dumps(records))
+    reply = conversation.respond("I found several flights.")
+    assert reply.stats.prompt_tokens <= 1024
+    shown = conversation.context.split("<|im_start|>tool\n")[1].split("<|im_end|>")[0]
+    kept = json.loads(shown)
+    assert 0 < len(kept) < len(records) and kept == records[: len(kept)]
+
+
+def test_a_folded_tool_call_leaves_no_raw_call_in_the_digest(converse):
+    """A call is machinery: folded, it is dropped, not kept whole as a digest line the
+    model would imitate (a call cut off at max_tokens, '<tool_call>{"name":
+    "get_reservation_details", "arguments": {"reservation_id": "123456789…', stayed
+    there); its result, folded after it, keeps what the call found."""
+    conversation = converse(budget=512, tagging="rules")
+    conversation.add("user", "Look up reservation NO6JO3 for me.")
+    conversation.respond('<tool_call>{"name": "get_reservation", "arguments": {"reservation_id": "1234567890123')
+    conversation.add("tool", "Reservation NO6JO3: JFK to SEA on 2024-05-20, seat 14C.")
+    conversation.respond("It is JFK to SEA on May 20, seat 14C.")
+    for i in range(8):
+        conversation.add("user", f"Note {i}: we also talked about the weather and the river walk at length.")
+        conversation.respond("Noted, thanks.")
+    context = conversation.context
+    assert "Notes from earlier turns:" in context and "14C" in context
+    assert "<tool_call>" not in context

@@ -1,0 +1,61 @@
+"""Trimming a JSON text to a size while it stays JSON: whole leading items.
+
+A tool's result is often JSON (a search's records, a user's profile). Cut word by word
+it becomes ``{"flight_number": "origin": "scheduled_departure_time_est": ...`` — keys
+without values, records run together. Cut here, it keeps its first records whole, each
+key with its value, and parses: what is left says less, never something else.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+
+def dump(value: Any) -> str:
+    """One line, spaced as JSON is commonly written (``{"a": 1, "b": 2}``)."""
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def json_prefix(text: str, fits: Callable[[str], bool]) -> str | None:
+    """The longest prefix of ``text``'s JSON array or object, by whole items, whose
+    ``dump`` ``fits``; where not even one top-level item fits, its first item trimmed
+    the same way. None if ``text`` is no JSON array or object, or nothing fits."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, list | dict):
+        return None
+    kept = _prefix(value, fits)
+    return None if kept is None else dump(kept)
+
+
+def _prefix(value: Any, fits: Callable[[str], bool]) -> Any | None:
+    if fits(dump(value)):
+        return value
+    if not isinstance(value, list | dict) or not value:
+        return None
+    items = list(value.items()) if isinstance(value, dict) else list(value)
+
+    def rebuild(part: list) -> Any:
+        return dict(part) if isinstance(value, dict) else part
+
+    low, high = 0, len(items) - 1  # the whole does not fit; find the most leading items that do
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(dump(rebuild(items[:middle]))):
+            low = middle
+        else:
+            high = middle - 1
+    if low > 0:
+        return rebuild(items[:low])
+    first = items[0]
+    if isinstance(value, dict):  # {"key": <first value trimmed>}
+        key, inner = first
+        opening = "{" + json.dumps(key, ensure_ascii=False) + ": "
+        trimmed = _prefix(inner, lambda t: fits(opening + t + "}"))
+        return None if trimmed is None else {key: trimmed}
+    trimmed = _prefix(first, lambda t: fits("[" + t + "]"))
+    return None if trimmed is None else [trimmed]

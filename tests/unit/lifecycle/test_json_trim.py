@@ -1,0 +1,36 @@
+"""Trimming JSON by whole leading items: what is left parses and says less, never something else."""
+
+from __future__ import annotations
+
+import json
+
+from clm_middleware.lifecycle.json_trim import dump, json_prefix
+
+RECORDS = [{"flight": f"HA{i:03d}", "price": 90 + i, "seats": {"economy": i}} for i in range(10)]
+
+
+def within(limit: int):
+    return lambda text: len(text) <= limit
+
+
+def test_a_list_keeps_its_leading_records_whole():
+    trimmed = json_prefix(json.dumps(RECORDS), within(len(dump(RECORDS[:3])) + 1))
+    assert json.loads(trimmed) == RECORDS[:3]
+
+
+def test_an_object_keeps_its_leading_keys_with_their_values():
+    profile = {"name": "Mia Li", "user_id": "mia_li_3668", "reservations": ["NO6JO3", "AIXC49"], "dob": "1990-04-05"}
+    trimmed = json_prefix(json.dumps(profile), within(len(dump({"name": "Mia Li", "user_id": "mia_li_3668"}))))
+    assert json.loads(trimmed) == {"name": "Mia Li", "user_id": "mia_li_3668"}
+
+
+def test_where_no_top_level_item_fits_the_first_is_trimmed_inside_it():
+    nested = [RECORDS, RECORDS]  # a search's itineraries, each a list of flights
+    trimmed = json_prefix(json.dumps(nested), within(len(dump([RECORDS[:2]]))))
+    assert json.loads(trimmed) == [RECORDS[:2]]
+
+
+def test_text_that_is_no_json_array_or_object_or_where_nothing_fits_is_none():
+    assert json_prefix("Flight HA001 leaves at 9.", within(1000)) is None
+    assert json_prefix('"just a string"', within(1000)) is None
+    assert json_prefix(json.dumps(RECORDS), within(5)) is None
