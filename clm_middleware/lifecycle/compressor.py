@@ -14,6 +14,10 @@ Two methods:
   distinctive token the original lacks, and a negation where the original has one;
   otherwise the extractive result is used.
 
+A JSON array or object (a tool's records) is neither: it is written as its keys and
+values without the syntax (``json_text.json_facts``), every fact kept with the name that
+gives it its meaning; word deletion made it broken JSON.
+
 Deleting methods keep a word where it was judged worth keeping, never at another place
 the same word recurs. A reply that calls a tool, and a segment with a fenced code block,
 are never cut down (kept or dropped whole: code cut to some of its words is other code).
@@ -36,7 +40,7 @@ from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.distinctive import distinctive_spans, distinctive_tokens, folded_word, missing_from
-from clm_middleware.lifecycle.json_trim import json_prefix
+from clm_middleware.lifecycle.json_text import json_facts, json_prefix
 from clm_middleware.lifecycle.negation import has_negation, with_negations
 from clm_middleware.lifecycle.segmenter import has_code_block
 from clm_middleware.lifecycle.segments import Segment, SegmentId
@@ -53,6 +57,7 @@ RARE_WORD_NATS = 8.0
 REQUEST_WORDS = 4
 TIGHTENED = "distinctive"  # the method ``tighten`` records: applying it again changes nothing
 TRIMMED = "trimmed"  # the method ``trim`` records: part of the facts kept, the rest let go
+JSON_FACTS = "json"  # the method ``compress`` records for JSON: its keys and values without the syntax
 SCORE_CACHE_SEGMENTS = 1024  # word scores kept per compressor (a segment's text never changes)
 _WORD = regex.compile(r"\S+")
 # English function words: high surprisal after a typo or an odd turn of phrase, but
@@ -324,7 +329,7 @@ class Compressor:
         """At most about ``max_tokens`` of the segment's visible words, in order: its
         distinctive tokens first, then the words the model found most surprising where they
         were said, function words last; a JSON array or object, its leading items whole
-        (``json_trim``). Unlike ``tighten`` it lets facts go: the budget's answer to a long
+        (``json_text``). Unlike ``tighten`` it lets facts go: the budget's answer to a long
         segment (a pasted log, an email, a tool's records) when dropping it whole would
         free far more than needed. It says less, never something else. Fails when nothing
         fits or the result is not shorter."""
@@ -397,6 +402,12 @@ class Compressor:
         original_tokens = len(segment.token_ids)
         if (whole := _kept_whole(segment.text)) is not None:
             return _whole_only(original_tokens, whole)
+        # JSON (a tool's records): every key and value, without the syntax; cut word by
+        # word it was broken JSON ({"name": {"first_name": "Mia", "Li"}) in the digest
+        if (facts := json_facts(segment.text)) is not None:
+            ids = self._encode(facts)
+            if len(ids) < original_tokens and check_faithful(segment.text, facts).faithful:
+                return CompressionResult(True, JSON_FACTS, facts, ids, original_tokens)
         rejected = None
         if self.method == "abstractive":
             try:

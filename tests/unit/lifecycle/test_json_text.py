@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from clm_middleware.lifecycle.json_trim import dump, json_prefix
+from clm_middleware.lifecycle.json_text import dump, json_facts, json_prefix
 
 RECORDS = [{"flight": f"HA{i:03d}", "price": 90 + i, "seats": {"economy": i}} for i in range(10)]
 
@@ -34,3 +34,23 @@ def test_text_that_is_no_json_array_or_object_or_where_nothing_fits_is_none():
     assert json_prefix("Flight HA001 leaves at 9.", within(1000)) is None
     assert json_prefix('"just a string"', within(1000)) is None
     assert json_prefix(json.dumps(RECORDS), within(5)) is None
+
+
+def test_json_facts_keeps_every_key_and_value_in_order_without_the_syntax():
+    profile = {"name": {"first_name": "Mia", "last_name": "Li"}, "reservations": ["NO6JO3", "AIXC49"], "vip": None}
+    facts = json_facts(json.dumps(profile))
+    assert facts == "name: (first_name: Mia, last_name: Li), reservations: (NO6JO3; AIXC49), vip: null"
+    assert json_facts("[]") is None and json_facts("not json") is None
+
+
+def test_a_json_tool_result_condenses_to_its_keys_and_values_not_to_broken_json(engine):
+    from clm_middleware.lifecycle.compressor import JSON_FACTS, Compressor
+    from clm_middleware.lifecycle.segments import Segment, SegmentId
+    from clm_middleware.render import ChatFormat
+
+    chat = ChatFormat(engine.tokenizer)
+    text = json.dumps({"user_id": "mia_li_3668", "address": {"city": "Austin", "zip": "78750"}, "gold": True})
+    segment = Segment(SegmentId("seg_1"), 1, 1, "tool", "text", text, chat.encode(text))
+    outcome = Compressor(engine, chat, summarizer_prompt="{text}").compress(segment)
+    assert outcome.ok and outcome.method == JSON_FACTS
+    assert outcome.text == "user_id: mia_li_3668, address: (city: Austin, zip: 78750), gold: true"

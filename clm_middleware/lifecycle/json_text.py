@@ -1,9 +1,15 @@
-"""Trimming a JSON text to a size while it stays JSON: whole leading items.
+"""A JSON text made shorter without cutting it word by word.
 
 A tool's result is often JSON (a search's records, a user's profile). Cut word by word
 it becomes ``{"flight_number": "origin": "scheduled_departure_time_est": ...`` — keys
-without values, records run together. Cut here, it keeps its first records whole, each
-key with its value, and parses: what is left says less, never something else.
+without values, records run together, and a digest line the model reads as broken code.
+Here it is either
+
+- condensed (``json_facts``): every key and value kept, in order, without the syntax
+  (quotes, braces), ``name: (first_name: Mia, last_name: Li), reservations: (NO6JO3;
+  AIXC49)``: every fact stays, with the name that gives it its meaning; or
+- trimmed (``json_prefix``): its leading items whole, still JSON. It says less, never
+  something else.
 """
 
 from __future__ import annotations
@@ -16,6 +22,31 @@ from typing import Any
 def dump(value: Any) -> str:
     """One line, spaced as JSON is commonly written (``{"a": 1, "b": 2}``)."""
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def json_facts(text: str) -> str | None:
+    """``text``'s JSON array or object as ``key: value`` pairs, every key and leaf value
+    in order, nested containers in parentheses, list items separated by ``;``. None if
+    ``text`` is no JSON array or object."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return _facts(value) if isinstance(value, list | dict) and value else None
+
+
+def _facts(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{key}: {_nested(item)}" for key, item in value.items())
+    if isinstance(value, list):
+        return "; ".join(_nested(item) for item in value)
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _nested(value: Any) -> str:
+    if isinstance(value, list | dict):
+        return f"({_facts(value)})" if value else json.dumps(value)
+    return _facts(value)
 
 
 def json_prefix(text: str, fits: Callable[[str], bool]) -> str | None:
