@@ -30,6 +30,11 @@ of repeat cut, both counted in words (punctuation never counts):
   ``, ; :`` and closing brackets too) is cut there at once: the model restarts what
   it said ("The weather can get quite hot, especially ... The weather can get quite
   hot,");
+- but a **list item** (a sentence that opens with ``-``, ``*``, ``+``, ``•`` or ``1.``,
+  ``1)``) is no such sentence: a plan or a recipe says "- Breakfast at the hotel." or
+  "- 1 cup of milk" again under another heading (cut there, the user got "... Dinner in
+  Shinjuku.\n\nDay 2:"); an item repeats only as part of a stretch (below), or right
+  after itself;
 - any other **clause** that repeats an earlier one is cut only once the whole stretch
   from that earlier clause on has been said again right after itself (``you can add up
   the total, and you can add up the total, and you can add up the total``; ``A, B, C,
@@ -86,6 +91,10 @@ _WORD = regex.compile(rf"[{_UNSPACED}]|[^\W{_UNSPACED}]+|[^\w\s]")
 # space after them: anything but another one ends the run.
 _TERMINATORS = r".!?…,;:\])"
 _WIDE_TERMINATORS = "。！？，；："
+# a sentence that opens with a list marker: an item of a list, whose lines recur in other
+# sections ("Day 2:\n- Breakfast at the hotel."): cut only as a repeated stretch
+_LIST_ITEM = regex.compile(r"(?:[-*+•]|\d{1,3}[.)])\s")
+_NUMBER_MARKER = regex.compile(r"\d{1,3}[.)]")  # "1." ends a clause of its own: the next sentence is the item
 _SENTENCE_MARKS = ".!?…。！？\n"  # of these terminators, those that end a sentence, not only a clause
 # where a sentence ends: the start of a terminator run followed by space, a full-width run
 # followed by what cannot extend it, or a newline (linear: the look-behind skips the
@@ -235,6 +244,8 @@ class RepeatWatch:
         self._sentence_keys: list[str] = []
         self._sentence: list[str] = []
         self._sentence_start: int | None = None
+        self._sentence_item = False  # the sentence in progress opens with a list marker
+        self._after_marker = False  # the last clause was a number marker alone ("1.")
         self._pending: list[tuple[int, int, int]] = []
         self._openers: set[int] = set()
         self._run: tuple[str, int] = ("", 0)
@@ -267,6 +278,10 @@ class RepeatWatch:
         words = _clause_words(unit)
         cuts = []
         if words:
+            opens = not self._sentence  # the first clause of its sentence
+            if opens:
+                self._sentence_item = self._after_marker or bool(_LIST_ITEM.match(unit.lstrip()))
+            self._after_marker = bool(_NUMBER_MARKER.fullmatch(unit.strip()))
             clause, index = " ".join(words), len(self._clauses)
             self._clauses.append(clause)
             self._starts.append(at)
@@ -280,9 +295,8 @@ class RepeatWatch:
                 earlier = self._seen.setdefault(key, [])
                 if not earlier:
                     bisect.insort(self._keys, key)
-                opens = not self._sentence  # the first clause of its sentence
                 for j in earlier:
-                    if index - j == 1 or (opens and j in self._openers):
+                    if index - j == 1 or (opens and j in self._openers and not self._sentence_item):
                         cuts.append(at)  # said again right after itself, or a sentence begun again
                     else:
                         self._pending.append((index, j, 1))
@@ -312,13 +326,13 @@ class RepeatWatch:
 
     def _end_sentence(self) -> list[int]:
         """Close the sentence in progress: where it starts if it repeats an earlier one."""
-        key, start = _key(self._sentence), self._sentence_start
+        key, start, item = _key(self._sentence), self._sentence_start, self._sentence_item
         self._sentence, self._sentence_start = [], None
         if key is None:
             return []
         at = bisect.bisect_left(self._sentence_keys, key)
         if at < len(self._sentence_keys) and self._sentence_keys[at] == key:
-            return [start] if start is not None else []
+            return [start] if start is not None and not item else []
         self._sentence_keys.insert(at, key)
         return []
 
@@ -342,7 +356,8 @@ class RepeatWatch:
             if _begins_one_of(self._keys, begun) or (count == REPEAT_RUN - 1 and clause.startswith(begun)):
                 held.append(tail_at)
         sentence = " ".join(self._sentence + said)
-        if sentence and _begins_one_of(self._sentence_keys, sentence):
+        item = self._sentence_item if self._sentence else self._after_marker or bool(_LIST_ITEM.match(tail.lstrip()))
+        if sentence and not item and _begins_one_of(self._sentence_keys, sentence):
             held.append(self._sentence_start if self._sentence_start is not None else tail_at)
         return len(text) - min(held) if held else 0
 

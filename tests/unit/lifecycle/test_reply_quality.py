@@ -288,7 +288,24 @@ LISTS_THAT_SHARE_CLAUSES = [
     "Monday: open from 9 am to 5 pm.\nTuesday: open from 9 am to 5 pm.\nWednesday: closed.",
     "| A | north side, near the river |\n| B | north side, near the river |",
     "Train TR1923 leaves at 09:50, arrives at 10:07. Train TR4096 leaves at 09:50, arrives at 10:07 on Thursday.",
+    # an item said again under another heading (a sweep: cut to "... Dinner in Shinjuku.\n\nDay 2:")
+    "Day 1:\n- Breakfast at the hotel.\n- Visit Senso-ji in Asakusa.\n\nDay 2:\n- Breakfast at the hotel.\n"
+    "- Visit the Meiji Shrine.\n\nDay 3:\n- Breakfast at the hotel.\n- Day trip to Nikko.",
+    "Ingredients:\n- 2 eggs\n- 1 cup of milk\n\nFor the sauce:\n- 1 cup of milk\n- 1 tbsp butter\n\nWhisk, then bake.",
+    "**Day 1**\n1. Morning: Visit the temple.\n2. Lunch by the river.\n**Day 2**\n1. Morning: Visit the temple.\n"
+    "2. Lunch in the old town.",
 ]
+
+
+def test_a_list_that_loops_is_still_cut_where_its_items_start_again():
+    raw = (
+        "Your plan:\n- Breakfast at the hotel.\n- Visit the temple.\n- Breakfast at the hotel.\n- Visit the temple.\n-"
+    )
+    assert (
+        visible_answer(raw, stops=(), cut_repeats=True) == "Your plan:\n- Breakfast at the hotel.\n- Visit the temple."
+    )
+    same = "- Breakfast at the hotel.\n- Breakfast at the hotel.\n- Breakfast"
+    assert visible_answer(same, stops=(), cut_repeats=True) == "- Breakfast at the hotel."
 
 
 @pytest.mark.parametrize("reply", LISTS_THAT_SHARE_CLAUSES)
@@ -359,6 +376,8 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
     first clause at which any is complete giving the cut (its earliest start); and the
     unfinished tail's hold (the earliest start of what may still become such a repeat)."""
     from clm_middleware.lifecycle.reply_quality import (
+        _LIST_ITEM,
+        _NUMBER_MARKER,
         _SENTENCE_END,
         _SENTENCE_MARKS,
         REPEAT_MIN_WORDS,
@@ -368,8 +387,10 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
 
     clauses: list[tuple[int, str]] = []  # (start, words) of clauses with words
     openers: set[int] = set()  # the clauses that open a sentence
-    sentences: list[tuple[int, str]] = []  # (start, words) of complete sentences
+    items: set[int] = set()  # of those, the ones that open with a list marker
+    sentences: list[tuple[int, str, bool]] = []  # (start, words, a list item) of complete sentences
     sentence: list[tuple[int, str]] = []
+    after_marker = False  # the last clause with words was a number marker alone ("1.")
     start = 0
 
     def repeats() -> list[int]:
@@ -380,10 +401,19 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
                 period = i - j
                 if len(words[i].split()) >= REPEAT_MIN_WORDS and words[i : i + period] == words[j:i]:
                     found.append(clauses[i][0])
-                if {i, j} <= openers and len(words[i].split()) >= REPEAT_MIN_WORDS and words[i] == words[j]:
+                if (
+                    {i, j} <= openers
+                    and i not in items
+                    and len(words[i].split()) >= REPEAT_MIN_WORDS
+                    and words[i] == words[j]
+                ):
                     found.append(clauses[i][0])
-        keys = [w for _, w in sentences]
-        found += [at for n, (at, w) in enumerate(sentences) if len(w.split()) >= REPEAT_MIN_WORDS and w in keys[:n]]
+        keys = [w for _, w, _ in sentences]
+        found += [
+            at
+            for n, (at, w, item) in enumerate(sentences)
+            if not item and len(w.split()) >= REPEAT_MIN_WORDS and w in keys[:n]
+        ]
         for n in range(REPEAT_RUN - 1, len(words)):
             run = words[n - REPEAT_RUN + 1 : n + 1]
             if len(run[0].split()) < REPEAT_MIN_WORDS and all(w == run[0] for w in run):
@@ -396,10 +426,14 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
         if words:
             if not sentence:
                 openers.add(len(clauses))
+                if after_marker or _LIST_ITEM.match(unit.lstrip()):
+                    items.add(len(clauses))
+            after_marker = bool(_NUMBER_MARKER.fullmatch(unit.strip()))
             clauses.append((start - len(unit.lstrip()), words))
             sentence.append(clauses[-1])
         if any(mark in end.group() for mark in _SENTENCE_MARKS) and sentence:
-            sentences.append((sentence[0][0], " ".join(w for _, w in sentence)))
+            opener = len(clauses) - len(sentence)
+            sentences.append((sentence[0][0], " ".join(w for _, w in sentence), opener in items))
             sentence = []
         if found := repeats():
             return min(found), 0
@@ -410,7 +444,7 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
     words = [w for _, w in clauses]
     for i in range(len(words)):  # a stretch repeating so far, not yet whole
         for j in range(i):
-            if {i, j} <= openers and words[i] == words[j]:
+            if {i, j} <= openers and i not in items and words[i] == words[j]:
                 continue  # that repeat would have been cut
             if len(words[i].split()) >= REPEAT_MIN_WORDS and words[i:] == words[j : j + len(words) - i]:
                 held.append(clauses[i][0])
@@ -427,13 +461,19 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
     ):
         held.append(tail_at)
     begun = " ".join([w for _, w in sentence] + ([said] if said else []))
-    if begun and any(w.startswith(begun) and len(w.split()) >= REPEAT_MIN_WORDS for _, w in sentences):
+    item = (
+        (len(clauses) - len(sentence) in items) if sentence else after_marker or bool(_LIST_ITEM.match(tail.lstrip()))
+    )
+    if begun and not item and any(w.startswith(begun) and len(w.split()) >= REPEAT_MIN_WORDS for _, w, _ in sentences):
         held.append(sentence[0][0] if sentence else tail_at)
     return None, len(text) - min(held) if held else 0
 
 
 SENTENCES = [
     "We book the room.",
+    "\n- We book the room.",
+    "\n1. we book the rooms,",
+    "\n2.",
     "we book the rooms,",
     "The room is 1,200 euros!",
     "e.g. the room",
