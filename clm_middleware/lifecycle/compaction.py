@@ -101,7 +101,7 @@ def _carries_facts(segment: Segment) -> bool:
     return segment.kind != "ack" and segment.label is not Label.DROP and has_distinctive(segment.text)
 
 
-def _calls_a_tool(segment: Segment) -> bool:
+def calls_a_tool(segment: Segment) -> bool:
     """A reply that calls a tool: dropped once folded, so it never vouches for a fact
     in pass 2 (the user's "my user ID is mia_li_3668" went as restated by a call)."""
     return segment.role == "assistant" and TOOL_CALL_OPEN in segment.text
@@ -283,6 +283,19 @@ class Compactor:
                 self._compress(segment, result)
             else:
                 segment.label = Label.KEEP  # already compressed: keep the faithful summary
+        if over and not ahead and self._irreducible_length(messages, segments, newest, result) > budget:
+            # the newest exchange alone outgrows the budget (a long tool result): it is made
+            # to fit first, down to the low-water mark, so the user's facts keep their room
+            # (dropped first, every one went for a result then trimmed far below the budget)
+            self._condense_newest(ordered, newest, turn, budget, result)
+            mark = self.low_water_mark(budget, segments, turn)
+            self._trim_newest_tool_results(
+                ordered,
+                newest,
+                turn,
+                lambda: self._irreducible_length(messages, segments, newest, result) - mark,
+                result,
+            )
         if over:  # budget pressure: go down to the low-water mark, so the next turns fit too
             condense = None if ahead else lambda: self._condense_newest(ordered, newest, turn, budget, result)
             self._fit_budget(messages, segments, turn, budget, result, condense)
@@ -291,7 +304,7 @@ class Compactor:
             if self.prompt_length() > budget:
                 self._condense_newest(ordered, newest, turn, budget, result)
             if self.prompt_length() > budget:
-                self._trim_newest_tool_results(ordered, newest, turn, budget, result)
+                self._trim_newest_tool_results(ordered, newest, turn, lambda: self.prompt_length() - budget, result)
             length = self.prompt_length()
             if length > budget:
                 raise ContextBudgetError(
@@ -306,8 +319,14 @@ class Compactor:
         ``newest_from`` on) longer than ``budget × target_ratio`` tokens cannot be
         condensed to fit (extractive compression keeps at least 1/``target_ratio`` of a
         text, plus its facts), so it is refused before any work: a 10,000-token paste
-        never costs minutes of scoring only to fail."""
-        newest = sum(len(s.token_ids) for s in ordered if s.message_index >= newest_from and s.visible and not s.pinned)
+        never costs minutes of scoring only to fail. Counts what a person wrote: a tool's
+        result, of any size, is trimmed to fit instead (``_trim_newest_tool_results``;
+        an agent cannot send it in parts)."""
+        newest = sum(
+            len(s.token_ids)
+            for s in ordered
+            if s.message_index >= newest_from and s.visible and not s.pinned and s.role != "tool"
+        )
         limit = int(budget * self.config.target_ratio)
         if newest > limit:
             raise ContextBudgetError(
@@ -635,7 +654,7 @@ class Compactor:
             for segment in (segments[s] for s in message.segment_ids):
                 if not segment.visible or segment.pinned or segment.id in self._kept:
                     continue
-                if _calls_a_tool(segment):
+                if calls_a_tool(segment):
                     # machinery, not something said: a digest line of a raw call (one cut
                     # off at max_tokens too) is one more the model would imitate; its
                     # result, folded after it, holds what the call found
@@ -685,7 +704,7 @@ class Compactor:
             rest = " ".join(
                 s.visible_text
                 for s in visible
-                if s is not segment and s.visible and values[s.id] >= floor and not _calls_a_tool(s)
+                if s is not segment and s.visible and values[s.id] >= floor and not calls_a_tool(s)
             )
             if facts and not missing_from(facts, rest):
                 self._drop(segment, result, turn, reason="facts stated elsewhere in the context")
@@ -701,10 +720,15 @@ class Compactor:
         (faithfully: every distinctive token stays), longest segment first, a question the
         user asks last (it is what the reply must answer). The segments are scored in one
         forward, in order, before the first is condensed."""
+        limit = int(budget * self.config.target_ratio)  # a tool result past it is trimmed, not scored
         newest = [
             s
             for s in ordered
-            if s.message_index >= newest_from and s.visible and s.status is Status.ACTIVE and not s.pinned
+            if s.message_index >= newest_from
+            and s.visible
+            and s.status is Status.ACTIVE
+            and not s.pinned
+            and not (s.role == "tool" and len(s.token_ids) > limit)
         ]
         self.compressor.score_in_order(newest)
         for segment in sorted(newest, key=lambda s: (asks(s), -len(s.token_ids))):
@@ -714,7 +738,12 @@ class Compactor:
                 self._compress(segment, result, turn)
 
     def _trim_newest_tool_results(
-        self, ordered: list[Segment], newest_from: int, turn: int, budget: int, result: CompactionResult
+        self,
+        ordered: list[Segment],
+        newest_from: int,
+        turn: int,
+        excess_of: Callable[[], int],
+        result: CompactionResult,
     ) -> None:
         """Very last resort: a tool's result in the newest exchange that condensing cannot
         bring under the budget (every token a fact: flight numbers, times, prices) is
@@ -726,7 +755,7 @@ class Compactor:
             s for s in ordered if s.message_index >= newest_from and s.role == "tool" and s.visible and not s.pinned
         ]
         for segment in sorted(results, key=lambda s: -len(s.visible_ids)):
-            excess = self.prompt_length() - budget
+            excess = excess_of()  # tokens still to go
             if excess <= 0:
                 return
             room = len(segment.visible_ids) - excess - OVERHEAD_TOKENS_PER_SEGMENT

@@ -57,6 +57,7 @@ RARE_WORD_NATS = 8.0
 REQUEST_WORDS = 4
 TIGHTENED = "distinctive"  # the method ``tighten`` records: applying it again changes nothing
 TRIMMED = "trimmed"  # the method ``trim`` records: part of the facts kept, the rest let go
+TRIM_SCORED_TOKENS = 4096  # ``trim`` scores words by the model up to this long a text; longer, in order
 JSON_FACTS = "json"  # the method ``compress`` records for JSON: its keys and values without the syntax
 SCORE_CACHE_SEGMENTS = 1024  # word scores kept per compressor (a segment's text never changes)
 _WORD = regex.compile(r"\S+")
@@ -342,8 +343,10 @@ class Compressor:
             return CompressionResult(True, TRIMMED, as_json, ids, current)
         original_words = list(_WORD.finditer(segment.text))
         try:
+            if len(segment.token_ids) > TRIM_SCORED_TOKENS:
+                raise ValueError("too long to score")  # a forward over it would cost minutes
             scores = self._word_scores(segment.text, original_words, segment)
-        except Exception:  # no scores (the engine failed): the words in order
+        except Exception:  # no scores (the engine failed, or the text is huge): the words in order
             scores = [0.0] * len(original_words)
         facts = {folded_word(original_words[i].group()) for i in _kept_words(segment.text, original_words)}
         surprise: dict[str, float] = {}

@@ -18,7 +18,7 @@ from clm_middleware.engine.penalties import LogitBias, check_logit_bias
 from clm_middleware.errors import ConfigError, ContextWindowError, TurnCancelled
 from clm_middleware.lifecycle.calibration import record_runtime_failure
 from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
-from clm_middleware.lifecycle.compaction import CompactionResult
+from clm_middleware.lifecycle.compaction import CompactionResult, calls_a_tool
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from
 from clm_middleware.lifecycle.observation import record_observation
@@ -467,8 +467,8 @@ class TurnRunner:
         decisions = []
         budget = c.config.budget
         for segment in c.live_segments():
-            if segment.pinned or segment.role == "system" or segment.kind == LOOP_KIND:
-                continue
+            if segment.pinned or segment.role == "system" or segment.kind == LOOP_KIND or calls_a_tool(segment):
+                continue  # a tool call is machinery: it leaves the digest once folded, and stays out
             removed = segment.status is Status.DROPPED and c.is_recently_removed(segment, turn)
             if not (removed or segment.pending):
                 continue

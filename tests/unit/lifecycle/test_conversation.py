@@ -868,3 +868,38 @@ def test_a_folded_tool_call_leaves_no_raw_call_in_the_digest(converse):
     context = conversation.context
     assert "Notes from earlier turns:" in context and "14C" in context
     assert "<tool_call>" not in context
+
+
+def _facts_then_a_search(conversation, results: int) -> None:
+    conversation.add("user", "Hi, my user ID is zoe_park_4411 and my date of birth is 1987-02-14.")
+    conversation.respond("Thanks, Zoe.")
+    conversation.add("user", "I always pay with the Visa ending 5521.")
+    conversation.respond("Noted: the Visa ending 5521.")
+    conversation.add("user", "Please search for flights after 11 AM.")
+    conversation.add("assistant", '<tool_call>{"name": "search", "arguments": {"date": "2024-05-20"}}</tool_call>')
+    flights = [
+        {"flight_number": f"HAT{i:03d}", "departure": f"{6 + i % 18:02d}:00", "price": 100 + i} for i in range(results)
+    ]
+    conversation.add("tool", json.dumps(flights))
+
+
+def test_a_newest_tool_result_over_the_budget_is_trimmed_before_any_user_fact_goes(converse):
+    """Facts went first, to make room for a result that could not fit anyway, and the
+    result was then trimmed far under the budget: every user fact lost at 407 of 640."""
+    conversation = converse(budget=640, tagging="rules")
+    _facts_then_a_search(conversation, 40)
+    reply = conversation.respond("Here are the flights after 11 AM.")
+    assert reply.stats.prompt_tokens <= 640
+    context = conversation.context
+    assert all(fact in context for fact in ("zoe_park_4411", "1987-02-14", "5521"))
+    assert json.loads(context.split("<|im_start|>tool\n")[1].split("<|im_end|>")[0])  # the result, trimmed
+
+
+def test_a_tool_result_over_four_times_the_budget_is_trimmed_not_refused(converse):
+    """The bound on oversized input is for what a person wrote; an agent cannot send a
+    tool's result in parts, and the loop died with "send the text in parts"."""
+    conversation = converse(budget=512, tagging="rules")
+    _facts_then_a_search(conversation, 120)
+    assert len(conversation.engine.tokenizer.encode(conversation.history[-1].content)) > 4 * 512
+    reply = conversation.respond("Here are the flights.")
+    assert reply.stats.prompt_tokens <= 512 and "zoe_park_4411" in conversation.context
