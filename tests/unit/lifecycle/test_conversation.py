@@ -903,3 +903,24 @@ def test_a_tool_result_over_four_times_the_budget_is_trimmed_not_refused(convers
     assert len(conversation.engine.tokenizer.encode(conversation.history[-1].content)) > 4 * 512
     reply = conversation.respond("Here are the flights.")
     assert reply.stats.prompt_tokens <= 512 and "zoe_park_4411" in conversation.context
+
+
+def test_a_question_naming_a_folded_calls_argument_does_not_bring_the_call_back(converse):
+    """Removed segments the new message refers to come back (they share a distinctive
+    token); a tool call, dropped once folded, is machinery and stays out (raw calls came
+    back into the notes when the user asked "What is my user ID?")."""
+    conversation = converse(budget=700, tagging="rules")
+    conversation.add("user", "Look up user zoe_park_4411 please.")
+    conversation.respond('<tool_call>{"name": "get_user", "arguments": {"user_id": "zoe_park_4411"}}</tool_call>')
+    conversation.add("tool", '{"name": "Zoe Park", "membership": "gold"}')
+    conversation.respond("You are a gold member, Zoe.")
+    [call] = [s for s in conversation.segments if s.text.startswith("<tool_call>")]
+    for i in range(12):  # until the compaction that folds the call: removed this round, room to restore it
+        conversation.add("user", f"Note {i}: we also talked about the weather and the river walk at length.")
+        conversation.respond("Noted, thanks.")
+        if call.status.value == "dropped":
+            break
+    assert call.status.value == "dropped"
+    conversation.add("user", "Is zoe_park_4411 still a gold member?")
+    reply = conversation.respond("Yes.")
+    assert call.id not in reply.stats.restored and "<tool_call>" not in conversation.context
