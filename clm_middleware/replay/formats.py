@@ -43,9 +43,11 @@ from clm_middleware.replay.transcript import (
     Message,
     Transcript,
     _read_text,
+    first_record,
     json_lines,
     load_json,
     message_from_record,
+    one_document,
     parse_jsonl,
 )
 
@@ -108,7 +110,7 @@ def _read_transcripts(path: Path, fmt: str, skipped: list[TranscriptError] | Non
     if fmt not in FORMATS:
         raise TranscriptError(str(path), None, f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     text = _read_text(path, skipped)
-    if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl" and not _one_document(text)):
+    if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl" and not one_document(text)):
         if _conversation_per_line(text):
             return _documents_per_line(text, path, "auto" if fmt == "jsonl" else fmt, skipped)
         return parse_jsonl(text, path, skipped)
@@ -119,7 +121,7 @@ def _read_transcripts(path: Path, fmt: str, skipped: list[TranscriptError] | Non
     except TranscriptError:
         if "\n" in text.strip() and _conversation_per_line(text):
             return _documents_per_line(text, path, fmt, skipped)
-        if fmt == "auto" and isinstance(_first_record(text), dict) and "\n" in text.strip():
+        if fmt == "auto" and isinstance(first_record(text), dict) and "\n" in text.strip():
             return parse_jsonl(text, path, skipped)  # JSON lines with another extension
         # otherwise a document spread over lines: its own error names the line that breaks it
         if _looks_like_json_lines(text):
@@ -134,28 +136,9 @@ def _read_transcripts(path: Path, fmt: str, skipped: list[TranscriptError] | Non
     return transcripts
 
 
-def _first_record(text: str) -> Any:
-    line = next((line for line in json_lines(text) if line.strip()), "")
-    try:
-        return json.loads(line)
-    except (json.JSONDecodeError, RecursionError):
-        return None
-
-
-def _one_document(text: str) -> bool:
-    """Whether a ``.jsonl`` file is one JSON document spread over lines (a pretty-printed
-    export saved under that name): its first line is no JSON value, the whole text is."""
-    if _first_record(text) is not None or not text.strip():
-        return False
-    try:
-        return isinstance(json.loads(text), list | dict)
-    except (json.JSONDecodeError, RecursionError):
-        return False
-
-
 def _conversation_per_line(text: str) -> bool:
     """Whether the first line is a whole conversation, not one message."""
-    first = _first_record(text)
+    first = first_record(text)
     if isinstance(first, list):  # a bare list of messages per line
         return _is_message_list(first)
     return (

@@ -69,6 +69,27 @@ def json_lines(text: str) -> list[str]:
     return text.split("\n")
 
 
+def first_record(text: str) -> Any:
+    """The JSON value of the first non-blank line of ``text``; None if it is none."""
+    line = next((line for line in json_lines(text) if line.strip()), "")
+    try:
+        return json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+
+
+def one_document(text: str) -> bool:
+    """Whether ``text`` is one JSON document spread over lines (a pretty-printed export
+    saved as ``.jsonl``, or read with ``--format jsonl``): its first line is no JSON
+    value, the whole text is an array or an object."""
+    if first_record(text) is not None or not text.strip():
+        return False
+    try:
+        return isinstance(json.loads(text), list | dict)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+
+
 def parse_jsonl(text: str, path: Path, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
     """``read_jsonl`` of ``text`` already read from ``path``."""
     groups: dict[str, list[Message]] = {}
@@ -78,7 +99,7 @@ def parse_jsonl(text: str, path: Path, skipped: list[TranscriptError] | None = N
         try:
             conversation, message = _jsonl_line(raw, path, number)
         except TranscriptError as error:
-            if not groups and _is_one_document(text):  # a JSON file read as JSON Lines
+            if not groups and one_document(text):  # a JSON file read as JSON Lines
                 raise TranscriptError(
                     str(path),
                     None,
@@ -93,17 +114,6 @@ def parse_jsonl(text: str, path: Path, skipped: list[TranscriptError] | None = N
     if not groups:
         raise TranscriptError(str(path), None, "the file holds no messages")
     return [Transcript(cid, tuple(messages), str(path)) for cid, messages in groups.items()]
-
-
-def _is_one_document(text: str) -> bool:
-    """Whether ``text`` is a single JSON array or object over several lines."""
-    if "\n" not in text.strip() or text.lstrip()[:1] not in ("[", "{"):
-        return False
-    try:
-        json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return True
 
 
 def _jsonl_line(raw: str, path: Path, number: int) -> tuple[str, Message]:
