@@ -283,7 +283,7 @@ class Compactor:
                 self._compress(segment, result)
             else:
                 segment.label = Label.KEEP  # already compressed: keep the faithful summary
-        if over and not ahead and self._irreducible_length(messages, segments, newest, result) > budget:
+        if over and not ahead and self._irreducible_length(messages, segments, newest) > budget:
             # the newest exchange alone outgrows the budget (a long tool result): it is made
             # to fit first, down to the low-water mark, so the user's facts keep their room
             # (dropped first, every one went for a result then trimmed far below the budget)
@@ -293,7 +293,7 @@ class Compactor:
                 ordered,
                 newest,
                 turn,
-                lambda: self._irreducible_length(messages, segments, newest, result) - mark,
+                lambda: self._irreducible_length(messages, segments, newest) - mark,
                 result,
             )
         if over:  # budget pressure: go down to the low-water mark, so the next turns fit too
@@ -383,7 +383,7 @@ class Compactor:
         # cannot go (the newest exchange: a long tool result) alone outgrows the mark: the
         # next turn folds that exchange anyway, so the room would buy nothing
         fact_target = (int(budget * self.config.low_water) + budget) // 2
-        if self._irreducible_length(messages, segments, protected_from, result) > target:
+        if self._irreducible_length(messages, segments, protected_from) > target:
             fact_target = budget
         # the messages after the fold stay verbatim, whole and in order (a reply dropped
         # from between two user messages reads as another conversation): room comes from
@@ -422,21 +422,20 @@ class Compactor:
         )
 
     def _irreducible_length(
-        self,
-        messages: Sequence[MessageRecord],
-        segments: Mapping[SegmentId, Segment],
-        protected_from: int,
-        result: CompactionResult,
+        self, messages: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment], protected_from: int
     ) -> int:
         """The prompt's length with everything a budget compaction may remove before
         ``protected_from`` gone (rendered, then put back)."""
-        before = _Snapshot.of(messages, segments, self._fold, result)
         body = messages[1:] if messages and messages[0].role == "system" else messages
-        for segment in self._older(body, segments, protected_from):
-            segment.status = Status.DROPPED
-        length = self.prompt_length()
-        before.restore(segments, result)
-        return length
+        removable = self._older(body, segments, protected_from)
+        statuses = [segment.status for segment in removable]
+        try:
+            for segment in removable:
+                segment.status = Status.DROPPED
+            return self.prompt_length()
+        finally:
+            for segment, status in zip(removable, statuses, strict=True):
+                segment.status = status
 
     def _recent_floor(self, budget: int, segments: Mapping[SegmentId, Segment], turn: int) -> int:
         """Tokens the verbatim window holds at least while the digest can make room."""

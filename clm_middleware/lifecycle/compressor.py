@@ -27,6 +27,7 @@ nothing is ever lost (the original always stays in the store).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
@@ -342,12 +343,10 @@ class Compressor:
         if as_json is not None and len(ids := self._encode(as_json)) < current:
             return CompressionResult(True, TRIMMED, as_json, ids, current)
         original_words = list(_WORD.finditer(segment.text))
-        try:
-            if len(segment.token_ids) > TRIM_SCORED_TOKENS:
-                raise ValueError("too long to score")  # a forward over it would cost minutes
-            scores = self._word_scores(segment.text, original_words, segment)
-        except Exception:  # no scores (the engine failed, or the text is huge): the words in order
-            scores = [0.0] * len(original_words)
+        scores = [0.0] * len(original_words)  # no scores: the words in order
+        if len(segment.token_ids) <= TRIM_SCORED_TOKENS:  # longer, a forward over it would cost minutes
+            with contextlib.suppress(Exception):  # the engine failed: unscored
+                scores = self._word_scores(segment.text, original_words, segment)
         facts = {folded_word(original_words[i].group()) for i in _kept_words(segment.text, original_words)}
         surprise: dict[str, float] = {}
         for word, score in zip(original_words, scores, strict=True):
