@@ -104,7 +104,9 @@ def chat(
     from clm_middleware.conversation import Conversation
     from clm_middleware.store import Store
 
-    console = Console(stderr=json_lines, emoji=False)  # with --json, stdout carries only the JSON lines
+    # with --json, stdout carries only the JSON lines; nothing printed is read as markup or emoji
+    # (a reply, a segment or an error that holds "[/x]" or ":x:" is shown as said), styles are Text
+    console = Console(stderr=json_lines, markup=False, emoji=False)
     engine = build_engine(**engine_options)
     store = Store(db) if db else None
     if store is not None and session is not None and session in store.conversation_ids():
@@ -132,14 +134,12 @@ def chat(
         source = click.get_current_context().get_parameter_source("tenant")
         salt = {"cache_salt": tenant} if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) else {}
         conversation = Conversation.load(store, session, engine, **salt, **given)
-        console.print(
-            f"resumed {session}: {len(conversation.history)} messages, turn {conversation.turn}", markup=False
-        )
+        console.print(f"resumed {session}: {len(conversation.history)} messages, turn {conversation.turn}")
         if given:  # they apply from now on, and the store records them with the next turn
             applied = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in given.items())
-            console.print(f"applied to the resumed conversation: {applied}", markup=False)
+            console.print(f"applied to the resumed conversation: {applied}")
         if system_prompt:
-            console.print("[yellow]--system is ignored on resume: the conversation keeps its own[/yellow]")
+            console.print(Text("--system is ignored on resume: the conversation keeps its own", style="yellow"))
     else:
         conversation = Conversation(
             engine,
@@ -174,7 +174,7 @@ def chat(
                 if json_lines:
                     lines.emit(lines.error_line("that line is not valid UTF-8; it was skipped"))
                 else:
-                    console.print("[red]that line is not valid UTF-8; it was skipped[/red]")
+                    console.print(Text("that line is not valid UTF-8; it was skipped", style="red"))
                 continue
             text = text.strip()
             if not text:
@@ -192,18 +192,18 @@ def chat(
                     continue
                 lines.emit(lines.chat_turn_line(conversation.id, reply))
                 continue
-            console.print("[bold]model>[/bold] ", end="")
+            console.print(Text("model> ", style="bold"), end="")
             answered = len(conversation.history)
             stream = conversation.stream(text)
             try:
                 for piece in stream:
-                    console.print(piece, end="", markup=False, highlight=False)
+                    console.print(piece, end="", highlight=False)
             except ClmError as error:  # e.g. a message over the budget: say so, keep the chat
                 console.print(Text(f"\n{_after_failure(conversation, answered, error)}", style="red"))
                 continue
             except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
                 stream.close()  # a stream closed early takes its message back
-                console.print("\n[yellow]interrupted: that message and its reply were not kept[/yellow]")
+                console.print(Text("\ninterrupted: that message and its reply were not kept", style="yellow"))
                 continue
             console.print()
             _report_turn(conversation, console)
@@ -247,7 +247,7 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
         console.print(_segments_table(conversation, console.width))
     elif name in ("/pin", "/forget"):
         if not argument:
-            console.print(f"usage: {name} N (a segment number, or seg_N)", markup=False)
+            console.print(f"usage: {name} N (a segment number, or seg_N)")
             return True
         segment_id = argument if argument.startswith("seg_") else f"seg_{argument}"
         try:
@@ -255,7 +255,7 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
         except Exception as error:  # a ClmError names the segment; keep the chat going
             console.print(Text(str(error), style="red"))
             return True
-        console.print(f"{segment.id}: {'pinned' if name == '/pin' else 'forgotten'}", markup=False)
+        console.print(f"{segment.id}: {'pinned' if name == '/pin' else 'forgotten'}")
     elif name == "/stats":
         stats = conversation.stats()
         console.print(f"{'turn':>18}: {conversation.turn}")
@@ -284,9 +284,9 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
             console.print(Text(f"/save failed: {error}", style="red"))
     elif name == "/help":
         for usage, meaning in HELP:
-            console.print(f"  {usage:<14} {meaning}", markup=False, highlight=False)
+            console.print(f"  {usage:<14} {meaning}", highlight=False)
     else:
-        console.print(f"unknown command {name}; /help lists them: {COMMANDS}", markup=False, highlight=False)
+        console.print(f"unknown command {name}; /help lists them: {COMMANDS}", highlight=False)
     return True
 
 
@@ -308,7 +308,7 @@ def _export(conversation: Any, path: Path, console: Console) -> None:
             "stats": conversation.stats(),
         },
     )
-    console.print(f"exported {conversation.id} to {path}", markup=False)
+    console.print(f"exported {conversation.id} to {path}")
 
 
 def _save(conversation: Any, argument: str, console: Console) -> None:
@@ -320,9 +320,7 @@ def _save(conversation: Any, argument: str, console: Console) -> None:
     elif argument and wanted.resolve() != conversation.store.path.resolve():
         console.print(Text(f"already saving to {conversation.store.path}; {wanted} is not used", style="yellow"))
         return
-    console.print(
-        f"saved to {conversation.store.path} as {conversation.id}; later turns are saved as they happen", markup=False
-    )
+    console.print(f"saved to {conversation.store.path} as {conversation.id}; later turns are saved as they happen")
 
 
 def _report_turn(conversation: Any, console: Console) -> None:
