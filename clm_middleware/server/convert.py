@@ -74,8 +74,11 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
 
 def to_turn(message: ChatMessage, index: int) -> Turn:
     role = "system" if message.role == "developer" else message.role
-    if role in ("user", "system") and message.content is None:  # "" is a message (an empty turn); none is not
-        raise _bad_message(index, "content", f"a {message.role} message needs one")
+    if message.content is None and (role != "assistant" or not message.tool_calls):
+        # "" is a message (an empty turn); none is not, as OpenAI's API has it: only an
+        # assistant message that calls tools may leave its content out
+        needs = "content or tool_calls" if role == "assistant" else "one"
+        raise _bad_message(index, "content", f"a {message.role} message needs {needs}")
     text = _content_text(message, index)
     if role == "assistant":
         calls = [

@@ -63,6 +63,20 @@ def _hello(model_id: str, **extra) -> dict:
         ),
         ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id"),
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        (  # OpenAI's API: only an assistant message that calls tools may leave content out
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]},
+            "messages[1].content",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f"}}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": None},
+                ]
+            },
+            "messages[2].content",
+        ),
         ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]}, "messages[0].content"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": [_tool({"type": "object", "properties": "x"})]}, "tools[0].function.parameters.properties"),
