@@ -565,7 +565,11 @@ class Conversation:
             raise ConfigError("segment", f"no segment {segment!r} in conversation {self.id}") from None
 
     def pin(self, segment: SegmentId | str) -> Segment:
-        """Never drop or compress this segment; brings it back if it was removed."""
+        """Never drop or compress this segment; brings it back if it was removed.
+
+        A stream left unfinished is closed first (its turn undone, its message taken
+        back), as by any call: undoing it later would put the segment's old state back."""
+        self._close_open_stream()
         target = self.segment(segment)
         target.pinned, target.label, target.decided_by = True, Label.KEEP, DecidedBy.RULES
         if target.status is not Status.ACTIVE:
@@ -576,7 +580,9 @@ class Conversation:
     def forget(self, segment: SegmentId | str) -> Segment:
         """Drop this segment from the context at the next turn (it stays in ``history``).
         Forgetting overrides a pin (the system prompt's included): a forgotten segment that
-        a later message brings back is an ordinary one, not pinned again."""
+        a later message brings back is an ordinary one, not pinned again. A stream left
+        unfinished is closed first, as by ``pin``: the forgotten text never comes back."""
+        self._close_open_stream()
         target = self.segment(segment)
         target.pinned = False
         target.label, target.decided_by = Label.DROP, DecidedBy.RULES
@@ -666,7 +672,9 @@ class Conversation:
         system prompt, a seeded history, a fork's copy), then give back every pool
         reference: the conversation can be loaded again from its store as it is. A
         conversation with nothing unsaved writes nothing (a store opened read-only stays
-        untouched)."""
+        untouched). A stream left unfinished is closed first: its message is taken back,
+        never saved."""
+        self._close_open_stream()
         try:
             if self.store is not None and not self.journal.empty:
                 self.persist(None)

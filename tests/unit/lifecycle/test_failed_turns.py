@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from clm_middleware.conversation import Conversation
@@ -252,3 +254,41 @@ def test_a_tagging_setting_that_is_neither_a_mode_nor_tagging_settings_is_refuse
         LifecycleConfig(tagging=5)
     with pytest.raises(ConfigError, match="unknown mode"):
         LifecycleConfig(tagging="labels")
+
+
+def _broken_off(conversation: Conversation, text: str) -> Iterator[str]:
+    """A stream the caller leaves with ``break`` after its first piece (the caller keeps
+    it referenced: the generator is not collected, nothing closes it but the next call)."""
+    stream = conversation.stream(text)
+    for _ in stream:
+        break
+    return stream
+
+
+def test_closing_after_a_broken_off_stream_saves_no_trace_of_its_message(converse, engine, tmp_path):
+    path = tmp_path / "chats.db"
+    conversation = converse(store=path, conversation_id="c", max_new_tokens=16)
+    conversation.send("My name is Zora.")
+    stream = _broken_off(conversation, "Write a very long poem about dragons.")
+    conversation.close()
+    loaded = Conversation.load(path, "c", engine)
+    assert [m.role for m in loaded.history] == ["user", "assistant"] and loaded.history[0].content == "My name is Zora."
+    assert "dragons" not in loaded.context
+    del stream
+
+
+@pytest.mark.parametrize("decision", ["forget", "pin"])
+def test_a_decision_after_a_broken_off_stream_is_not_undone_with_its_turn(converse, decision):
+    conversation = converse(budget=512, max_new_tokens=16)
+    conversation.send("My booking code is QX-7781.")
+    target = conversation.segments[0]
+    if decision == "pin":
+        conversation.forget(target.id)
+        conversation.send("Noted.")
+    stream = _broken_off(conversation, "Tell me a long story.")
+    getattr(conversation, decision)(target.id)
+    assert "Tell me a long story." not in [m.content for m in conversation.history]
+    conversation.send("Hello again.")
+    shown = conversation.segment(target.id).visible
+    assert shown == (decision == "pin") and ("QX-7781" in conversation.context) == (decision == "pin")
+    del stream
