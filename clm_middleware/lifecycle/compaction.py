@@ -330,8 +330,8 @@ class Compactor:
         limit = int(budget * self.config.target_ratio)
         if newest > limit:
             raise ContextBudgetError(
-                f"the new message has {newest} tokens; under a budget of {budget} at most {limit} "
-                f"(budget × target_ratio {self.config.target_ratio:g}) can be condensed to fit",
+                f"the new message has {newest} tokens; under a budget of {budget} none over {limit} "
+                f"(the budget × the compression target_ratio, {self.config.target_ratio:g}) can be condensed to fit",
                 hint="raise the budget, or send the text in parts",
             )
 

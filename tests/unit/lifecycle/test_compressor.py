@@ -251,7 +251,7 @@ def test_a_new_message_over_budget_times_ratio_is_refused_before_any_model_work(
     conversation.send("hello")
     computed = engine.stats.prefill_tokens
     conversation.add("user", "lorem ipsum dolor " * 400)  # far over 256 × 4 tokens
-    with pytest.raises(ContextBudgetError, match=r"at most 1024 \(budget × target_ratio 4\)"):
+    with pytest.raises(ContextBudgetError, match=r"none over 1024 \(the budget × the compression target_ratio, 4\)"):
         conversation.respond()
     assert engine.stats.prefill_tokens == computed  # nothing was scored or prefilled for it
     conversation.discard(2)
