@@ -156,7 +156,7 @@ def tool_calls(answer: ChatAnswer) -> list[dict[str, Any]]:
         {
             "id": call["id"],
             "type": "function",
-            "function": {"name": call["name"], "arguments": json.dumps(call["args"])},
+            "function": {"name": call["name"], "arguments": json.dumps(call["args"], ensure_ascii=False)},
         }
         for call in answer.tool_calls
     ]
