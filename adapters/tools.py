@@ -109,8 +109,9 @@ def parse_tool_calls(
     """LangChain ``tool_calls`` and ``invalid_tool_calls`` from raw payloads.
 
     ``last_cut``: generation stopped at ``max_tokens`` inside the last call (no closing
-    tag). That call is invalid whatever it parses to: its arguments may be cut short
-    (``"age": 3`` of ``34``), and completing its braces would make a wrong call look valid.
+    tag). That call is invalid unless its JSON object was written out whole (the cut fell
+    in the closing tag, ``}}</tool_call``): its arguments may be cut short (``"age": 3``
+    of ``34``), and completing its braces would make a wrong call look valid.
 
     Arguments a tool's schema does not declare are dropped: they could never reach
     the tool (small models copy schema keywords such as ``"type"`` into them). A call
@@ -122,7 +123,7 @@ def parse_tool_calls(
     valid, invalid = [], []
     for number, payload in enumerate(payloads, start=1):
         call_id = f"call_{uuid.uuid4().hex[:24]}"
-        if last_cut and number == len(payloads):
+        if last_cut and number == len(payloads) and not _written_whole(payload):
             invalid.append(_invalid(_cut_call_name(payload), payload, call_id, CUT_CALL))
             continue
         data, problem = _load_call(payload)
@@ -173,6 +174,14 @@ def _load_call(payload: str) -> tuple[Any, str | None]:
 
 
 _CALL_NAME = regex.compile(r'\A\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _written_whole(payload: str) -> bool:
+    """Whether ``payload`` opens with a JSON object as written, closing brace included."""
+    try:
+        return isinstance(json.JSONDecoder().raw_decode(payload.strip())[0], dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def _cut_call_name(payload: str) -> str | None:

@@ -227,6 +227,12 @@ def test_a_cut_call_is_invalid_and_names_its_tool_when_the_name_was_written_whol
     assert valid == [] and (invalid["name"], invalid["args"]) == (name, payload)
 
 
+def test_a_call_cut_in_its_closing_tag_was_written_whole_and_is_valid():
+    payload = '{"name": "add", "arguments": {"a": 12, "b": 345}}</tool_'
+    [valid], invalid = parse_tool_calls([payload], [convert_to_openai_tool(add)], last_cut=True)
+    assert invalid == [] and (valid["name"], valid["args"]) == ("add", {"a": 12, "b": 345})
+
+
 def test_a_call_cut_by_max_tokens_is_invalid_and_the_reply_ends_by_length(scripted_llm):
     llm, _ = scripted_llm('<tool_call>{"name": "add", "arguments": {"a": 12, "b": 345}}</tool_call>')
     message = llm.bind_tools([add]).invoke("Add 12 and 345.", max_tokens=16)

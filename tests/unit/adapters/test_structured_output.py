@@ -90,16 +90,23 @@ def test_a_structured_reply_cut_by_max_tokens_fails_to_parse_instead_of_completi
     scripted_llm, method, script
 ):
     """Cut inside ``34``, the JSON reads ``"age": 3``: LangChain's parsers would close it
-    into a valid, wrong Person. It is a parsing error, as the openai SDK's parse() raises."""
+    into a valid, wrong Person. It is a parsing error, as the openai SDK's parse() raises;
+    only a call cut in its closing tag, its object written whole, parses (rightly)."""
     llm, _ = scripted_llm(script)
     full = llm.with_structured_output(Person, method=method, include_raw=True).invoke("Ana is 34.")
     assert full["parsed"] == Person(name="Ana", age=34) and full["parsing_error"] is None
     reply_tokens = full["raw"].usage_metadata["output_tokens"]
+    parsed = []
     for cut in range(1, reply_tokens - 1):  # the last two: the closing "}" (or tag) and the end of turn
         llm, _ = scripted_llm(script, max_tokens=cut)
         result = llm.with_structured_output(Person, method=method, include_raw=True).invoke("Ana is 34.")
+        if result["parsed"] is not None:
+            assert result["parsed"] == Person(name="Ana", age=34) and method == "function_calling"
+            parsed.append(cut)
+            continue
         assert result["raw"].response_metadata["finish_reason"] == "length"
-        assert result["parsed"] is None and "max_tokens" in str(result["parsing_error"])
+        assert "max_tokens" in str(result["parsing_error"])
+    assert parsed == list(range(reply_tokens - 1 - len(parsed), reply_tokens - 1))  # only the tag's tokens
 
 
 @pytest.mark.parametrize(
