@@ -58,8 +58,9 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    dropped to make room for itself comes back;
 3. if the newest exchange alone still outgrows the budget, its own long segments are
    condensed (faithfully) as a last resort, and then a tool's result in it that
-   condensing cannot shorten enough is trimmed to what fits (its facts first; an agent
-   cannot send a shorter result); if even that cannot fit the budget,
+   condensing cannot shorten enough is trimmed to what fits (an agent cannot send a
+   shorter result): JSON to its leading items, plain text to its leading whole lines
+   or sentences (a tool's records, never condensed word by word: ``record_text``); if even that cannot fit the budget,
    ``ContextBudgetError`` says by how much. A newest exchange over ``budget ×
    target_ratio`` tokens is refused at once, before any of this work (bounded cost).
 """
@@ -82,6 +83,7 @@ from clm_middleware.lifecycle.compressor import (
 )
 from clm_middleware.lifecycle.config import LifecycleConfig
 from clm_middleware.lifecycle.distinctive import distinctive_tokens, has_distinctive, missing_from
+from clm_middleware.lifecycle.record_text import is_plain_records
 from clm_middleware.lifecycle.rules import eviction_value
 from clm_middleware.lifecycle.segments import DecidedBy, Decision, Label, MessageRecord, Segment, SegmentId, Status
 from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
@@ -718,7 +720,9 @@ class Compactor:
         """Last resort for a new message that alone outgrows the budget: condense it
         (faithfully: every distinctive token stays), longest segment first, a question the
         user asks last (it is what the reply must answer). The segments are scored in one
-        forward, in order, before the first is condensed."""
+        forward, in order, before the first is condensed. A tool's records in plain text
+        are left whole for ``_trim_newest_tool_results``: cut word by word, a timetable's
+        times lose their flights."""
         limit = int(budget * self.config.target_ratio)  # a tool result past it is trimmed, not scored
         newest = [
             s
@@ -727,7 +731,8 @@ class Compactor:
             and s.visible
             and s.status is Status.ACTIVE
             and not s.pinned
-            and not (s.role == "tool" and len(s.token_ids) > limit)
+            # a tool's records in plain text are trimmed whole (record_text), not cut word by word
+            and not (s.role == "tool" and (len(s.token_ids) > limit or is_plain_records(s.text)))
         ]
         self.compressor.score_in_order(newest)
         for segment in sorted(newest, key=lambda s: (asks(s), -len(s.token_ids))):
@@ -746,7 +751,8 @@ class Compactor:
     ) -> None:
         """Very last resort: a tool's result in the newest exchange that condensing cannot
         bring under the budget (every token a fact: flight numbers, times, prices) is
-        trimmed to what fits, its facts first, longest result first. Facts of it go; the
+        trimmed to what fits (``Compressor.trim``: its leading items or records whole),
+        longest result first. Facts of it go; the
         alternative was no reply at all (an agent cannot send a shorter message, and a
         replay of its trace stopped there). A user's own message is never trimmed: its
         sender can shorten it, and the error says so."""

@@ -19,7 +19,9 @@ values without the syntax (``json_text.json_facts``), every fact kept with the n
 gives it its meaning; word deletion made it broken JSON.
 
 Deleting methods keep a word where it was judged worth keeping, never at another place
-the same word recurs. A reply that calls a tool, and a segment with a fenced code block,
+the same word recurs, and never a word of a sentence or line said again right after
+itself or said three times or more (``record_text``: a log saying one line a hundred
+times became its rarest word a hundred times). A reply that calls a tool, and a segment with a fenced code block,
 are never cut down (kept or dropped whole: code cut to some of its words is other code).
 A compression that does not come out shorter fails, and the caller keeps the original:
 nothing is ever lost (the original always stays in the store).
@@ -43,6 +45,7 @@ from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.distinctive import distinctive_spans, distinctive_tokens, folded_word, missing_from
 from clm_middleware.lifecycle.json_text import json_facts, json_prefix
 from clm_middleware.lifecycle.negation import has_negation, with_negations
+from clm_middleware.lifecycle.record_text import leading_records, repeated_spans
 from clm_middleware.lifecycle.segmenter import has_code_block
 from clm_middleware.lifecycle.segments import Segment, SegmentId
 from clm_middleware.render import ChatFormat
@@ -165,6 +168,16 @@ def _kept_words(text: str, words: list[regex.Match[str]]) -> set[int]:
     """Indices of the words that overlap a distinctive span of ``text`` (judged in context)."""
     spans = distinctive_spans(text)
     return {i for i, w in enumerate(words) if any(start < w.end() and w.start() < end for start, end in spans)}
+
+
+def _in_repeats(text: str, words: list[regex.Match[str]]) -> set[int]:
+    """Indices of the words inside a record of ``text`` that repeats an earlier one word
+    for word right after it or as a frame (``record_text.repeated_spans``): a deletion
+    leaves them all out, facts included (the first saying keeps them)."""
+    spans = repeated_spans(text)
+    if not spans:
+        return set()
+    return {i for i, w in enumerate(words) if any(start <= w.start() and w.end() <= end for start, end in spans)}
 
 
 def word_means(
@@ -311,6 +324,7 @@ class Compressor:
         kept = facts | {i for score, i in content if score >= RARE_WORD_NATS}
         if plain:  # its most informative words: what it asked about, as the model read it
             kept |= {i for _, i in sorted(content, key=lambda pair: -pair[0])[:REQUEST_WORDS]}
+        kept -= _in_repeats(segment.text, original_words)
         required = {folded_word(original_words[i].group()) for i in kept}
         # a word is kept where it was judged, not wherever it recurs ("77121-B never
         # arrived" must not borrow the "arrived" of another order); a word no original
@@ -331,10 +345,11 @@ class Compressor:
         """At most about ``max_tokens`` of the segment's visible words, in order: its
         distinctive tokens first, then the words the model found most surprising where they
         were said, function words last; a JSON array or object, its leading items whole
-        (``json_text``). Unlike ``tighten`` it lets facts go: the budget's answer to a long
-        segment (a pasted log, an email, a tool's records) when dropping it whole would
-        free far more than needed. It says less, never something else. Fails when nothing
-        fits or the result is not shorter."""
+        (``json_text``); a tool's result in plain text, its leading whole lines or
+        sentences (``record_text``), unless not even the first fits. Unlike ``tighten``
+        it lets facts go: the budget's answer to a long segment (a pasted log, an email,
+        a tool's records) when dropping it whole would free far more than needed. It says
+        less, never something else. Fails when nothing fits or the result is not shorter."""
         current = len(segment.visible_ids)
         if (whole := _kept_whole(segment.text)) is not None:
             return _whole_only(current, whole)
@@ -342,6 +357,13 @@ class Compressor:
         as_json = json_prefix(segment.text, lambda text: len(self._encode(text)) <= max_tokens)
         if as_json is not None and len(ids := self._encode(as_json)) < current:
             return CompressionResult(True, TRIMMED, as_json, ids, current)
+        # a tool's result in plain text keeps its leading whole records (lines, sentences)
+        if (
+            segment.role == "tool"
+            and (records := leading_records(segment.text, lambda text: len(self._encode(text)) <= max_tokens))
+            and len(ids := self._encode(records)) < current
+        ):
+            return CompressionResult(True, TRIMMED, records, ids, current)
         original_words = list(_WORD.finditer(segment.text))
         scores = [0.0] * len(original_words)  # no scores: the words in order
         if len(segment.token_ids) <= TRIM_SCORED_TOKENS:  # longer, a forward over it would cost minutes
@@ -352,7 +374,9 @@ class Compressor:
         for word, score in zip(original_words, scores, strict=True):
             bare = folded_word(word.group())
             surprise[bare] = max(surprise.get(bare, score), score)
-        visible = _WORD.findall(segment.visible_text)
+        shown = list(_WORD.finditer(segment.visible_text))
+        visible = [word.group() for word in shown]
+        repeats = _in_repeats(segment.visible_text, shown)
         bares = [folded_word(word) for word in visible]
         counts = [max(1, len(self.format.encode(" " + word))) for word in visible]
         order = sorted(
@@ -362,7 +386,7 @@ class Compressor:
         keep: set[int] = set()
         used = 0
         for index in order:
-            if used + counts[index] <= max_tokens:
+            if index not in repeats and used + counts[index] <= max_tokens:
                 keep.add(index)
                 used += counts[index]
         keep = with_negations(visible, keep, is_function_word)  # a few tokens over, never the opposite
@@ -477,11 +501,13 @@ class Compressor:
         if not words:
             return text
         scores = self._word_scores(text, words, segment)
-        keep = _kept_words(text, words)
+        repeats = _in_repeats(text, words)
+        keep = _kept_words(text, words) - repeats
         token_counts = [max(1, len(self.format.encode(" " + w.group()))) for w in words]
         # the ratio applies to what is not kept verbatim: a name or a date does not use
         # up the room of the words that say what it is about
-        target = math.ceil(sum(c for i, c in enumerate(token_counts) if i not in keep) / self.target_ratio)
+        said = [c for i, c in enumerate(token_counts) if i not in keep and i not in repeats]  # once, repeats aside
+        target = math.ceil(sum(said) / self.target_ratio)
         function = [folded_word(w.group()) in _FUNCTION_WORDS for w in words]
         kept = 0
         # content words, highest self-information first; a function word only for a
@@ -489,7 +515,7 @@ class Compressor:
         for index in sorted(range(len(words)), key=lambda i: (function[i], -scores[i], i)):
             if kept >= target or (function[index] and keep):
                 break
-            if index not in keep:
+            if index not in keep and index not in repeats:
                 keep.add(index)
                 kept += token_counts[index]
         keep = with_negations([w.group() for w in words], keep, is_function_word)

@@ -852,6 +852,27 @@ def test_a_tool_result_of_records_too_long_for_the_budget_is_trimmed_to_whole_le
     assert 0 < len(kept) < len(records) and kept == records[: len(kept)]
 
 
+@pytest.mark.parametrize("repeated", [False, True])
+def test_a_tool_result_of_lines_too_long_for_the_budget_shows_its_leading_lines_whole(converse, repeated):
+    """A scan log cut word by word left scan times cut loose from their hubs, and a log
+    of one line said sixty times its rarest word sixty times ("Log Log Log ..."): the
+    agent called the tool again. It shows its leading lines, whole, each once."""
+    conversation = converse(budget=256, tagging="rules")
+    conversation.add("user", "Where is order 48213-KX?")
+    conversation.add("assistant", '<tool_call>{"name": "track", "arguments": {"order": "48213-KX"}}</tool_call>')
+    scans = (
+        ["Parcel 48213-KX scanned at the sorting hub.\n"] * 60
+        if repeated
+        else [f"2024-05-{i % 28 + 1:02d} 10:{i:02d} parcel 48213-KX scanned at hub {i}.\n" for i in range(60)]
+    )
+    conversation.add("tool", "".join(scans))
+    reply = conversation.respond("It is on its way.")
+    assert reply.stats.prompt_tokens <= 256
+    shown = conversation.context.split("<|im_start|>tool\n")[1].split("<|im_end|>")[0]
+    lines = shown.split("\n")
+    assert shown and [line + "\n" for line in lines] == list(dict.fromkeys(scans))[: len(lines)]
+
+
 def test_a_folded_tool_call_leaves_no_raw_call_in_the_digest(converse):
     """A call is machinery: folded, it is dropped, not kept whole as a digest line the
     model would imitate (a call cut off at max_tokens, '<tool_call>{"name":

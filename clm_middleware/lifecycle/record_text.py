@@ -1,0 +1,101 @@
+"""Plain text as records: its lines and sentences, in order.
+
+A tool's result in plain text is data, one record after another (a log line, a flight
+in a table, a search hit): cut down to some of the words of every record, it becomes
+values cut loose from what they belong to ("8:30, 9:30, 10:30, 8:30" of sixty flights),
+and a log that says one line a hundred times becomes that line's rarest word a hundred
+times. So a result is trimmed to its leading whole records (``leading_records``), as
+JSON keeps its leading items (``json_text``); and a record said again right after
+itself, or said three times or more, says nothing new, so every deletion leaves it out
+(``repeated_spans``).
+
+A record ends at a newline, at ``.`` ``!`` ``?`` or ``…`` followed by whitespace (not
+inside "3.5" or "e.g"), or at a full-width ``。`` ``！`` ``？``, with the closing quotes
+or brackets after it; its separator (the whitespace after it) belongs to it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+
+import regex
+
+FRAME_TIMES = 3  # a record said this often in one text is its frame or a loop, not a fact of each place
+_CLOSERS = "\"')\\]」』"
+_RECORD_END = regex.compile(
+    rf"[.!?…]+[{_CLOSERS}]*(?:[ \t]*\n+|[ \t]+|\Z)"  # a sentence's end, followed by space
+    rf"|[。！？]+[{_CLOSERS}]*[ \t]*\n*"  # a full-width one: no space needed after it
+    r"|\n+"  # a line's end
+)
+
+
+def records(text: str) -> list[tuple[int, int]]:
+    """The records of ``text`` as ``(start, end)`` spans that cover it, in order."""
+    spans, start = [], 0
+    for end in _RECORD_END.finditer(text):
+        if end.end() > start:
+            spans.append((start, end.end()))
+            start = end.end()
+    if start < len(text):
+        spans.append((start, len(text)))
+    return spans
+
+
+def _key(record: str) -> str:
+    return " ".join(record.casefold().split())
+
+
+def repeated_spans(text: str) -> list[tuple[int, int]]:
+    """The records of ``text`` that repeat an earlier one word for word (case and spacing
+    aside) right after it, or that it says ``FRAME_TIMES`` times or more (a log's line, a
+    loop): every such occurrence but the first. A record said twice apart is kept both
+    times: a reply's "- Departure: 10:00 PM" under each of two options is a fact of each."""
+    spans = [(start, end, _key(text[start:end])) for start, end in records(text)]
+    said = [key for _, _, key in spans if key]
+    times = Counter(said)
+    seen: set[str] = set()
+    repeated, last = [], None
+    for start, end, key in spans:
+        if not key:
+            continue
+        if key == last or (key in seen and times[key] >= FRAME_TIMES):
+            repeated.append((start, end))
+        seen.add(key)
+        last = key
+    return repeated
+
+
+def is_plain_records(text: str) -> bool:
+    """Whether ``text`` is records in plain text (``leading_records`` applies): two or
+    more of them, or one said again, and no JSON array or object (``json_text``)."""
+    spans = records(text)
+    if len(spans) < 2:
+        return False
+    try:
+        return not isinstance(json.loads(text), list | dict)
+    except (ValueError, RecursionError):
+        return True
+
+
+def leading_records(text: str, fits: Callable[[str], bool]) -> str | None:
+    """The longest run of ``text``'s leading records, repeats left out, that ``fits``
+    (right-stripped); None if ``text`` has fewer than two records or not even its first
+    fits (the caller trims its words instead)."""
+    repeated = set(repeated_spans(text))
+    kept = [text[start:end] for start, end in records(text) if (start, end) not in repeated]
+    if len(kept) < 2 and not repeated:
+        return None
+
+    def prefix(count: int) -> str:
+        return "".join(kept[:count]).rstrip()
+
+    low, high = 0, len(kept)  # the most leading records that fit
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(prefix(middle)):
+            low = middle
+        else:
+            high = middle - 1
+    return prefix(low) if low else None
