@@ -98,6 +98,21 @@ class ChatService:
         self._routers: dict[str | None, SessionRouter | StatelessSessions] = {}
         self._lock = threading.Lock()
         self.metrics = ServerMetrics(engine.pool.stats, self.session_count)
+        self._check_settings()
+
+    def _check_settings(self) -> None:
+        """A setting every conversation would fail on fails the start, not each request
+        (``ContextBudgetError``): a system block (``--tagging free``'s protocol prompt)
+        that leaves ``--budget`` no room for a message. Checked on a conversation of its
+        own, never stored."""
+        if self.config.mode != "stateless" and self.config.budget is not None:
+            Conversation(
+                self.engine,
+                tagging=self.config.tagging,
+                budget=self.config.budget,
+                generation=self.config.generation,
+                use_pool=False,
+            ).close()
 
     def tenant(self, api_key: str | None, user: str | None) -> str | None:
         """The tenant of a request whose key was already checked (see ``app.py``)."""

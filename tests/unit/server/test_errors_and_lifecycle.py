@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -338,3 +339,17 @@ def test_a_forked_session_lists_the_turns_of_the_history_it_shares(server, model
     listed = httpx.get(server.api + "/sessions", timeout=TIMEOUT_S).json()["data"]
     session = next(s for s in listed if s["id"] == forked["clm"]["conversation_id"])
     assert session["turns"] == 3  # not 1: the fork shares two answered turns
+
+
+def test_a_budget_no_message_fits_in_fails_the_start_and_says_why(tmp_path):
+    """With --tagging free the protocol prompt is in every prompt: a budget it fills
+    passed /health and then answered every chat with a 400."""
+    import subprocess
+
+    from live_server import CLM, free_port
+
+    command = [CLM, "serve", "--model", "tiny", "--port", str(free_port()), "--tagging", "free", "--budget", "64"]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+    assert done.returncode == 1 and "leaves no room for a message in a budget of 64" in done.stderr
