@@ -60,8 +60,8 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    condensed (faithfully) as a last resort, and then a tool's result in it that
    condensing cannot shorten enough is trimmed to what fits (an agent cannot send a
    shorter result): JSON to its leading items, plain text to its leading whole lines
-   or sentences (a tool's records, never condensed word by word: ``record_text``); if even that cannot fit the budget,
-   ``ContextBudgetError`` says by how much. A newest exchange over ``budget ×
+   or sentences (a tool's records, never condensed word by word: ``record_text``); if
+   even that cannot fit the budget, ``ContextBudgetError`` says by how much. A newest exchange over ``budget ×
    target_ratio`` tokens is refused at once, before any of this work (bounded cost).
 """
 
@@ -752,10 +752,10 @@ class Compactor:
         """Very last resort: a tool's result in the newest exchange that condensing cannot
         bring under the budget (every token a fact: flight numbers, times, prices) is
         trimmed to what fits (``Compressor.trim``: its leading items or records whole),
-        longest result first. Facts of it go; the
-        alternative was no reply at all (an agent cannot send a shorter message, and a
-        replay of its trace stopped there). A user's own message is never trimmed: its
-        sender can shorten it, and the error says so."""
+        longest result first. Facts of it go; the alternative was no reply at all (an
+        agent cannot send a shorter message, and a replay of its trace stopped there). A
+        user's own message is never trimmed: its sender can shorten it, and the error
+        says so."""
         results = [
             s for s in ordered if s.message_index >= newest_from and s.role == "tool" and s.visible and not s.pinned
         ]

@@ -21,8 +21,9 @@ gives it its meaning; word deletion made it broken JSON.
 Deleting methods keep a word where it was judged worth keeping, never at another place
 the same word recurs, and never a word of a sentence or line said again right after
 itself or said three times or more (``record_text``: a log saying one line a hundred
-times became its rarest word a hundred times). A reply that calls a tool, and a segment with a fenced code block,
-are never cut down (kept or dropped whole: code cut to some of its words is other code).
+times became its rarest word a hundred times). A reply that calls a tool, and a
+segment with a fenced code block, are never cut down (kept or dropped whole: code cut
+to some of its words is other code).
 A compression that does not come out shorter fails, and the caller keeps the original:
 nothing is ever lost (the original always stays in the store).
 """

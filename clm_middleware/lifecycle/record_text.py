@@ -69,7 +69,7 @@ def repeated_spans(text: str) -> list[tuple[int, int]]:
 
 def is_plain_records(text: str) -> bool:
     """Whether ``text`` is records in plain text (``leading_records`` applies): two or
-    more of them, or one said again, and no JSON array or object (``json_text``)."""
+    more lines or sentences, and no JSON array or object (``json_text``)."""
     spans = records(text)
     if len(spans) < 2:
         return False
@@ -81,8 +81,8 @@ def is_plain_records(text: str) -> bool:
 
 def leading_records(text: str, fits: Callable[[str], bool]) -> str | None:
     """The longest run of ``text``'s leading records, repeats left out, that ``fits``
-    (right-stripped); None if ``text`` has fewer than two records or not even its first
-    fits (the caller trims its words instead)."""
+    (right-stripped); None if ``text`` is one record said once, or not even its first
+    record fits (the caller trims its words instead)."""
     repeated = set(repeated_spans(text))
     kept = [text[start:end] for start, end in records(text) if (start, end) not in repeated]
     if len(kept) < 2 and not repeated:
