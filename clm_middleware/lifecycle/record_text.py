@@ -10,8 +10,9 @@ itself, or said three times or more, says nothing new, so every deletion leaves 
 (``repeated_spans``).
 
 A record ends at a newline, at ``.`` ``!`` ``?`` or ``…`` followed by whitespace (not
-inside "3.5" or "e.g"), or at a full-width ``。`` ``！`` ``？``, with the closing quotes
-or brackets after it; its separator (the whitespace after it) belongs to it.
+inside "3.5" or "e.g", nor after a list item's number: "1. Avenida Palace"), or at a
+full-width ``。`` ``！`` ``？``, with the closing quotes or brackets after it; its
+separator (the whitespace after it) belongs to it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import regex
 FRAME_TIMES = 3  # a record said this often in one text is its frame or a loop, not a fact of each place
 _CLOSERS = "\"')\\]」』"
 _RECORD_END = regex.compile(
-    rf"[.!?…]+[{_CLOSERS}]*(?:[ \t]*\n+|[ \t]+|\Z)"  # a sentence's end, followed by space
+    # a sentence's end, followed by space; not a list item's number ("1. Avenida Palace")
+    rf"(?<!(?:^|\n)[ \t]*\d{{1,3}})[.!?…]+[{_CLOSERS}]*(?:[ \t]*\n+|[ \t]+|\Z)"
     rf"|[。！？]+[{_CLOSERS}]*[ \t]*\n*"  # a full-width one: no space needed after it
     r"|\n+"  # a line's end
 )

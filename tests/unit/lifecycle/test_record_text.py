@@ -29,6 +29,14 @@ def test_records_end_at_sentence_ends_full_width_stops_and_newlines_not_inside_n
         "(ok)",
     ]
     assert "".join(_pieces(text)) == text
+    hits = "1. Avenida Palace, 240 EUR.\n2. Memmo Alfama, 180 EUR.\n 10) Casa do Barao. It has 3. Rooms."
+    assert _pieces(hits) == [
+        "1. Avenida Palace, 240 EUR.\n",
+        "2. Memmo Alfama, 180 EUR.\n",
+        " 10) Casa do Barao. ",
+        "It has 3. ",
+        "Rooms.",
+    ]
 
 
 def test_a_record_said_again_right_after_itself_or_three_times_is_a_repeat_from_its_second_saying():
