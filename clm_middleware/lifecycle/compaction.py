@@ -61,8 +61,9 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    condensing cannot shorten enough is trimmed to what fits (an agent cannot send a
    shorter result): JSON to its leading items, plain text to its leading whole lines
    or sentences (a tool's records, never condensed word by word: ``record_text``); if
-   even that cannot fit the budget, ``ContextBudgetError`` says by how much. A newest exchange over ``budget ×
-   target_ratio`` tokens is refused at once, before any of this work (bounded cost).
+   even that cannot fit the budget, ``ContextBudgetError`` says by how much. A newest
+   exchange over ``budget × target_ratio`` tokens is refused at once, before any of
+   this work (bounded cost).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from dataclasses import dataclass, field
 
 from clm_middleware.errors import ClmError
 from clm_middleware.lifecycle.acceptance import accepted_replies
+from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
 from clm_middleware.lifecycle.compressor import (
     TIGHTENED,
     CompressionResult,
@@ -164,18 +166,15 @@ class CompactionResult:
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    """What a compaction attempt may change, to undo it: the live segments' state, the
-    fold and the result's (append-only) records."""
+    """What a compaction attempt may change, to undo it: the live segments' state and the
+    fold (``TurnCheckpoint``), and the lengths of the result's append-only records."""
 
-    states: dict[SegmentId, tuple]
-    fold: int
+    checkpoint: TurnCheckpoint
     removed: int
     decisions: int
     compressions: int
     dropped_tokens: int
     compressed_tokens: int
-
-    FIELDS = ("status", "label", "decided_by", "summary", "summary_ids", "summary_method")
 
     @classmethod
     def of(
@@ -185,10 +184,8 @@ class _Snapshot:
         fold: int,
         result: CompactionResult,
     ) -> _Snapshot:
-        states = {s: tuple(getattr(segments[s], f) for f in cls.FIELDS) for m in messages for s in m.segment_ids}
         return cls(
-            states,
-            fold,
+            TurnCheckpoint.take((segments[s] for m in messages for s in m.segment_ids), fold),
             len(result.removed),
             len(result.decisions),
             len(result.compressions),
@@ -198,17 +195,12 @@ class _Snapshot:
 
     def restore(self, segments: Mapping[SegmentId, Segment], result: CompactionResult) -> int:
         """Put the segments and ``result`` back as they were; returns the fold then."""
-        for segment_id, state in self.states.items():
-            for name, value in zip(self.FIELDS, state, strict=True):
-                setattr(segments[segment_id], name, value)
+        self.checkpoint.restore(segments)
         del result.removed[self.removed :], result.decisions[self.decisions :]
         del result.compressions[self.compressions :]
-        result.dropped_tokens, result.compressed_tokens, result.fold = (
-            self.dropped_tokens,
-            self.compressed_tokens,
-            self.fold,
-        )
-        return self.fold
+        result.dropped_tokens, result.compressed_tokens = self.dropped_tokens, self.compressed_tokens
+        result.fold = self.checkpoint.fold
+        return self.checkpoint.fold
 
 
 class Compactor:
@@ -545,7 +537,6 @@ class Compactor:
         """Passes 2-4 over ``candidates``, until the prompt is under ``target``; what
         carries facts only until it is under ``fact_target``."""
         visible = [segments[s] for m in messages for s in m.segment_ids if segments[s].visible]
-
         values = {
             s.id: (
                 float("inf")  # stays whatever happens

@@ -175,10 +175,13 @@ def _in_repeats(text: str, words: list[regex.Match[str]]) -> set[int]:
     """Indices of the words inside a record of ``text`` that repeats an earlier one word
     for word right after it or as a frame (``record_text.repeated_spans``): a deletion
     leaves them all out, facts included (the first saying keeps them)."""
-    spans = repeated_spans(text)
-    if not spans:
-        return set()
-    return {i for i, w in enumerate(words) if any(start <= w.start() and w.end() <= end for start, end in spans)}
+    spans, inside, at = repeated_spans(text), set(), 0
+    for index, word in enumerate(words):  # both in order: one sweep
+        while at < len(spans) and spans[at][1] < word.end():
+            at += 1
+        if at < len(spans) and spans[at][0] <= word.start():
+            inside.add(index)
+    return inside
 
 
 def word_means(

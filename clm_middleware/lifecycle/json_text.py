@@ -24,15 +24,34 @@ def dump(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
-def json_facts(text: str) -> str | None:
-    """``text``'s JSON array or object as ``key: value`` pairs, every key and leaf value
-    in order, nested containers in parentheses, list items separated by ``;``. None if
-    ``text`` is no JSON array or object."""
+def parsed_container(text: str) -> list | dict | None:
+    """``text`` parsed, if it is a JSON array or object; None otherwise."""
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
         return None
-    return _facts(value) if isinstance(value, list | dict) and value else None
+    return value if isinstance(value, list | dict) else None
+
+
+def most_that_fit(limit: int, fits: Callable[[int], bool]) -> int:
+    """The largest count in ``1..limit`` of leading items that ``fits`` (monotone: fewer
+    items fit whenever more do); 0 when not even one does (``fits(0)`` is never asked)."""
+    low, high = 0, limit
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def json_facts(text: str) -> str | None:
+    """``text``'s JSON array or object as ``key: value`` pairs, every key and leaf value
+    in order, nested containers in parentheses, list items separated by ``;``. None if
+    ``text`` is no JSON array or object."""
+    value = parsed_container(text)
+    return _facts(value) if value else None
 
 
 def _facts(value: Any) -> str:
@@ -53,11 +72,8 @@ def json_prefix(text: str, fits: Callable[[str], bool]) -> str | None:
     """The longest prefix of ``text``'s JSON array or object, by whole items, whose
     ``dump`` ``fits``; where not even one top-level item fits, its first item trimmed
     the same way. None if ``text`` is no JSON array or object, or nothing fits."""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(value, list | dict):
+    value = parsed_container(text)
+    if value is None:
         return None
     kept = _prefix(value, fits)
     return None if kept is None else dump(kept)
@@ -73,13 +89,8 @@ def _prefix(value: Any, fits: Callable[[str], bool]) -> Any | None:
     def rebuild(part: list) -> Any:
         return dict(part) if isinstance(value, dict) else part
 
-    low, high = 0, len(items) - 1  # the whole does not fit; find the most leading items that do
-    while low < high:
-        middle = (low + high + 1) // 2
-        if fits(dump(rebuild(items[:middle]))):
-            low = middle
-        else:
-            high = middle - 1
+    # the whole does not fit: the most leading items that do
+    low = most_that_fit(len(items) - 1, lambda count: fits(dump(rebuild(items[:count]))))
     if low > 0:
         return rebuild(items[:low])
     first = items[0]

@@ -17,11 +17,12 @@ separator (the whitespace after it) belongs to it.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable
 
 import regex
+
+from clm_middleware.lifecycle.json_text import most_that_fit, parsed_container
 
 FRAME_TIMES = 3  # a record said this often in one text is its frame or a loop, not a fact of each place
 _CLOSERS = "\"')\\]」』"
@@ -54,12 +55,16 @@ def repeated_spans(text: str) -> list[tuple[int, int]]:
     aside) right after it, or that it says ``FRAME_TIMES`` times or more (a log's line, a
     loop): every such occurrence but the first. A record said twice apart is kept both
     times: a reply's "- Departure: 10:00 PM" under each of two options is a fact of each."""
-    spans = [(start, end, _key(text[start:end])) for start, end in records(text)]
-    said = [key for _, _, key in spans if key]
-    times = Counter(said)
+    return _repeated(text, records(text))
+
+
+def _repeated(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``repeated_spans`` of ``text`` given its ``records``."""
+    keyed = [(start, end, _key(text[start:end])) for start, end in spans]
+    times = Counter(key for _, _, key in keyed if key)
     seen: set[str] = set()
     repeated, last = [], None
-    for start, end, key in spans:
+    for start, end, key in keyed:
         if not key:
             continue
         if key == last or (key in seen and times[key] >= FRAME_TIMES):
@@ -72,32 +77,21 @@ def repeated_spans(text: str) -> list[tuple[int, int]]:
 def is_plain_records(text: str) -> bool:
     """Whether ``text`` is records in plain text (``leading_records`` applies): two or
     more lines or sentences, and no JSON array or object (``json_text``)."""
-    spans = records(text)
-    if len(spans) < 2:
-        return False
-    try:
-        return not isinstance(json.loads(text), list | dict)
-    except (ValueError, RecursionError):
-        return True
+    return len(records(text)) >= 2 and parsed_container(text) is None
 
 
 def leading_records(text: str, fits: Callable[[str], bool]) -> str | None:
     """The longest run of ``text``'s leading records, repeats left out, that ``fits``
     (right-stripped); None if ``text`` is one record said once, or not even its first
     record fits (the caller trims its words instead)."""
-    repeated = set(repeated_spans(text))
-    kept = [text[start:end] for start, end in records(text) if (start, end) not in repeated]
+    spans = records(text)
+    repeated = set(_repeated(text, spans))
+    kept = [text[start:end] for start, end in spans if (start, end) not in repeated]
     if len(kept) < 2 and not repeated:
         return None
 
     def prefix(count: int) -> str:
         return "".join(kept[:count]).rstrip()
 
-    low, high = 0, len(kept)  # the most leading records that fit
-    while low < high:
-        middle = (low + high + 1) // 2
-        if fits(prefix(middle)):
-            low = middle
-        else:
-            high = middle - 1
-    return prefix(low) if low else None
+    count = most_that_fit(len(kept), lambda count: fits(prefix(count)))
+    return prefix(count) if count else None
