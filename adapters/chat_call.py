@@ -84,6 +84,14 @@ class ChatAnswer:
             return "tool_calls"
         return "length" if self.reply.finish_reason == "length" else "stop"
 
+    def usage(self) -> tuple[int, int, int]:
+        """``(prompt, completion, cached)`` tokens as OpenAI counts them: a reply's given
+        opening (a required call's head, a JSON object's ``{``) is answer, not prompt,
+        though the engine read it as prompt; of the cached, none beyond the prompt."""
+        stats = self.reply.stats
+        prompt = stats.prompt_tokens - stats.prefix_tokens
+        return prompt, stats.generated_tokens + stats.prefix_tokens, min(stats.cached_tokens, prompt)
+
     def returned_digest(self) -> str:
         """The digest of this reply as the client will send it back: text plus parsed calls."""
         calls = [{"name": c["name"], "arguments": c["args"]} for c in self.tool_calls]

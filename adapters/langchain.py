@@ -641,11 +641,12 @@ class ChatCLM(BaseChatModel):
     def _final_message(self, answer: ChatAnswer, engine: ServingEngine, model: str | None) -> AIMessageChunk:
         reply, conversation = answer.reply, answer.conversation
         stats = reply.stats
+        prompt, completion, cached = answer.usage()
         usage = UsageMetadata(
-            input_tokens=stats.prompt_tokens,
-            output_tokens=stats.generated_tokens,
-            total_tokens=stats.prompt_tokens + stats.generated_tokens,
-            input_token_details={"cache_read": stats.cached_tokens},
+            input_tokens=prompt,
+            output_tokens=completion,
+            total_tokens=prompt + completion,
+            input_token_details={"cache_read": cached},
         )
         metadata = {
             "model_name": model or self.model_name,

@@ -301,7 +301,8 @@ class Conversation:
         ``forced_reply`` keeps that text as the answer instead (teacher forcing): the
         model computes only its first token. ``reply_prefix`` makes the answer start
         with that text (e.g. ``<tool_call>`` to require a tool call, ``{`` for JSON);
-        the model continues from it. ``settings`` override the generation settings for
+        the model continues from it, and a stop string counts only in what it writes
+        (``stats.prefix_tokens`` counts the prefix). ``settings`` override the generation settings for
         this turn only. With ``settings.response_format`` (or the constructor's
         ``response_format``) the reply is grammar-constrained JSON: valid by
         construction, ending where the document ends; a ``reply_prefix`` must then start

@@ -34,9 +34,13 @@ class IncrementalText:
         return self._text
 
 
-def cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    """``text`` up to the first stop string (the stop string itself is not shown)."""
-    cut = min((text.find(stop) for stop in stops if stop and stop in text), default=-1)
+def cut_at_stop(text: str, stops: Sequence[str], given: int = 0) -> str:
+    """``text`` up to the first stop string (the stop string itself is not shown) that
+    starts at or after ``given``: the text before it was given to the model (a reply's
+    opening), not written by it, and a stop string stops only what the model writes,
+    as the engine matches it in generated tokens alone."""
+    found = (text.find(stop, given) for stop in stops if stop)
+    cut = min((at for at in found if at >= 0), default=-1)
     return text if cut < 0 else text[:cut]
 
 

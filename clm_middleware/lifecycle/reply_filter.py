@@ -36,15 +36,16 @@ from clm_middleware.lifecycle.reply_quality import (
 _MAX_HELD_BRACKET = 32  # a "[" further back than this cannot still become a marker or a tag
 
 
-def model_answer(raw: str, stops: Sequence[str]) -> str:
-    """The model's answer as written: before a lifecycle block and the first stop string."""
-    return cut_at_stop(split_reply(raw)[0], stops)
+def model_answer(raw: str, stops: Sequence[str], given: int = 0) -> str:
+    """The model's answer as written: before a lifecycle block and the first stop string
+    (``given``: characters of ``raw`` the model was given, where no stop string counts)."""
+    return cut_at_stop(split_reply(raw)[0], stops, given)
 
 
-def _written(raw: str, stops: Sequence[str], machinery: bool) -> str:
+def _written(raw: str, stops: Sequence[str], machinery: bool, given: int = 0) -> str:
     """What the model wrote of its answer: before the first stop string, and, where
     markers and blocks are machinery, before a lifecycle block (``model_answer``)."""
-    return model_answer(raw, stops) if machinery else cut_at_stop(raw, stops)
+    return model_answer(raw, stops, given) if machinery else cut_at_stop(raw, stops, given)
 
 
 def cut_repeat(written: str, *, final: bool = False) -> str:
@@ -54,25 +55,33 @@ def cut_repeat(written: str, *, final: bool = False) -> str:
     return written if cut is None else written[:cut]
 
 
-def cuts_a_repeat(raw: str, *, stops: Sequence[str], machinery: bool = True) -> bool:
+def cuts_a_repeat(raw: str, *, stops: Sequence[str], machinery: bool = True, given: int = 0) -> bool:
     """Whether ``visible_answer`` with ``cut_repeats`` ends ``raw`` before a repeat: also
     one that ended with the generation (a repeated last sentence, then end of text)."""
-    written = _written(raw, stops, machinery)
+    written = _written(raw, stops, machinery, given)
     return cut_repeat(written, final=True) != written
 
 
 def visible_answer(
-    raw: str, *, stops: Sequence[str], cut_repeats: bool = False, verbatim: bool = False, machinery: bool = True
+    raw: str,
+    *,
+    stops: Sequence[str],
+    cut_repeats: bool = False,
+    verbatim: bool = False,
+    machinery: bool = True,
+    given: int = 0,
 ) -> str:
     """The final answer: the model's text before a lifecycle block and the first stop
     string, as written (trailing whitespace included, as an OpenAI-compatible server
     returns it), but for what this library cuts, after which it is right-stripped:
     machinery (where the context shows it: ``machinery``), including a marker or block
     line left unfinished at the end; with ``cut_repeats``, everything from where the
-    answer starts to repeat itself. ``verbatim``: only the stop strings cut."""
+    answer starts to repeat itself. ``verbatim``: only the stop strings cut. ``given``:
+    the first characters of ``raw`` were given to the model (``reply_prefix``): a stop
+    string there stops nothing."""
     if verbatim:
-        return cut_at_stop(raw, stops)
-    written = _written(raw, stops, machinery)
+        return cut_at_stop(raw, stops, given)
+    written = _written(raw, stops, machinery, given)
     if cut_repeats and (kept := cut_repeat(written, final=True)) != written:
         written = kept.rstrip()
     if not machinery:
@@ -101,9 +110,16 @@ def trailing_machinery(written: str, *, final: bool = False) -> int:
 
 class ReplyFilter:
     def __init__(
-        self, *, stops: Sequence[str], cut_repeats: bool = False, verbatim: bool = False, machinery: bool = True
+        self,
+        *,
+        stops: Sequence[str],
+        cut_repeats: bool = False,
+        verbatim: bool = False,
+        machinery: bool = True,
+        given: int = 0,
     ) -> None:
         self.stops = tuple(s for s in stops if s)
+        self.given = given  # the raw text's first characters were given to the model: no stop counts there
         self.cut_repeats = cut_repeats and not verbatim
         self.verbatim = verbatim
         self.machinery = machinery  # markers and blocks in the reply are machinery (reply_quality.shows_machinery)
@@ -119,13 +135,13 @@ class ReplyFilter:
     def delta(self, raw_so_far: str) -> str:
         """New visible text since the last call."""
         if self.verbatim:
-            answer = cut_at_stop(raw_so_far, self.stops)
+            answer = cut_at_stop(raw_so_far, self.stops, self.given)
             return self._emit(answer, len(answer) - self._held_stop(answer))
         if self.machinery:
-            written = model_answer(raw_so_far, self.stops)
+            written = model_answer(raw_so_far, self.stops, self.given)
             held_raw = trailing_machinery(written)
         else:
-            written, held_raw = cut_at_stop(raw_so_far, self.stops), 0
+            written, held_raw = cut_at_stop(raw_so_far, self.stops, self.given), 0
         if self.cut_repeats:
             self._repeats.update(written)
             cut = self._repeats.cut

@@ -58,6 +58,9 @@ class TurnStats:
     digest_tokens: int = 0  # of prompt_tokens, the digest message's (0 before anything is folded)
     generated_tokens: int = 0
     forced_tokens: int = 0  # teacher-forced: the given reply, computed after the prompt
+    # of prompt_tokens, the reply's given opening (respond(reply_prefix=...): a required
+    # tool call's head, a JSON object's "{"): part of the answer, not of the messages
+    prefix_tokens: int = 0
     ttft_s: float = 0.0
     decode_s: float = 0.0  # generating the reply after its first token
     turn_s: float = 0.0

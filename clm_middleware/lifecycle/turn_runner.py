@@ -104,8 +104,13 @@ class TurnRunner:
             generation.cancelled = cancelled
             escaped_at = 0  # structured: where the text stood when a loop in a string was last closed
             machinery = shows_machinery(c.protocol_context, (s.visible_text for s in c.live_segments() if s.visible))
+            given = len(prefix) if forced is None else 0
             reply_filter = ReplyFilter(
-                stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=structured, machinery=machinery
+                stops=settings.stop,
+                cut_repeats=settings.cut_repeats,
+                verbatim=structured,
+                machinery=machinery,
+                given=given,
             )
             detok = IncrementalText(c.engine.tokenizer, skip_ids=c.engine.default_stop_ids)
             answer_cap = settings.max_new_tokens
@@ -122,7 +127,7 @@ class TurnRunner:
                         yield delta
                     if constraint is not None:
                         written = prefix + detok.text
-                        if settings.cut_repeats and self._loops_in_a_string(written, escaped_at, settings):
+                        if settings.cut_repeats and self._loops_in_a_string(written, escaped_at, settings, given):
                             constraint.close_string()  # the document cannot be cut: end the string instead
                             escaped_at = len(written)
                             stats.reply_flags.append("string_loop_closed")
@@ -138,20 +143,22 @@ class TurnRunner:
                         generation.finish_reason = "length"
                         break
             raw_output = prefix + detok.text if forced is None else forced
-            answer_text, answer_ids = self._answer(forced, raw_output, generation, settings, machinery)
+            answer_text, answer_ids = self._answer(forced, raw_output, generation, settings, machinery, given)
             if forced is None:
                 tail = reply_filter.finish(answer_text)
                 if tail:
                     yield tail
                 earlier = [s.visible_text for s in c.live_segments() if s.role == "assistant" and s.visible]
                 stats.reply_flags = [
-                    *reply_flags(model_answer(raw_output, settings.stop), answer_text, earlier, machinery=machinery),
+                    *reply_flags(
+                        model_answer(raw_output, settings.stop, given), answer_text, earlier, machinery=machinery
+                    ),
                     *stats.reply_flags,  # string_loop_closed, raised while generating
                 ]
                 if generation.finish_reason == "repetition" or (
                     settings.cut_repeats
                     and settings.response_format is None
-                    and cuts_a_repeat(raw_output, stops=settings.stop, machinery=machinery)
+                    and cuts_a_repeat(raw_output, stops=settings.stop, machinery=machinery, given=given)
                 ):
                     stats.reply_flags.append("repetition_cut")
             else:
@@ -195,6 +202,7 @@ class TurnRunner:
         decisions += self._tag(turn, rendered, answer_ids, model_written if asks_block else None, generation, stats)
         c.reclaimer.release_due(turn)
         warm = self._work_ahead(turn, stats, decisions)
+        stats.prefix_tokens = len(prefix_ids)
         self._finish_stats(stats, rendered, generation, decisions, started, warm)
         c.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)
         c.journal.decisions(decisions)
@@ -265,13 +273,13 @@ class TurnRunner:
         return self._grammars().constraint(settings.response_format, prefix_ids)
 
     @staticmethod
-    def _loops_in_a_string(written: str, since: int, settings: GenerationSettings) -> bool:
+    def _loops_in_a_string(written: str, since: int, settings: GenerationSettings, given: int) -> bool:
         """A sentence repeats since the last close, and the document is inside a string
         value: a loop the grammar allows forever (``The cat was a cat, and the cat was
         a cat, ...``) and only the model could end."""
-        return first_repeated_sentence(cut_at_stop(written, settings.stop)[since:]) is not None and inside_string(
-            written
-        )
+        return first_repeated_sentence(
+            cut_at_stop(written, settings.stop, given)[since:]
+        ) is not None and inside_string(written)
 
     def _grammars(self) -> GrammarCompiler:
         from clm_middleware.structured.grammar import compiler_for  # xgrammar loads on first use
@@ -298,6 +306,7 @@ class TurnRunner:
         generation: Generation,
         settings: GenerationSettings,
         machinery: bool,
+        given: int = 0,
     ) -> tuple[str, list[int]]:
         """The visible answer and the token ids the context keeps for it: the answer's text
         tokenized as the chat template tokenizes a message (prefix included), which is
@@ -311,7 +320,12 @@ class TurnRunner:
             return forced, list(generation.token_ids) if forced else []
         verbatim = settings.response_format is not None
         answer = visible_answer(
-            raw, stops=settings.stop, cut_repeats=settings.cut_repeats, verbatim=verbatim, machinery=machinery
+            raw,
+            stops=settings.stop,
+            cut_repeats=settings.cut_repeats,
+            verbatim=verbatim,
+            machinery=machinery,
+            given=given,
         )
         return answer, c.encode_content(answer, "assistant")
 

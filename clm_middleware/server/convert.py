@@ -163,12 +163,12 @@ def tool_calls(answer: ChatAnswer) -> list[dict[str, Any]]:
 
 
 def usage(answer: ChatAnswer) -> dict[str, Any]:
-    stats = answer.reply.stats
+    prompt, completion, cached = answer.usage()
     return {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.generated_tokens,
-        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
-        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 

@@ -323,3 +323,23 @@ def test_binding_a_tool_with_malformed_parameters_is_an_error_naming_the_field(s
     bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "city"}}}
     with pytest.raises(ConfigError, match=r"tools\[0\]\.function\.parameters\.required"):
         llm.bind_tools([bad])
+
+
+def test_usage_counts_a_required_calls_forced_head_as_answer_not_prompt(scripted_llm):
+    llm, _ = scripted_llm(CALL, 'Porto"}}</tool_call>')
+    question = [HumanMessage("Weather?")]
+    chosen = llm.bind_tools([get_weather]).invoke(question)
+    forced = llm.bind_tools([get_weather], tool_choice="get_weather").invoke(question)
+    assert forced.tool_calls[0]["args"] == chosen.tool_calls[0]["args"] == {"city": "Porto"}
+    # the same messages: the same prompt, however much of the answer was given
+    assert forced.usage_metadata["input_tokens"] == chosen.usage_metadata["input_tokens"]
+    # the same call text: the same count, but for where the forced head's last token splits it
+    assert abs(forced.usage_metadata["output_tokens"] - chosen.usage_metadata["output_tokens"]) <= 1
+    assert forced.usage_metadata["input_token_details"]["cache_read"] <= forced.usage_metadata["input_tokens"]
+
+
+def test_a_stop_string_in_a_required_calls_forced_head_stops_nothing(scripted_llm):
+    # the engine matches stop strings in what the model writes; the head was given to it
+    llm, _ = scripted_llm('Faro"}}</tool_call>')
+    message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("Weather?", stop=["{", "get_weather"])
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Faro"})]
