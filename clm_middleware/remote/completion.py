@@ -24,6 +24,7 @@ class CompletionEvent:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    generated_so_far: int | None = None  # llama.cpp: tokens generated up to this event (timings.predicted_n)
     prompt_logprobs: list[float | None] | None = None
 
 
@@ -137,6 +138,8 @@ def parse_event(event: dict[str, Any]) -> CompletionEvent:
         if details.get("cached_tokens") is not None:
             parsed.cached_tokens = int(details["cached_tokens"])
     timings = event.get("timings") or {}
+    if timings.get("predicted_n") is not None:
+        parsed.generated_so_far = int(timings["predicted_n"])
     if parsed.cached_tokens is None and timings.get("cache_n") is not None:
         parsed.cached_tokens = int(timings["cache_n"])
     if parsed.cached_tokens is None and event.get("tokens_cached") is not None:

@@ -10,7 +10,9 @@ One call (``RemoteEngine.generate``)::
 Invariants:
 - Prompts are token ids, never text, and replies are kept as the ids the server
   generated (``logprobs.content[].id`` on llama.cpp, ``token_ids`` on vLLM): the
-  next prompt starts with exactly what the server's cache holds.
+  next prompt starts with exactly what the server's cache holds. The ids llama.cpp
+  withholds inside a multi-byte character are put back from the bytes
+  (``token_bytes.py``; its ``timings.predicted_n`` says how many).
 - The server owns the KV cache: ``pool`` is a ``NullPool``, ``block_ids`` are empty,
   and ``cached_tokens`` is what the server says it reused (0 if it says nothing).
 - A reply the server breaks off raises ``RemoteEngineError``; nothing is retried
@@ -45,6 +47,7 @@ from clm_middleware.remote.scorer import AlignedScorer, SameTokenizerScorer, mak
 from clm_middleware.remote.server_info import TOKENIZER_PROBE, ServerInfo, check_tokenizer, read_server_info
 from clm_middleware.remote.signals import SIGNALS
 from clm_middleware.remote.slots import SlotTable
+from clm_middleware.remote.token_bytes import TokenBytes
 from clm_middleware.render.chat_format import ChatFormat
 
 log = logging.getLogger(__name__)
@@ -93,6 +96,7 @@ class RemoteEngine:
         self._signals = signals
         self.pool = NullPool()
         self.memo: dict[str, Any] = {}
+        self._token_bytes: TokenBytes | None = None  # built on the first withheld token
         self.stats = EngineStats()
         self.logits_processors: tuple[LogitsProcessor, ...] = ()
         self.vocab_size = len(tokenizer)
@@ -319,6 +323,7 @@ class RemoteEngine:
         last = CompletionEvent()
         text: list[str] = []
         got_ids = False
+        logprobs_whole = True  # result.token_logprobs has one value per id so far
         first_at = None
         events = self.client.stream("/v1/completions", body, cancelled=result.cancelled)
         try:
@@ -337,9 +342,14 @@ class RemoteEngine:
                 if forced or not event.token_ids:
                     continue
                 got_ids = True
-                if len(event.token_logprobs) == len(event.token_ids):
+                ids = event.token_ids
+                missing = (event.generated_so_far or 0) - len(result.token_ids) - len(ids)
+                if missing > 0:  # llama.cpp withheld the tokens that ended inside a character
+                    ids = self._with_withheld(event.text, ids, missing)
+                    logprobs_whole = False  # the withheld tokens' are unknown: none from here on
+                if logprobs_whole and len(event.token_logprobs) == len(ids):
                     result.token_logprobs.extend(event.token_logprobs)
-                for token in event.token_ids:
+                for token in ids:
                     result.token_ids.append(token)
                     stats.generated_tokens = len(result.token_ids)
                     yield token
@@ -379,6 +389,18 @@ class RemoteEngine:
             stats.finish_reason = result.finish_reason
             stats.total_s = time.perf_counter() - started
             self.stats.add(stats)
+
+    def _with_withheld(self, text: str, named: list[int], missing: int) -> list[int]:
+        """An event's ids with the ``missing`` ones the server left out put back
+        (``token_bytes.py``); where the bytes cannot say which, the event's text
+        re-tokenized: the text is right, the ids may differ from what the server holds."""
+        if self._token_bytes is None:
+            self._token_bytes = TokenBytes(self.tokenizer)
+        withheld = self._token_bytes.withheld(text, named, missing)
+        if withheld is not None:
+            return [*withheld, *named]
+        _warn_once(self, "withheld", "the engine at %s withheld token ids the vocabulary cannot recover: re-tokenized")
+        return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
 
 
 def _generation_prompt_length(tokenizer: Any) -> int:

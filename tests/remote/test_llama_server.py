@@ -66,6 +66,26 @@ def test_generate_streams_token_ids_and_the_next_prompt_hits_the_servers_cache(r
     assert second.stats.cached_tokens >= len(prompt) + len(first.token_ids) - 1
 
 
+def test_a_reply_of_characters_split_over_tokens_keeps_every_id_and_its_text(remote, smollm2_tokenizer):
+    # llama.cpp streams "あ" (two tokens) as one event naming only the second one
+    prompt = smollm2_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say ありがとう three times."}], add_generation_prompt=True, return_dict=False
+    )
+    generation = remote.generate(prompt, max_new_tokens=12)
+    ids = list(generation)
+    bare = httpx.post(
+        f"{remote.url}/v1/completions",
+        json={"prompt": prompt, "max_tokens": 12, "temperature": 0},
+        timeout=120,
+    ).json()
+    text = bare["choices"][0]["text"]
+    assert "\ufffd" not in smollm2_tokenizer.decode(ids) and smollm2_tokenizer.decode(ids) == text
+    assert len(ids) == generation.stats.generated_tokens == bare["usage"]["completion_tokens"]
+    # llama.cpp names no withheld id unstreamed either; here the model wrote the text as
+    # the tokenizer splits it
+    assert ids == smollm2_tokenizer.encode(text, add_special_tokens=False)
+
+
 def test_decode_time_is_measured_also_when_the_caller_closes_the_stream_early(remote, smollm2_tokenizer):
     prompt = smollm2_tokenizer.apply_chat_template(
         [{"role": "user", "content": "Count from one to twenty in words."}],

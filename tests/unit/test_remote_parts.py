@@ -17,6 +17,7 @@ from clm_middleware.remote.client import ServerClient
 from clm_middleware.remote.completion import completion_body, parse_event, penalty_fields
 from clm_middleware.remote.null_pool import NullPool
 from clm_middleware.remote.slots import SlotClaim, SlotTable
+from clm_middleware.remote.token_bytes import TokenBytes
 
 
 def test_the_local_engine_satisfies_the_protocol(engine: Engine):
@@ -93,6 +94,20 @@ def test_llama_cpp_events_give_token_ids_logprobs_and_the_cache_count():
     assert (last.finish_reason, last.prompt_tokens, last.cached_tokens) == ("stop", 30, 28)
     assert parse_event({"timings": {"cache_n": 7}}).cached_tokens == 7
     assert parse_event({"tokens_cached": 5}).cached_tokens == 5
+    assert parse_event({"timings": {"predicted_n": 3}}).generated_so_far == 3
+
+
+def test_ids_a_stream_withheld_inside_a_character_are_put_back_from_its_bytes(tiny_tok):
+    # llama.cpp sends a character split over tokens as one event naming only the last
+    # token; the tiny vocabulary has one token per byte, so "あ" is three
+    char = tiny_tok.encode("あ", add_special_tokens=False)
+    assert len(char) == 3
+    vocabulary = TokenBytes(tiny_tok)
+    assert vocabulary.withheld("あ", char[-1:], 2) == char[:2]
+    assert vocabulary.withheld("xあ", char[-1:], 3) == [*tiny_tok.encode("x"), *char[:2]]
+    # bytes no split into that many tokens fits, or a named tail the text does not end with
+    assert vocabulary.withheld("あ", char[-1:], 1) is None
+    assert vocabulary.withheld("あ", tiny_tok.encode("z"), 2) is None
 
 
 def test_vllm_events_give_token_ids_and_the_prompts_own_logprobs():
