@@ -78,6 +78,9 @@ _BLOCK_LINE = (
     r"\s*[\*\"'`]*\s*(?:keep|compress|drop)\b[\*\"'`]*[ \t]*"
 )
 _ARTIFACT = regex.compile(rf"(?:{_MARKER}|{_TAG})[ \t]?", regex.IGNORECASE)
+# machinery that opens the text takes the whitespace around it along: the reply starts
+# where its words do ("[seg_5]\nYou can" is "You can", not "\nYou can")
+_LEADING_ARTIFACTS = regex.compile(rf"(?:\s*(?:{_MARKER}|{_TAG}))+\s*", regex.IGNORECASE)
 _ARTIFACT_PARTIAL = regex.compile(rf"{_MARKER}|{_TAG}", regex.IGNORECASE)
 _BLOCK_LINE_FULL = regex.compile(_BLOCK_LINE, regex.IGNORECASE)
 # a word: a run of word characters, but each character on its own in the scripts written
@@ -110,7 +113,10 @@ def strip_artifacts(text: str) -> str:
         return text
     lines = text.split("\n")
     kept = [line for line in lines if not _BLOCK_LINE_FULL.fullmatch(line)]
-    return _ARTIFACT.sub("", "\n".join(kept))
+    joined = "\n".join(kept)
+    if (opening := _LEADING_ARTIFACTS.match(joined)) is not None:
+        joined = joined[opening.end() :]
+    return _ARTIFACT.sub("", joined)
 
 
 def has_artifact(text: str) -> bool:

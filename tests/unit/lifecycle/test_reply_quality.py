@@ -26,6 +26,7 @@ HOSTILE = [
     "Booked.\nseg_3: keep\n- seg_4: drop\nAnything else?",
     "Look at [ SEG 7 ] and [lifecycle ] here",
     "[seg_1",  # cut off mid-marker
+    "\n[seg_4]\n\nUse the tool.",
 ]
 
 
@@ -34,6 +35,17 @@ def test_no_marker_tag_or_block_line_survives_the_filter(raw):
     answer = visible_answer(raw, stops=())
     folded = answer.casefold()
     assert "seg_" not in folded and "lifecycle" not in folded and "seg 7" not in folded
+
+
+@pytest.mark.parametrize(
+    "raw", ["[seg_5]\nYou can call it.", "\n[seg_4] [seg_5]  You can call it.", "[/LIFECYCLE] You can call it."]
+)
+def test_a_reply_that_opens_with_machinery_starts_where_its_words_do(raw):
+    assert visible_answer(raw, stops=()) == "You can call it."
+
+
+def test_a_reply_the_model_opened_with_a_newline_keeps_it():
+    assert visible_answer("\nYou can call it.", stops=()) == "\nYou can call it."
 
 
 def test_ordinary_brackets_and_words_are_left_alone():
