@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from clm_middleware.cache import PoolConfig
 from clm_middleware.engine import Engine
@@ -16,6 +16,8 @@ from clm_middleware.replay.plain import PlainChatDriver
 from clm_middleware.replay.runner import ReplayOptions, TurnDriver
 from clm_middleware.replay.transcript import Transcript
 
+T = TypeVar("T")
+_REGISTER_TRIES = 32  # processes replaying into one store at once, each taking a free id
 TINY_MODEL = "tiny"  # the random test model: exercises every path in milliseconds
 
 
@@ -244,24 +246,28 @@ def _mode_factory(
     store = Store(lifecycle.db) if lifecycle.db else None
 
     def make(transcript: Transcript) -> TurnDriver:
-        conversation = Conversation(
-            engine,
-            tagging=lifecycle.tagging,
-            budget=lifecycle.budget,
-            k=lifecycle.k,
-            compression=lifecycle.compression,
-            compact_ahead=lifecycle.compact_ahead,
-            # teacher-forced, a turn with no transcript reply computes one token, as in every mode
-            max_new_tokens=options.tokens_to_generate,
-            **options.sampling,
-            repetition_penalty=options.repetition_penalty,
-            frequency_penalty=options.frequency_penalty,
-            presence_penalty=options.presence_penalty,
-            no_repeat_ngram_size=options.no_repeat_ngram_size,
-            summarizer=lifecycle.summarizer,
-            store=store,
-            conversation_id=_unique_id(store, transcript.conversation_id),
-            cache_salt=lifecycle.tenant,
+        conversation = _registered(
+            store,
+            transcript.conversation_id,
+            lambda conversation_id: Conversation(
+                engine,
+                tagging=lifecycle.tagging,
+                budget=lifecycle.budget,
+                k=lifecycle.k,
+                compression=lifecycle.compression,
+                compact_ahead=lifecycle.compact_ahead,
+                # teacher-forced, a turn with no transcript reply computes one token, as in every mode
+                max_new_tokens=options.tokens_to_generate,
+                **options.sampling,
+                repetition_penalty=options.repetition_penalty,
+                frequency_penalty=options.frequency_penalty,
+                presence_penalty=options.presence_penalty,
+                no_repeat_ngram_size=options.no_repeat_ngram_size,
+                summarizer=lifecycle.summarizer,
+                store=store,
+                conversation_id=conversation_id,
+                cache_salt=lifecycle.tenant,
+            ),
         )
         conversation.set_tools_prompt(tools_section(engine, transcript))
         return ClmDriver(conversation)
@@ -278,6 +284,20 @@ def tools_section(engine: ServingEngine, transcript: Transcript) -> str | None:
     from clm_middleware.adapters.chat_call import system_sections  # LangChain loads only here
 
     return system_sections(engine, list(transcript.tools), None)
+
+
+def _registered(store: Any, wanted: str, create: Callable[[str], T]) -> T:
+    """``create(conversation_id)`` under the transcript's id or the first free suffixed
+    one (``_unique_id``); another process on the same store may register that id between
+    the look and the write, and the next free one is taken then (bounded tries)."""
+    from clm_middleware.store import ConversationExistsError
+
+    for _ in range(_REGISTER_TRIES - 1):
+        try:
+            return create(_unique_id(store, wanted))
+        except ConversationExistsError:
+            continue
+    return create(_unique_id(store, wanted))
 
 
 def _unique_id(store: Any, wanted: str) -> str:

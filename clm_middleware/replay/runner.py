@@ -212,6 +212,10 @@ def replay_interleaved(
                             if on_failure is not None:
                                 on_failure(mode, failure)
                             continue
+                        except BaseException:  # interrupted (Ctrl-C, SIGTERM): the store sees complete turns only
+                            if mode in drivers and added:
+                                drivers[mode].discard_turn()
+                            raise
                         carried[mode] = []
                         record.turn = turn
                         if teacher_force and answer is None:

@@ -398,3 +398,32 @@ def test_db_in_truncate_mode_is_flagged_as_ignored(tmp_path):
     assert result.exit_code == 0, result.output
     assert "--db only applies to --mode clm" in result.output and "--budget only" not in result.output
     assert not (tmp_path / "c.db").exists()
+
+
+def test_an_interrupted_replay_leaves_only_complete_turns_in_its_store(tmp_path, monkeypatch):
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.store import Store
+
+    turns = [
+        m
+        for n in range(6)
+        for m in ({"role": "user", "content": f"Message {n}."}, {"role": "assistant", "content": "Ok."})
+    ]
+    path = write_transcript(tmp_path / "chat.jsonl", turns)
+    original, calls = Conversation.respond, []
+
+    def interrupted_third(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # what Ctrl-C (and the CLI's SIGTERM handler) raises mid-turn
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Conversation, "respond", interrupted_third)
+    db = tmp_path / "chats.db"
+    result = CliRunner().invoke(
+        cli, ["replay", str(path), "--model", "tiny", "--mode", "clm", "--teacher-force", "--db", str(db)]
+    )
+    assert result.exit_code != 0
+    stored = Store(db).db.query("select role, content from messages order by idx")
+    # two answered turns; the third's message, added before the interrupt, was not kept
+    assert [(m["role"], m["content"]) for m in stored] == [(t["role"], t["content"]) for t in turns[:4]]

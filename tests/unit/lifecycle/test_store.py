@@ -212,6 +212,25 @@ def test_three_processes_writing_one_store_all_finish(tmp_path):
     assert sorted(counts) == [60, 60, 60]
 
 
+def test_two_processes_replaying_one_file_into_one_store_each_take_free_ids(tmp_path):
+    """Both look for a free id (``conv0``, ``conv0#2``...) before either registers it: the
+    one that loses the race takes the next free id instead of failing its turn."""
+    db, transcript = tmp_path / "same.db", tmp_path / "many.jsonl"
+    records = [
+        {"id": f"conv{i}", "messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yo"}]}
+        for i in range(20)
+    ]
+    transcript.write_text("\n".join(json.dumps(record) for record in records) + "\n")
+    command = [sys.executable, "-m", "clm_middleware.cli.main", "replay", str(transcript), "--model", "tiny"]
+    command += ["--mode", "clm", "--teacher-force", "--db", str(db), "--quiet"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    failed = [output[-2000:] for run, output in zip(runs, outputs, strict=True) if run.returncode]
+    assert not failed, failed
+    ids = Store(db).conversation_ids()
+    assert sorted(ids) == sorted([f"many-conv{i}" for i in range(20)] + [f"many-conv{i}#2" for i in range(20)])
+
+
 def test_a_new_conversation_with_a_stored_id_is_refused_and_the_stored_one_is_untouched(converse, engine, tmp_path):
     from clm_middleware.store import ConversationExistsError
 
