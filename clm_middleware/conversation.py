@@ -989,18 +989,24 @@ def _check_stored_ids(
     their text (a conversation stored with another model). An engine of the model that
     stored them is trusted; another model name passes when its tokenizer decodes the first
     ``sample`` written segments (not replies: a generated reply's ids may end inside a
-    character its text leaves out) to their texts (a tokenizer shared by two models)."""
-    if stored_model == engine.model_name:
-        return
-    written = [s for s in segments if s.role != "assistant"]
-    for segment in written[:sample]:
-        if engine.tokenizer.decode(segment.token_ids) != segment.text:
-            raise ConfigError(
-                "engine",
-                f"this conversation ({where}) was stored with model {stored_model!r}; its token ids do not read back "
-                f"as its text with the tokenizer of {engine.model_name!r}",
-                hint=f"load it with an engine of {stored_model!r}",
-            )
+    character its text leaves out) to their texts (a tokenizer shared by two models). A
+    token id outside the vocabulary is a damaged row, whatever the model."""
+    if stored_model != engine.model_name:
+        written = [s for s in segments if s.role != "assistant"]
+        for segment in written[:sample]:
+            if engine.tokenizer.decode(segment.token_ids) != segment.text:
+                raise ConfigError(
+                    "engine",
+                    f"this conversation ({where}) was stored with model {stored_model!r}; its token ids do not "
+                    f"read back as its text with the tokenizer of {engine.model_name!r}",
+                    hint=f"load it with an engine of {stored_model!r}",
+                )
+    outside = next((s for s in segments if any(t >= engine.vocab_size for t in s.token_ids)), None)
+    if outside is not None:
+        raise StoreError(
+            f"{where}: segment {outside.id} holds a token id outside the vocabulary "
+            f"(size {engine.vocab_size}; damaged row)"
+        )
 
 
 class _HeldBlocks:

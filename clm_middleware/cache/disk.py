@@ -39,6 +39,7 @@ from safetensors.torch import save as save_tensors
 
 from clm_middleware.cache.hashing import BlockKey
 from clm_middleware.errors import ConfigError
+from clm_middleware.private_dirs import make_private_dirs
 
 FORMAT = "clm-kv-block/1"
 DEFAULT_MIN_FREE_DISK_MB = 512
@@ -86,11 +87,8 @@ class DiskTier:
         self._warned: set[str] = set()
         self.enabled = True
         try:
-            # every folder this creates is owner-only, not only the last (mkdir's mode)
-            created = [folder for folder in (self.directory, *self.directory.parents) if not folder.exists()]
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            for folder in {self.directory, *created}:
-                os.chmod(folder, 0o700)
+            make_private_dirs(self.directory)
+            os.chmod(self.directory, 0o700)  # one that existed too: it holds the cache's entries
             probe = self.directory / f".probe.{os.getpid()}.{threading.get_ident()}"
             probe.write_bytes(b"")
             probe.unlink()

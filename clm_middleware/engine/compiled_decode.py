@@ -56,6 +56,7 @@ import xxhash
 from clm_middleware.cache.arena import ArenaCache
 from clm_middleware.cache.paged import PagedCache
 from clm_middleware.errors import ClmError, ConfigError
+from clm_middleware.private_dirs import make_private_dirs
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +301,7 @@ class CompiledDecoder:
         else:
             dynamic = ({}, {}, {2: capacity}, {2: capacity}, {0: Dim("table", min=1, max=1 << 20)}, context)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            make_private_dirs(path.parent)
             descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pt2", dir=path.parent)
         except OSError as problem:
             raise CompileError(

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
+from clm_middleware.private_dirs import make_private_dirs
+
 if TYPE_CHECKING:
     from clm_middleware.engine.protocol import ServingEngine
 
@@ -183,7 +185,7 @@ def _read(path: Path, fingerprint: str, key: str) -> ProtocolVerdict | None:
 
 def _write(path: Path, verdict: ProtocolVerdict) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dirs(path.parent)
         descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
             with os.fdopen(descriptor, "w", encoding="utf-8") as handle:

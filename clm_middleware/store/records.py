@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from clm_middleware.lifecycle.segments import Decision, MessageRecord, Segment
+from clm_middleware.lifecycle.segments import Decision, MessageRecord, Segment, SegmentId
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,10 @@ class ConversationChanges:
     messages: list[MessageRecord] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
+    # discarded since the last save: the stored messages from this index on, and these
+    # segments of theirs, go before ``messages`` are written (which may reuse the indexes)
+    cut_at: int | None = None
+    cut_segments: list[SegmentId] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from sqlite_utils import Database
 
 from clm_middleware.errors import ClmError
 from clm_middleware.lifecycle.segments import DecidedBy, Label, MessageRecord, Segment, SegmentId, Status
+from clm_middleware.private_dirs import make_private_dirs
 from clm_middleware.store.migrations import MIGRATIONS_TABLE, migrate, unknown_migrations
 from clm_middleware.store.records import ConversationChanges, ConversationRecord, StoredConversation
 
@@ -177,6 +178,11 @@ class Store:
                         hint=f"Conversation.load(store, {record.id!r}) to continue what is stored",
                     )
             self.db["conversations"].upsert(_conversation_row(record, created=False), pk="id")
+            if changes.cut_at is not None and self.db["messages"].exists():
+                self.db["messages"].delete_where("conversation_id = ? and idx >= ?", [record.id, changes.cut_at])
+            if changes.cut_segments and self.db["segments"].exists():
+                for segment in changes.cut_segments:
+                    self.db["segments"].delete_where("conversation_id = ? and id = ?", [record.id, segment])
             if changes.messages:
                 self.db["messages"].upsert_all(
                     [_message_row(record.id, m) for m in changes.messages], pk=("conversation_id", "idx")
@@ -312,7 +318,14 @@ def _segment_row(conversation_id: str, segment: Segment) -> dict[str, Any]:
     }
 
 
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
 def _message(row: dict[str, Any]) -> MessageRecord:
+    if row["role"] not in _ROLES:
+        raise ValueError(f"message {row['idx']} has the unknown role {row['role']!r}")
+    if not isinstance(row["content"], str):
+        raise TypeError(f"message {row['idx']} has content that is not text")
     return MessageRecord(
         index=row["idx"],
         role=row["role"],
@@ -324,6 +337,11 @@ def _message(row: dict[str, Any]) -> MessageRecord:
 
 
 def _segment(row: dict[str, Any]) -> Segment:
+    if row["role"] not in _ROLES:
+        raise ValueError(f"segment {row['id']} has the unknown role {row['role']!r}")
+    token_ids = json.loads(row["token_ids"])
+    if not isinstance(token_ids, list) or not all(isinstance(t, int) and t >= 0 for t in token_ids):
+        raise TypeError(f"segment {row['id']} has token ids that are not a list of token ids")
     return Segment(
         id=SegmentId(row["id"]),
         index=row["idx"],
@@ -331,7 +349,7 @@ def _segment(row: dict[str, Any]) -> Segment:
         role=row["role"],
         kind=row["kind"],
         text=row["text"],
-        token_ids=json.loads(row["token_ids"]),
+        token_ids=token_ids,
         separator=row["separator"] or "",
         turn=row["turn"],
         pinned=bool(row["pinned"]),
@@ -349,7 +367,7 @@ def _segment(row: dict[str, Any]) -> Segment:
 
 def _create_private(path: Path) -> None:
     if not path.parent.exists():
-        path.parent.mkdir(parents=True, mode=0o700)
+        make_private_dirs(path.parent)
     if not path.exists():
         descriptor = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
         os.close(descriptor)

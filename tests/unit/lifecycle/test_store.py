@@ -437,3 +437,53 @@ def test_settings_a_load_does_not_know_are_named(converse, engine, tmp_path):
         StoreError, match=r"chats\.db: conversation 's' has settings this version does not know \(warp_drive\)"
     ):
         Conversation.load(path, "s", engine)
+
+
+def test_messages_saved_unanswered_and_then_discarded_leave_the_store(converse, engine, tmp_path):
+    path = tmp_path / "chats.db"
+    first = converse(store=path, conversation_id="drafts")
+    first.send("hello")
+    for draft in ("draft 1", "draft 2", "draft 3"):
+        first.add("user", draft)
+    first.close()  # saves the unanswered drafts, as close() does
+    second = Conversation.load(path, "drafts", engine)
+    second.discard(2)
+    second.add("user", "the real question")
+    second.respond()
+    kept = [(m.role, m.content) for m in second.history]
+    second.close()
+    reloaded = Conversation.load(path, "drafts", engine)
+    assert [(m.role, m.content) for m in reloaded.history] == kept
+    assert "draft" not in reloaded.context and reloaded.context == second.context
+
+
+@pytest.mark.parametrize(
+    ("table", "change", "named"),
+    [
+        ("messages", {"role": "wizard"}, "unknown role 'wizard'"),
+        ("messages", {"content": None}, "not text"),
+        ("segments", {"role": "wizard"}, "unknown role 'wizard'"),
+        ("segments", {"token_ids": "[99999999]"}, "outside the vocabulary"),
+        ("segments", {"token_ids": '"abc"'}, "not a list of token ids"),
+    ],
+)
+def test_a_stored_row_another_program_damaged_is_refused_at_load_naming_the_file(
+    converse, engine, tmp_path, table, change, named
+):
+    from clm_middleware.store import StoreError
+
+    path = tmp_path / "chats.db"
+    chat = converse(store=path, conversation_id="damaged")
+    chat.send("hello")
+    chat.close()
+    store = Store(path)
+    store.db[table].update(("damaged", 0) if table == "messages" else ("damaged", "seg_0"), change)
+    with pytest.raises(StoreError, match=rf"chats\.db.*{named}"):
+        Conversation.load(Store(path), "damaged", engine)
+
+
+def test_every_folder_a_new_store_creates_is_owner_only(converse, tmp_path):
+    path = tmp_path / "new" / "sub" / "chats.db"
+    converse(store=path).send("hello")
+    assert [oct(folder.stat().st_mode & 0o777) for folder in (path.parent, path.parent.parent)] == ["0o700", "0o700"]
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
