@@ -65,6 +65,10 @@ class ChatRequest:
     response_format: ResponseFormat | None = None
     session_id: str | None = None
     parallel_tool_calls: bool = False
+    # a reply whose only calls cannot run (unparsable, an unbound tool) keeps them as text
+    # in ``content``: OpenAI's schema has no field for them, and an empty answer would
+    # hide that the model answered at all (vLLM returns such text as content too)
+    invalid_calls_as_text: bool = False
 
 
 @dataclass(slots=True)
@@ -152,6 +156,8 @@ class ChatCall:
             valid, invalid = parse_tool_calls(payloads, tools, last_cut=cut)
             if not content.strip() and not valid and "empty" not in reply.stats.reply_flags:
                 reply.stats.reply_flags.append("empty")  # all it wrote was a call nothing can run
+            if invalid and not valid and request.invalid_calls_as_text:
+                content = reply.text
             answer = ChatAnswer(reply, conversation, route.kind, content, valid, invalid)
         except BaseException:
             if replies is not None:

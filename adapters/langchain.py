@@ -349,8 +349,8 @@ class ChatCLM(BaseChatModel):
         """
         formatted = [convert_to_openai_tool(tool) for tool in tools]
         check_tools(formatted)
-        if formatted:
-            required_tool(tool_choice, formatted)  # a name no bound tool has fails here, in every spelling
+        # a name no bound tool has, or a call required with no tool bound, fails here
+        required_tool(tool_choice, formatted)
         return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     def with_structured_output(

@@ -234,6 +234,8 @@ def required_tool(tool_choice: Any, tools: Sequence[dict[str, Any]]) -> str | bo
             f"got {tool_choice!r}",
         )
     names = [t["function"]["name"] for t in tools]
+    if not names:  # as OpenAI's API: a call cannot be required of a model given no tool
+        raise ConfigError("tool_choice", f"{tool_choice!r} requires a tool call, but no tools are bound")
     if name is not None:
         if name not in names:
             raise ConfigError("tool_choice", f"{name!r} names no bound tool; tools: {names}")

@@ -69,6 +69,7 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
         parallel_tool_calls=bool(body.parallel_tool_calls),
         response_format=_response_format(body),
         session_id=session_id,
+        invalid_calls_as_text=True,
     )
 
 

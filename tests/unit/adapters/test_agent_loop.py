@@ -272,6 +272,14 @@ def test_a_tool_choice_naming_no_bound_tool_is_refused_in_every_spelling(scripte
     assert llm.invoke("Still there?").content == "Fine."  # nothing was left half-done
 
 
+@pytest.mark.parametrize("choice", ["any", "required", True, "get_weather"])
+def test_a_call_required_with_no_tool_bound_is_refused_at_bind(scripted_llm, choice):
+    llm, _ = scripted_llm("Fine.")
+    with pytest.raises(ValueError, match=r"tool_choice: .* requires a tool call, but no tools are bound"):
+        llm.bind_tools([], tool_choice=choice)
+    assert llm.bind_tools([], tool_choice="auto").invoke("Hi").content == "Fine."
+
+
 def test_a_named_reply_sent_back_extends_the_conversation(scripted_llm):
     """LangGraph and AutoGen set ``name`` on the replies they send back; the model never
     sees it, so it must not make the history look edited."""
@@ -343,3 +351,45 @@ def test_a_stop_string_in_a_required_calls_forced_head_stops_nothing(scripted_ll
     llm, _ = scripted_llm('Faro"}}</tool_call>')
     message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("Weather?", stop=["{", "get_weather"])
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Faro"})]
+
+
+@pytest.mark.parametrize("as_text", [True, False])
+def test_a_reply_whose_only_call_names_no_bound_tool_keeps_it_as_text_where_asked(tiny_model, tiny_tok, as_text):
+    # clm serve asks (OpenAI's schema has no invalid_tool_calls); ChatCLM hands them over parsed
+    from clm_middleware.adapters.chat_call import ChatCall, ChatRequest
+    from clm_middleware.adapters.messages import to_turn
+    from clm_middleware.adapters.sessions import SessionRouter
+    from clm_middleware.conversation import Conversation
+    from clm_middleware.engine import Engine
+    from clm_middleware.lifecycle.config import GenerationSettings
+    from clm_middleware.models import ScriptedReplies
+
+    invented = '<tool_call>{"name": "get_sunny", "arguments": {}}</tool_call>'
+    script = ScriptedReplies([[*tiny_tok.encode(invented, add_special_tokens=False), tiny_tok.eos_token_id]])
+    engine = Engine(tiny_model, tiny_tok, logits_processors=[script])
+    router = SessionRouter(lambda cid: Conversation(engine, conversation_id=cid, tagging="signals"))
+    request = ChatRequest(
+        turns=[to_turn(HumanMessage("Weather in Porto?"))],
+        settings=GenerationSettings(max_new_tokens=64),
+        tools=[convert_to_openai_tool(get_weather)],
+        invalid_calls_as_text=as_text,
+    )
+    call = ChatCall(router, engine, request)
+    streamed = "".join(call.stream())
+    answer = call.answer
+    assert not answer.tool_calls and answer.invalid_tool_calls[0]["name"] == "get_sunny"
+    assert answer.finish_reason == "stop"
+    assert streamed == answer.content == (invented if as_text else "")
+    # the history sent back with the content as returned extends the same conversation
+    again = ChatRequest(
+        turns=[
+            to_turn(m, i)
+            for i, m in enumerate([HumanMessage("Weather in Porto?"), AIMessage(answer.content), HumanMessage("And?")])
+        ],
+        settings=GenerationSettings(max_new_tokens=1),
+        tools=[convert_to_openai_tool(get_weather)],
+        invalid_calls_as_text=as_text,
+    )
+    follow = ChatCall(router, engine, again)
+    list(follow.stream())
+    assert follow.answer.route == "extend"
