@@ -93,13 +93,16 @@ class Tagger:
 
     # ------------------------------------------------------------ per turn
 
-    def observe(self, positions: frozenset[int]) -> Observe:
+    def observe(self, positions: frozenset[int], *, attention: bool = True) -> Observe:
         """What the turn's generation should record: self-information at ``positions``
         (the tokens of what the model was told, not yet scored; its own replies get
         theirs from decoding), and, for signals, the newest turn's attention: the queries
         of the last ``attention_window`` prompt tokens, which the engine computes even
-        where the pool holds them, so the window never depends on what is cached."""
-        window = self.config.attention_window if self.config.mode in ("signals", "auto") else 0
+        where the pool holds them, so the window never depends on what is cached.
+        ``attention=False`` (no budget: labels from signals never apply) skips that
+        recompute, which would buy nothing: the turn prefills only its new tokens."""
+        signals = self.config.mode in ("signals", "auto") and attention
+        window = self.config.attention_window if signals else 0
         return Observe(logprobs=True, logprob_positions=positions, attention_window=window)
 
     def asks_for_block(self, turn: int) -> bool:

@@ -256,7 +256,7 @@ class TurnRunner:
             stop=stops or None,
             hold_blocks=True,
             use_pool=c.use_pool,
-            observe=c.tagger.observe(self._unscored_positions(rendered)),
+            observe=c.tagger.observe(self._unscored_positions(rendered), attention=c.config.budget is not None),
             cache_salt=c.cache_salt,
             logits_processors=processors,
             forced_token_ids=forced_ids,
