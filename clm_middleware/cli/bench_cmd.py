@@ -21,7 +21,9 @@ from clm_middleware.cli.options import (
     lifecycle_options,
     model_options,
     on_error_option,
+    refuse_inputs_as_outputs,
     remote_engine_options,
+    transcript_inputs,
 )
 
 BENCH_MODES = ("stateless", "prefix", "truncate", "clm")
@@ -121,6 +123,9 @@ def bench(
         raise click.BadParameter(f"give two or more distinct modes from {', '.join(BENCH_MODES)}", param_hint="--modes")
     if "truncate" in chosen and budget is None:
         raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")
+    refuse_inputs_as_outputs(
+        transcript_inputs([transcript], [probes_path]), {"--markdown": markdown_path, "--plot": plot_path}
+    )
     skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
     transcripts = read_or_report(
         transcript,

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from clm_middleware.cli.eval_variants import eval_options, files_report, markdown_table, print_table, write_markdown
-from clm_middleware.cli.options import model_options
+from clm_middleware.cli.options import model_options, refuse_inputs_as_outputs, transcript_inputs
 
 ANSWERS_EPILOG = """\b
 Several TRANSCRIPTs: one row per file and variant, then an OVERALL row per variant: the mean
@@ -63,6 +63,9 @@ def answers_command(
         return answer_variant(name, engine, driver, item.probes, max_answer_tokens=max_answer_tokens, replay=kept)
 
     variants(taggings, budget, compression)  # a bad --tagging fails before any file is read
+    refuse_inputs_as_outputs(
+        transcript_inputs(transcripts, probes_paths), {"--report": report_path, "--markdown": markdown_path}
+    )
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
     for item in inputs:
         if len(item.transcripts) > 1:  # which conversation's context would a question go to?

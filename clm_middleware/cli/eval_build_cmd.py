@@ -34,11 +34,17 @@ _sources_option = click.option(
 
 def _write(session: Session, out: Path, probes_path: Path | None, sources_path: Path | None = None) -> None:
     probes_path = probes_path or default_probes_path(out)
-    written = [out, probes_path, *([sources_path] if sources_path else [])]
-    if len({path.expanduser().resolve() for path in written}) != len(written):
-        raise click.BadParameter(
-            f"{probes_path}: the transcript, probes (and sources) need a file each", param_hint="--probes"
-        )
+    taken: dict[Path, str] = {}
+    for option, path in (("--out", out), ("--probes", probes_path), ("--sources", sources_path)):
+        if path is None:
+            continue
+        key = path.expanduser().resolve()
+        if key in taken:  # the later option is the one to change
+            raise click.BadParameter(
+                f"{path}: also the {taken[key]} file; the transcript, probes (and sources) need a file each",
+                param_hint=option,
+            )
+        taken[key] = option
     write_session(session, out, probes_path, sources_path)
     click.echo(f"{out}: {len(session.messages)} messages; {probes_path}: {len(session.probes)} probes")
 

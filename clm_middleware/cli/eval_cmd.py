@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from clm_middleware.cli.eval_variants import eval_options, files_report, markdown_table, print_table, write_markdown
-from clm_middleware.cli.options import model_options
+from clm_middleware.cli.options import model_options, refuse_inputs_as_outputs, transcript_inputs
 
 DEFAULT_TAGGINGS = "auto,signals,constrained,free,rules"
 
@@ -52,6 +52,9 @@ def retention_command(
     from clm_middleware.evaluation.retention import overall
 
     variants(taggings, budget, compression)  # a bad --tagging fails before any file is read
+    refuse_inputs_as_outputs(
+        transcript_inputs(transcripts, probes_paths), {"--report": report_path, "--markdown": markdown_path}
+    )
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
     remove_stale(report_path, markdown_path)
     first = build_engine(**engine_options)

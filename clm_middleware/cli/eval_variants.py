@@ -139,6 +139,8 @@ def read_inputs(paths: Sequence[Path], transcript_format: str, probes_paths: Seq
     for index, path in enumerate(paths):
         if path.is_dir():
             raise click.BadParameter(f"{path}: is a directory, not a transcript", param_hint="TRANSCRIPTS")
+        if not path.exists():  # named as the transcript it is, not by the probes file beside it
+            raise click.BadParameter(f"{path}: no such file", param_hint="TRANSCRIPTS")
         probes_path = probes_paths[index] if probes_paths else default_probes_path(path)
         if not probes_paths and not probes_path.exists():
             raise click.BadParameter(f"{path}: no probes file {probes_path}; pass --probes", param_hint="--probes")
@@ -237,7 +239,9 @@ def run_files(
     failures: list[VariantFailure] = []
     for item in inputs:
         results = []
-        for name, mode, lifecycle in planned:
+        # options of its own per file: they hold the drivers the file's replay made, and a
+        # file is judged on its own final contexts only
+        for name, mode, lifecycle in variants(taggings, budget, compression):
             if any(f.variant == name for f in failures):
                 continue
             stderr.print(f"[bold]{escape(item.label)} · {name}[/bold] …")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -395,3 +395,23 @@ def on_error_option(command: Callable[..., Any]) -> Callable[..., Any]:
         help="stop: a failing turn (a message over the budget or the context window, a bad record) ends the replay; "
         "skip: record it in the report and go on.",
     )(command)
+
+
+def refuse_inputs_as_outputs(inputs: Iterable[Path | None], outputs: Mapping[str, Path | None]) -> None:
+    """An output option naming a file the run reads (a transcript, a probes file, one
+    beside a transcript that the run would read by default) is a usage error, before
+    anything is read or a stale output removed: the run would replace its own input."""
+    read = {path.expanduser().resolve() for path in inputs if path is not None}
+    for option, path in outputs.items():
+        if path is not None and path.expanduser().resolve() in read:
+            raise click.BadParameter(f"{path} is an input of this run; write the output elsewhere", param_hint=option)
+
+
+def transcript_inputs(transcripts: Iterable[Path], probes: Iterable[Path | None]) -> list[Path]:
+    """The files a run over ``transcripts`` reads: those, the probes given, and each
+    transcript's default probes file (``FILE.probes.json``) that exists."""
+    from clm_middleware.evaluation.sessions import default_probes_path
+
+    transcripts = list(transcripts)
+    defaults = [default_probes_path(t) for t in transcripts]
+    return [*transcripts, *(p for p in probes if p is not None), *(p for p in defaults if p.exists())]

@@ -18,7 +18,9 @@ from clm_middleware.cli.options import (
     lifecycle_options,
     model_options,
     on_error_option,
+    refuse_inputs_as_outputs,
     remote_engine_options,
+    transcript_inputs,
 )
 
 MODES = ("stateless", "prefix", "truncate", "clm")
@@ -106,6 +108,9 @@ def replay(
 
     if mode == "truncate" and budget is None:  # before the model loads (seconds)
         raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")
+    refuse_inputs_as_outputs(
+        transcript_inputs([transcript], [probes_path]), {"--report": report_path, "--plot": plot_path}
+    )
     # the file first: a bad transcript is named before torch and the model load (seconds)
     skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
     transcripts = read_or_report(transcript, transcript_format, skipped, {report_path: mode} if report_path else {})

@@ -577,6 +577,11 @@ def test_segments_shows_every_id_whole_at_80_columns(monkeypatch):
         (["replay", "{t}", "--model", "tiny", "--plot", "{d}/plot.csv"], "--plot"),
         (["eval", "retention", "{t}", "--model", "tiny", "--tagging", "rules,rules"], "--tagging"),
         (["eval", "planted", "--out", "{d}/same.jsonl", "--probes", "{d}/same.jsonl"], "--probes"),
+        (
+            ["eval", "generate", "--kind", "chitchat", "--out", "{d}/same.jsonl", "--sources", "{d}/same.jsonl"],
+            "--sources",
+        ),
+        (["eval", "retention", "{d}/missing.jsonl", "--model", "tiny", "--budget", "256"], "TRANSCRIPTS"),
         (["eval", "planted", "--turns", "4", "--facts", "2", "--out", "{d}/p.jsonl"], "--turns"),
     ],
 )

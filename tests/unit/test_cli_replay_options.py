@@ -329,3 +329,23 @@ def test_a_conversation_that_cannot_be_set_up_fails_its_turns_in_the_report(tmp_
     prefix = json.loads((tmp_path / "skip" / "prefix.json").read_text())
     assert [f["turn"] for f in clm["failures"]] == [1, 2] and clm["turns"] == []
     assert [t["turn"] for t in prefix["turns"]] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["replay", "{t}", "--report", "{t}"], "--report"),
+        (["bench", "{t}", "--modes", "prefix,clm", "--markdown", "{t}"], "--markdown"),
+        (["eval", "retention", "{t}", "--budget", "256", "--report", "{p}"], "--report"),
+        (["eval", "answers", "{t}", "--budget", "256", "--markdown", "{p}"], "--markdown"),
+    ],
+)
+def test_an_output_naming_a_file_the_run_reads_is_refused_and_the_file_kept(tmp_path, args, named):
+    transcript = write_transcript(tmp_path / "chat.jsonl")
+    probes = tmp_path / "chat.probes.json"  # read by default, beside the transcript
+    probes.write_text(json.dumps([{"question": "Where?", "answer": "Lisbon"}]))
+    before = {path: path.read_bytes() for path in (transcript, probes)}
+    filled = [a.replace("{t}", str(transcript)).replace("{p}", str(probes)) for a in args]
+    result = CliRunner().invoke(cli, [*filled, "--model", "tiny"])
+    assert result.exit_code == 2 and named in result.output and "is an input of this run" in result.output
+    assert {path: path.read_bytes() for path in before} == before

@@ -30,6 +30,28 @@ def retention_by_rules(*files: str, budget: str = "160"):
     return ["eval", "retention", *files, "--budget", budget, "--tagging", "rules", "--model", "tiny"]
 
 
+def test_a_file_is_judged_on_its_own_contexts_whatever_the_files_before_it(tmp_path):
+    # the first file's last message says the second's answers: judged on the joined final
+    # contexts, the second file's truncation had "kept" them, and its context had grown
+    write_file(tmp_path, "b", "The gate code is 5521.", "5521", 6)
+    first = [
+        {"role": "user", "content": "Gate 5521, and the weather was fine."},
+        {"role": "assistant", "content": "Ok."},
+    ]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(m) + "\n" for m in first))
+    (tmp_path / "a.probes.json").write_text(json.dumps([{"question": "Gate?", "answer": "5521"}]))
+    alone, after = tmp_path / "alone.json", tmp_path / "after.json"
+    b = str(tmp_path / "b.jsonl")
+    assert run(*retention_by_rules(b), "--report", str(alone)).exit_code == 0
+    assert run(*retention_by_rules(str(tmp_path / "a.jsonl"), b), "--report", str(after)).exit_code == 0
+    expected = {v["variant"]: v for v in json.loads(alone.read_text())["variants"]}
+    (_, second) = json.loads(after.read_text())["files"]
+    for variant in second["variants"]:
+        mine = expected[variant["variant"]]
+        assert (variant["retained"], variant["context_tokens"]) == (mine["retained"], mine["context_tokens"])
+    assert expected["truncate"]["retained"] < 2  # the filler pushed the gate code out
+
+
 def test_retention_over_two_files_sums_probes_and_keeps_each_files_rows(tmp_path):
     write_file(tmp_path, "a", "My order number is 88412.", "88412", 6)
     write_file(tmp_path, "b", "The gate code is 5521.", "5521", 2)
