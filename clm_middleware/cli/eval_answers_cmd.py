@@ -67,6 +67,13 @@ def answers_command(
         transcript_inputs(transcripts, probes_paths), {"--report": report_path, "--markdown": markdown_path}
     )
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
+    for item in inputs:  # retention needs only the answer; a question is what this command asks
+        unasked = next((n for n, p in enumerate(item.probes) if not p.question.strip()), None)
+        if unasked is not None:
+            raise click.BadParameter(
+                f'the probes for {item.path}: probe {unasked} has no question to ask; give each a "question"',
+                param_hint="--probes",
+            )
     for item in inputs:
         if len(item.transcripts) > 1:  # which conversation's context would a question go to?
             raise click.BadParameter(

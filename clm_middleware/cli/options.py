@@ -60,11 +60,14 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(
         [
             click.option("--model", default=None, help=MODEL_HELP),
-            click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:N or auto."),
+            click.option(
+                "--device", default="cpu", show_default=True, callback=known_device, help="cpu, cuda, cuda:N or auto."
+            ),
             click.option(
                 "--dtype",
                 default="float32",
                 show_default=True,
+                callback=known_dtype,
                 help="float32, bfloat16 or float16.",
             ),
             click.option(
@@ -415,3 +418,42 @@ def transcript_inputs(transcripts: Iterable[Path], probes: Iterable[Path | None]
     transcripts = list(transcripts)
     defaults = [default_probes_path(t) for t in transcripts]
     return [*transcripts, *(p for p in probes if p is not None), *(p for p in defaults if p.exists())]
+
+
+def usage_error(error: Any, ctx: click.Context) -> click.UsageError:
+    """A ``ConfigError`` about a setting the command takes as an option, as click's usage
+    error naming that option (exit 2); any other field stays the error it is."""
+    option = "--" + error.field.replace("_", "-")
+    if any(option in parameter.opts for parameter in ctx.command.params):
+        problem = str(error.message).removeprefix(f"{error.field}: ")
+        return click.BadParameter(problem, ctx=ctx, param_hint=option)
+    raise error
+
+
+def known_dtype(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--dtype`` checked as the options are parsed, for every model (the tiny one too)."""
+    if value == param.default:  # torch loads only for another value: a usage error stays fast
+        return value
+    from clm_middleware.errors import ConfigError
+    from clm_middleware.models.loading import parse_dtype
+
+    try:
+        parse_dtype(value)
+    except ConfigError as error:
+        raise click.BadParameter(str(error.message).removeprefix("dtype: ")) from None
+    return value
+
+
+def known_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--device`` checked as the options are parsed: a name torch does not know, or
+    CUDA where there is none, fails before anything loads."""
+    if value == param.default:
+        return value
+    from clm_middleware.errors import ConfigError
+    from clm_middleware.models.loading import parse_device
+
+    try:
+        parse_device(value)
+    except ConfigError as error:
+        raise click.BadParameter(str(error.message).removeprefix("device: ")) from None
+    return value

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,9 @@ from clm_middleware.cli.options import (
     penalty_options,
     remote_engine_options,
     sampling_filter_options,
+    usage_error,
 )
+from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.modes import TAGGING_MODES
 
 API_KEY_ENV = "CLM_API_KEY"
@@ -116,9 +120,12 @@ def serve(
     from clm_middleware.lifecycle.config import GenerationSettings
     from clm_middleware.lifecycle.tagging import TaggingConfig
     from clm_middleware.server import ChatService, ServerConfig, create_app
+    from clm_middleware.store import Store
 
     TaggingConfig(mode=tagging)  # a wrong mode fails here, naming the field, before the model loads
     keys = api_keys or tuple(k for k in [os.environ.get(API_KEY_ENV)] if k)
+    ctx = click.get_current_context()
+    _check_host(host, port)
     generation = GenerationSettings(
         max_new_tokens=max_tokens,
         temperature=temperature,
@@ -129,21 +136,27 @@ def serve(
         presence_penalty=presence_penalty,
         no_repeat_ngram_size=no_repeat_ngram_size,
     )
-    engine = build_engine(**engine_options)
-    config = ServerConfig(
-        model_id=served_model_name or engine.model_name,
-        mode=mode,
-        budget=budget,
-        k=k,
-        tagging=tagging,
-        compact_ahead=compact_ahead,
-        db=str(db) if db else None,
-        api_keys=keys,
-        allowed_origins=allowed_origins,
-        max_sessions=max_sessions,
-        max_concurrent_turns=max_concurrent_turns,
-        generation=generation,
-    )
+    try:  # every setting is checked, and the store opened, before the model loads
+        config = ServerConfig(
+            model_id=served_model_name or "",
+            mode=mode,
+            budget=budget,
+            k=k,
+            tagging=tagging,
+            compact_ahead=compact_ahead,
+            db=str(db) if db else None,
+            api_keys=keys,
+            allowed_origins=allowed_origins,
+            max_sessions=max_sessions,
+            max_concurrent_turns=max_concurrent_turns,
+            generation=generation,
+        )
+        if db is not None:
+            Store(db).close()  # not a usable store: said now, not as a 500 on every request
+        engine = build_engine(**engine_options)
+    except ConfigError as error:
+        raise usage_error(error, ctx) from None
+    config = dataclasses.replace(config, model_id=config.model_id or engine.model_name)
     service = ChatService(engine, config, owns_engine=True)
     if host not in ("127.0.0.1", "localhost", "::1") and not keys:
         click.echo(f"warning: serving on {host} with no --api-key: anyone who can reach it can use it", err=True)
@@ -151,3 +164,12 @@ def serve(
     # SIGTERM / Ctrl-C: uvicorn stops accepting, lets in-flight requests finish (up to 30 s),
     # then the app's shutdown closes every session and the engine
     uvicorn.run(create_app(service), host=host, port=port, log_level="info", timeout_graceful_shutdown=30)
+
+
+def _check_host(host: str, port: int) -> None:
+    """``--host`` must name an address this machine can bind, checked before the model
+    loads: uvicorn said so only after the start banner, and exited 3."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as error:
+        raise click.BadParameter(f"{host!r} is not an address to bind ({error})", param_hint="--host") from None

@@ -65,7 +65,10 @@ def read_probes(path: str | Path) -> list[Probe]:
         alternatives = item.get("alternatives") or []
         if not isinstance(alternatives, list) or not all(isinstance(a, str) for a in alternatives):
             raise TranscriptError(str(path), None, f'probe {number}: "alternatives" must be a list of strings')
-        probes.append(Probe(str(item.get("question", "")), item["answer"], tuple(alternatives)))
+        question = item.get("question", "")
+        if not isinstance(question, str):
+            raise TranscriptError(str(path), None, f'probe {number}: "question" must be a string')
+        probes.append(Probe(question, item["answer"], tuple(alternatives)))
     return probes
 
 

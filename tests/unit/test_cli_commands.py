@@ -650,3 +650,32 @@ def test_text_that_looks_like_rich_markup_is_shown_as_said_in_replay_and_chat(tm
     result = run("chat", "--model", "tiny", "--max-new-tokens", "4", input=f"{MARKUP_LOOKALIKES}\n/segments\n/quit\n")
     assert result.exit_code == 0, result.output
     assert MARKUP_LOOKALIKES in result.output and "❌" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--allowed-origins", "notaurl"], "--allowed-origins"),
+        (["--api-key", ""], "--api-key"),
+        (["--device", "bogus"], "--device"),
+        (["--dtype", "int8"], "--dtype"),
+        (["--approximate-reuse", "0.2", "--paged-kv"], "--paged-kv"),
+        (["--host", "bad host!!"], "--host"),
+    ],
+)
+def test_serve_settings_that_cannot_work_are_usage_errors_naming_the_option_before_it_serves(monkeypatch, args, named):
+    monkeypatch.setattr("uvicorn.run", _never_serve)
+    result = run("serve", "--model", "tiny", "--port", "0", *args)
+    assert result.exit_code == 2 and f"Invalid value for {named}" in result.output.replace("'", ""), result.output
+
+
+def _never_serve(*args, **kwargs):
+    raise AssertionError("the server started")
+
+
+def test_serve_refuses_a_db_that_is_not_a_store_before_it_serves(monkeypatch, tmp_path):
+    monkeypatch.setattr("uvicorn.run", _never_serve)
+    not_a_store = tmp_path / "chat.jsonl"
+    not_a_store.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    result = run("serve", "--model", "tiny", "--port", "0", "--db", str(not_a_store))
+    assert result.exit_code == 1 and "not a usable SQLite store" in result.output

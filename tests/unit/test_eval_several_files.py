@@ -255,3 +255,16 @@ def test_answers_without_a_failed_baseline_leaves_gap_closed_empty():
     results = [AnswersResult(name="clm:rules", context_tokens=1, answers=[]), AnswersResult("keep-all", 1, [])]
     close_gaps(results, truncate="truncate", keep_all="keep-all")
     assert results[0].gap_closed is None
+
+
+@pytest.mark.parametrize(
+    ("probe", "said"),
+    [({"answer": "5521"}, "no question to ask"), ({"question": 7, "answer": "5521"}, '"question" must be a string')],
+)
+def test_eval_answers_refuses_a_probe_it_cannot_ask(tmp_path, probe, said):
+    write_file(tmp_path, "b", "The gate code is 5521.", "5521", 1)
+    probes = tmp_path / "bad.probes.json"
+    probes.write_text(json.dumps([probe]))
+    args = ["eval", "answers", str(tmp_path / "b.jsonl"), "--probes", str(probes), "--budget", "160", "--model", "tiny"]
+    result = run(*args)
+    assert result.exit_code != 0 and said in result.output, result.output
