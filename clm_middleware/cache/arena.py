@@ -156,6 +156,16 @@ class ArenaCache(Cache):
     def num_tokens(self) -> int:
         return self.layer_lengths[0]
 
+    @property
+    def intact(self) -> bool:
+        """Whether its layers still reach it. A generation dropped mid-call and collected
+        with its arena in one garbage cycle has the layers' weak proxies cleared before
+        its ``finally`` hands the arena back: such an arena is never reused."""
+        try:
+            return all(layer._arena.capacity_tokens == self.capacity_tokens for layer in self.layers)
+        except ReferenceError:
+            return False
+
     def layer_keys(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s keys of positions ``0..num_tokens``, ``[kv_heads, n, head_dim]`` (a view)."""
         return self.flat_keys[layer][:, : self.layer_lengths[layer]]
@@ -227,6 +237,8 @@ class ArenaRecycler:
     def give(self, arena: ArenaCache, token_ids: list[int], extra_key: bytes, exact_tokens: int | None = None) -> None:
         """Return an arena whose first ``num_tokens`` positions hold ``token_ids``' K/V,
         approximate from ``exact_tokens`` on (None: all exact)."""
+        if not arena.intact:
+            return
         arena.token_ids, arena.extra_key, arena.exact_tokens = token_ids, extra_key, exact_tokens
         with self._lock:
             self._spare.append(arena)

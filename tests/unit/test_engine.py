@@ -294,6 +294,22 @@ def test_a_dropped_engine_is_freed_without_a_cycle_collection(make_either_engine
         gc.enable()
 
 
+def test_a_generation_dropped_mid_call_and_collected_leaves_the_engine_usable(make_either_engine):
+    """Collected in one garbage cycle with its arena, a dropped generation's ``finally``
+    ran after the arena's layers had lost it; the arena went back to the spares, and
+    every later call on the engine failed with ReferenceError."""
+    import gc
+
+    engine = make_either_engine(max_blocks=64)
+    expected = engine.generate(prompt_of(20), max_new_tokens=3).result().token_ids
+    dropped = iter(engine.generate(prompt_of(40), max_new_tokens=20))
+    next(dropped)
+    del dropped
+    gc.collect()
+    assert engine.pool.stats().blocks_in_use == 0
+    assert engine.generate(prompt_of(20), max_new_tokens=3).result().token_ids == expected
+
+
 def test_a_forced_reply_past_the_window_is_named_as_the_forced_reply_not_max_new_tokens(engine):
     window = engine.max_positions
     with pytest.raises(ContextWindowError, match=r"plus the forced reply \(") as raised:
