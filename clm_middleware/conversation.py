@@ -27,8 +27,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import functools
 import inspect
 import threading
 import time
@@ -41,7 +43,7 @@ from types import MappingProxyType
 from typing import Any
 
 from clm_middleware.engine.protocol import ServingEngine, signals_source
-from clm_middleware.errors import ClmError, ConfigError
+from clm_middleware.errors import ClmError, ConfigError, ConversationBusyError
 from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdict
 from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
 from clm_middleware.lifecycle.compaction import Compactor, ContextBudgetError
@@ -74,6 +76,17 @@ from clm_middleware.store import ConversationRecord, Store, StoreError
 from clm_middleware.structured import ResponseFormat
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _one_caller(method: Callable[..., Any]) -> Callable[..., Any]:
+    """The method runs as the conversation's one caller (``Conversation._calling``)."""
+
+    @functools.wraps(method)
+    def call(self: Conversation, *args: Any, **kwargs: Any) -> Any:
+        with self._calling():
+            return method(self, *args, **kwargs)
+
+    return call
 
 
 class Conversation:
@@ -200,6 +213,9 @@ class Conversation:
         # (an async caller's next call), and a turn may start inside a stream's callback.
         self._turns_running = 0
         self._turns_lock = threading.Lock()
+        # the thread inside a call on this conversation (a stream counts while it computes,
+        # not between the pieces it yields), and how deep: its own nested calls go on
+        self._caller: tuple[int, int] | None = None
         self._runner = TurnRunner(self)
         if hasattr(self.engine.pool, "add_pressure_listener"):  # a remote engine's pool has none
             self.engine.pool.add_pressure_listener(_ReleaseWhenIdle(self))
@@ -218,6 +234,7 @@ class Conversation:
 
     # ------------------------------------------------------------ public API
 
+    @_one_caller
     def send(self, text: str) -> Reply:
         """Add a user message and answer it.
 
@@ -235,6 +252,7 @@ class Conversation:
             self.discard(start)
             raise
 
+    @_one_caller
     def stream(self, text: str) -> Iterator[str]:
         """Like ``send``, yielding the visible reply as it is generated; then ``last_reply``
         is set. A stream closed before its end takes its message back, as a ``ValueError``
@@ -253,6 +271,7 @@ class Conversation:
             self.discard(start)
             raise
 
+    @_one_caller
     def add(self, role: str, content: str) -> list[Segment]:
         """Put a message into the conversation without answering it (system, user or tool).
 
@@ -314,6 +333,7 @@ class Conversation:
         assert self.last_reply is not None
         return self.last_reply
 
+    @_one_caller
     def respond_stream(
         self,
         forced_reply: str | None = None,
@@ -338,15 +358,22 @@ class Conversation:
         steps = self._runner.turn_steps(forced_reply, reply_prefix or "", settings or self.generation, cancelled)
         return self._opened(steps)
 
-    def _opened(self, steps: Iterator[str]) -> Iterator[str]:
+    def _opened(self, steps: Generator[str, None, None]) -> Iterator[str]:
         """``steps`` as the conversation's open stream until it ends or is closed."""
 
         def tracked() -> Generator[str, None, None]:
             with self._turns_lock:
                 self._turns_running += 1
             try:
-                yield from steps
+                while True:
+                    with self._calling():  # each piece is computed by one caller at a time
+                        try:
+                            piece = next(steps)
+                        except StopIteration:
+                            return
+                    yield piece
             finally:
+                steps.close()  # closed early: the turn is undone (a no-op once it has ended)
                 if self._open_stream is stream:
                     self._open_stream = None
                 with self._turns_lock:
@@ -357,6 +384,26 @@ class Conversation:
         self._open_stream = stream
         return stream
 
+    @contextlib.contextmanager
+    def _calling(self) -> Iterator[None]:
+        """Be the conversation's one caller for the block: a call from another thread while
+        one runs is a ``ConversationBusyError`` (two turns at once had interleaved their
+        messages and replies); the same thread's nested calls go on."""
+        me = threading.get_ident()
+        with self._turns_lock:
+            thread, depth = self._caller or (me, 0)
+            if thread != me:
+                raise ConversationBusyError(
+                    f"conversation {self.id!r} is answering a call from another thread; it takes one call at a time",
+                    hint="use one conversation per thread, or a lock around the calls",
+                )
+            self._caller = (me, depth + 1)
+        try:
+            yield
+        finally:
+            with self._turns_lock:
+                self._caller = (me, depth) if depth else None
+
     def _close_open_stream(self) -> None:
         """Close a stream its caller left unfinished (a ``break`` out of the loop): its turn
         is undone and, for ``stream``, its message taken back, before anything else runs."""
@@ -366,6 +413,7 @@ class Conversation:
         self._open_stream = None
         stream.close()
 
+    @_one_caller
     def discard(self, messages: int) -> None:
         """Remove the messages from index ``messages`` on: what a failed or cancelled call
         added before its reply was recorded. The conversation then renders as it did before
@@ -387,6 +435,7 @@ class Conversation:
         self._live.truncate(messages)
         self.fold = min(self.fold, messages)
 
+    @_one_caller
     def set_tools_prompt(self, text: str | None) -> None:
         """The tools section of the system message (see ``adapters/tools.py``); ``None`` removes it.
 
@@ -565,6 +614,7 @@ class Conversation:
         except KeyError:
             raise ConfigError("segment", f"no segment {segment!r} in conversation {self.id}") from None
 
+    @_one_caller
     def pin(self, segment: SegmentId | str) -> Segment:
         """Never drop or compress this segment; brings it back if it was removed.
 
@@ -578,6 +628,7 @@ class Conversation:
         self._record_user_decision(target, Label.KEEP, "pinned by user")
         return target
 
+    @_one_caller
     def forget(self, segment: SegmentId | str) -> Segment:
         """Drop this segment from the context at the next turn (it stays in ``history``).
         Forgetting overrides a pin (the system prompt's included): a forgotten segment that
@@ -668,6 +719,7 @@ class Conversation:
     def turn_log(self) -> list[TurnStats]:
         return list(self._turn_log)
 
+    @_one_caller
     def close(self) -> None:
         """Save what the store does not hold yet (messages added since the last turn: a
         system prompt, a seeded history, a fork's copy), then give back every pool
@@ -695,6 +747,7 @@ class Conversation:
     def _release_cache_locked(self) -> int:
         return self._held.give_back(self.engine.pool, self.reclaimer)
 
+    @_one_caller
     def abandon(self) -> None:
         """Close a conversation whose first call failed: one that never saved a turn also
         leaves no row in its store (nothing half-done is stored)."""

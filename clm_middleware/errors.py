@@ -46,6 +46,11 @@ class ContextWindowError(ClmError, ValueError):
     """A request needs more positions than the model has."""
 
 
+class ConversationBusyError(ClmError, RuntimeError):
+    """A call on a conversation while another thread's call on it runs: a conversation
+    answers one call at a time (its messages and context are one sequence)."""
+
+
 class PoolExhaustedError(ClmError, RuntimeError):
     """The active requests need more KV blocks than the pool holds.
 

@@ -945,3 +945,36 @@ def test_a_question_naming_a_folded_calls_argument_does_not_bring_the_call_back(
     conversation.add("user", "Is zoe_park_4411 still a gold member?")
     reply = conversation.respond("Yes.")
     assert call.id not in reply.stats.restored and "<tool_call>" not in conversation.context
+
+
+def test_a_call_from_another_thread_while_a_turn_runs_is_refused_and_the_turn_is_untouched(tiny_model, tiny_tok):
+    """Two threads sending at once had interleaved their messages and replies (user, user,
+    assistant, assistant; the context then showed one message and neither reply)."""
+    import threading
+
+    from clm_middleware.engine import Engine
+    from clm_middleware.errors import ConversationBusyError
+
+    inside, release = threading.Event(), threading.Event()
+
+    def hold_first_token(generated, logits):
+        if not inside.is_set():  # the first token the turn chooses waits until released
+            inside.set()
+            assert release.wait(30)
+        return logits
+
+    engine = Engine(tiny_model, tiny_tok, logits_processors=[hold_first_token])
+    conversation = Conversation(engine, max_new_tokens=2, tagging="signals")
+    first = threading.Thread(target=conversation.send, args=("from the first thread",))
+    first.start()
+    try:
+        assert inside.wait(30)
+        for call in (lambda: conversation.send("from the second"), lambda: conversation.add("user", "x")):
+            with pytest.raises(ConversationBusyError, match="another thread"):
+                call()
+    finally:
+        release.set()
+        first.join(30)
+    history = conversation.history
+    assert [m.role for m in history] == ["user", "assistant"] and history[0].content == "from the first thread"
+    assert conversation.send("now the second").turn == 2  # free again once the turn ended
