@@ -680,7 +680,10 @@ class Conversation:
         }
 
     def settings(self) -> dict[str, Any]:
-        """The settings a reload needs (``Conversation.load`` passes them back)."""
+        """The settings a reload needs (``Conversation.load`` passes them back): the
+        constructor's arguments, and under ``lifecycle_settings`` / ``generation_settings``
+        what a ``config=`` / ``generation=`` of one's own set beyond them (a custom
+        ``TaggingConfig`` is not kept: a reload reads its mode's defaults)."""
         config, generation = self.config, self.generation
         return {
             "tagging": config.tagging.mode,
@@ -713,6 +716,9 @@ class Conversation:
                 else {}
             ),
             **({TOOLS_PROMPT_SETTING: self.tools_prompt} if self.tools_prompt is not None else {}),
+            # what a config= or generation= of one's own set beyond the arguments above
+            **_beyond_defaults(LIFECYCLE_SETTING, config, LifecycleConfig(), _LIFECYCLE_BEYOND),
+            **_beyond_defaults(GENERATION_SETTING, generation, GenerationSettings(), _GENERATION_BEYOND),
         }
 
     @property
@@ -784,7 +790,7 @@ class Conversation:
             store = Store(store)
         stored = store.load(conversation_id)
         known = inspect.signature(cls.__init__).parameters.keys() - {"self", "engine", "store", "conversation_id"}
-        if unknown := sorted(stored.record.settings.keys() - known - {TOOLS_PROMPT_SETTING}):
+        if unknown := sorted(stored.record.settings.keys() - known - _STORED_ONLY):
             raise StoreError(
                 f"{store.path}: conversation {conversation_id!r} has settings this version does not know "
                 f"({', '.join(unknown)})",
@@ -794,6 +800,8 @@ class Conversation:
             raise ConfigError(unknown[0], f"not a setting of a loaded conversation (known: {', '.join(sorted(known))})")
         given = {**stored.record.settings, **settings}
         tools_prompt = given.pop(TOOLS_PROMPT_SETTING, None)  # set with set_tools_prompt, not a constructor argument
+        _rebuild_settings(given, LIFECYCLE_SETTING, "config", LifecycleConfig, _LIFECYCLE_ARGUMENTS)
+        _rebuild_settings(given, GENERATION_SETTING, "generation", GenerationSettings, _GENERATION_ARGUMENTS)
         conversation = cls(engine, conversation_id=conversation_id, **given)
         conversation.tools_prompt = tools_prompt
         conversation.store = store  # its row exists: saves continue it (no register)
@@ -994,6 +1002,55 @@ class Conversation:
 
 
 TOOLS_PROMPT_SETTING = "tools_prompt"  # in a stored conversation's settings: the tools section it showed
+# in a stored conversation's settings: the fields of its LifecycleConfig / GenerationSettings
+# that no constructor argument sets, where they differ from the defaults
+LIFECYCLE_SETTING, GENERATION_SETTING = "lifecycle_settings", "generation_settings"
+_STORED_ONLY = frozenset({TOOLS_PROMPT_SETTING, LIFECYCLE_SETTING, GENERATION_SETTING})
+_LIFECYCLE_ARGUMENTS = ("tagging", "budget", "k", "compression", "compress_min_tokens", "compact_ahead")
+_LIFECYCLE_BEYOND = (
+    "target_ratio",
+    "low_water",
+    "min_low_water",
+    "room_turns",
+    "min_reclaim_tokens",
+    "protect_turns",
+    "recent_share",
+    "request_share",
+)
+_GENERATION_ARGUMENTS = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "no_repeat_ngram_size",
+    "response_format",
+)
+_GENERATION_BEYOND = ("end_after", "block_tokens", "logit_bias", "cut_repeats")
+
+
+def _beyond_defaults(key: str, settings: Any, defaults: Any, names: Sequence[str]) -> dict[str, Any]:
+    """``{key: {name: value}}`` for the ``names`` whose value differs from the default, or ``{}``."""
+    changed = {name: getattr(settings, name) for name in names if getattr(settings, name) != getattr(defaults, name)}
+    return {key: changed} if changed else {}
+
+
+def _rebuild_settings(given: dict[str, Any], key: str, argument: str, kind: type, arguments: Sequence[str]) -> None:
+    """Where ``given`` (a stored conversation's settings) holds ``key``, its fields and the
+    plain arguments become one ``kind`` passed as ``argument`` (the constructor takes the
+    one or the others); a ``config=`` / ``generation=`` given to ``load`` wins."""
+    beyond = given.pop(key, None)
+    if not beyond or argument in given:
+        return
+    plain = {name: given.pop(name) for name in arguments if name in given}
+    if "stop" in plain:
+        plain["stop"] = tuple(plain["stop"] or ())
+    given[argument] = kind(**plain, **beyond)
 
 
 def _open_store(store: Any) -> Store | None:

@@ -51,7 +51,7 @@ do not edit by hand.
 """
 
 NOTES = {
-    "conversations": "One row per conversation: settings (JSON) to reload it, the turn counter, the next segment number, the digest fold, whether the protocol context is on, and the recent free-form parse results.",
+    "conversations": "One row per conversation: settings (JSON) to reload it (the constructor's arguments, and what a config or generation object of one's own set beyond them), the turn counter, the next segment number, the digest fold, whether the protocol context is on, and the recent free-form parse results.",
     "messages": "Everything said, complete (`content`), whatever the context keeps of it; `raw_output` is the model's full output with any lifecycle block; `segment_ids` (JSON) in order.",
     "segments": "The units the lifecycle decides about: `token_ids` (JSON) so a reload renders the same prompt, `status` (active, compressed, dropped), the latest `label` and who decided it, the `summary` that replaces a compressed segment (the original `text` always stays), self-information (`surprisal`, JSON) and decayed attention density.",
     "decisions": "Every label decided, per turn and segment, with `decided_by` (model, constrained, signals, rules) and the reason.",

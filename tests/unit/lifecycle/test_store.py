@@ -1,5 +1,6 @@
 """SQLite persistence: a reloaded conversation renders the same context; migrations apply once."""
 
+import dataclasses
 import json
 import os
 import stat
@@ -487,3 +488,17 @@ def test_every_folder_a_new_store_creates_is_owner_only(converse, tmp_path):
     converse(store=path).send("hello")
     assert [oct(folder.stat().st_mode & 0o777) for folder in (path.parent, path.parent.parent)] == ["0o700", "0o700"]
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_settings_a_config_or_generation_of_ones_own_set_come_back_on_load(engine, tmp_path):
+    from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
+
+    path = tmp_path / "chats.db"
+    config = LifecycleConfig(budget=300, low_water=0.5, recent_share=0.5, target_ratio=2.0, protect_turns=2)
+    generation = GenerationSettings(max_new_tokens=8, logit_bias=((5, -100.0),), cut_repeats=False, end_after=("zz",))
+    chat = Conversation(engine, config=config, generation=generation, store=path, conversation_id="own")
+    chat.send("hello")
+    chat.close()
+    loaded = Conversation.load(path, "own", engine)
+    assert loaded.config == config and loaded.generation == generation
+    assert Conversation.load(path, "own", engine, budget=512).config == dataclasses.replace(config, budget=512)
