@@ -46,7 +46,7 @@ from clm_middleware.engine.execution import RequestRunner
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request, request_ids
 from clm_middleware.engine.observe import Observe, default_probe_layers
 from clm_middleware.engine.penalties import GenerationDefaults
-from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters
+from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters, check_stop_strings
 from clm_middleware.engine.stats import EngineStats
 from clm_middleware.errors import ConfigError, ContextWindowError, PoolTooSmallError
 from clm_middleware.models.fingerprint import model_fingerprint
@@ -274,6 +274,7 @@ class Engine:
             self._check_pool_fits(len(prompt) + sampling.max_new_tokens, sampling.max_new_tokens, after)
         if stop and self.tokenizer is None:
             raise ConfigError("stop", "stop strings need an engine created with a tokenizer")
+        check_stop_strings(stop)
         request = Request(
             prompt=prompt,
             sampling=sampling,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +24,20 @@ def request_ids(
 ) -> tuple[list[int], tuple[int, ...] | None]:
     """A generate call's prompt and forced continuation as plain ints (``None``: decode);
     a forced continuation must hold at least one token (every engine's contract)."""
-    prompt = [int(token) for token in prompt_token_ids]
-    forced = None if forced_token_ids is None else tuple(int(token) for token in forced_token_ids)
+    prompt = [_token_id(token, "prompt_token_ids") for token in prompt_token_ids]
+    forced = None if forced_token_ids is None else tuple(_token_id(t, "forced_token_ids") for t in forced_token_ids)
     if forced is not None and not forced:
         raise ConfigError("forced_token_ids", "must hold at least one token")
     return prompt, forced
+
+
+def _token_id(token: Any, field: str) -> int:
+    """An integer id (numpy's and torch's integer scalars too); ``2.5`` or ``"7"`` is no id."""
+    try:
+        whole = operator.index(token)
+    except TypeError:
+        raise ConfigError(field, f"token ids must be integers, got {token!r}") from None
+    return int(whole)
 
 
 @dataclass(frozen=True, slots=True)

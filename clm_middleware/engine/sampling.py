@@ -17,6 +17,7 @@ each kept set anyway.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,13 @@ def check_seed(seed: int | None) -> None:
         raise ConfigError("seed", f"must be an integer in [-2**63, 2**64 - 1], got {seed!r}")
 
 
+def check_stop_strings(stop: Sequence[str] | None) -> None:
+    """Raise ``ConfigError`` naming ``stop`` unless each is a non-empty string ("" is in
+    every text: it would end each reply at its first token)."""
+    if any(not isinstance(marker, str) or not marker for marker in stop or ()):
+        raise ConfigError("stop", f"each stop string must be a non-empty string, got {list(stop or ())!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Resolved sampling settings of one request (no ``None``: defaults are applied by the engine)."""
@@ -58,7 +66,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
             raise ConfigError("max_new_tokens", f"must be ≥ 0, got {self.max_new_tokens}")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # NaN too
             raise ConfigError("temperature", f"must be ≥ 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}")

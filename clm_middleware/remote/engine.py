@@ -37,7 +37,7 @@ import xxhash
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request, request_ids
 from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.penalties import GenerationDefaults
-from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters
+from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters, check_stop_strings
 from clm_middleware.engine.stats import EngineStats
 from clm_middleware.errors import ConfigError, ContextWindowError
 from clm_middleware.remote.client import ClientConfig, RemoteEngineError, ServerClient
@@ -211,6 +211,7 @@ class RemoteEngine:
             raise ConfigError("return_logits", "a remote engine does not return logits")
         prompt, forced = request_ids(prompt_token_ids, forced_token_ids)
         check_sampling_filters(top_k, min_p)
+        check_stop_strings(stop)
         extra = penalty_fields(logits_processors, self.info.dialect)
         if stop_token_ids is not None:
             extra["stop_token_ids"] = [int(t) for t in stop_token_ids]

@@ -315,3 +315,18 @@ def test_a_forced_reply_past_the_window_is_named_as_the_forced_reply_not_max_new
     with pytest.raises(ContextWindowError, match=r"plus the forced reply \(") as raised:
         engine.generate([1] * (window - 2), max_new_tokens=4, forced_token_ids=[5] * 8).result()
     assert "max_new_tokens" not in str(raised.value) + (raised.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"temperature": float("nan")}, "temperature"),
+        ({"stop": [""]}, "stop"),
+        ({"prompt_token_ids": [1, 2.5]}, "prompt_token_ids"),
+        ({"forced_token_ids": ["7"]}, "forced_token_ids"),
+    ],
+)
+def test_generate_refuses_arguments_that_cannot_work_naming_them(engine, arguments, field):
+    call = {"prompt_token_ids": [1, 2, 3], "max_new_tokens": 2, **arguments}
+    with pytest.raises(ConfigError, match=rf"^{field}:"):
+        engine.generate(**call).result()
