@@ -169,6 +169,11 @@ class SessionRouter:
             found = self._sessions.get(key)
             return found if found is not None else self._sessions.get(self._names.get(key, key))
 
+    def branches(self, name: str) -> list[Session]:
+        """Every open branch of the session a caller named ``name`` (none for a name never given)."""
+        with self._lock:
+            return [self._sessions[c] for c in self._branches.get(name, ()) if c in self._sessions]
+
     def give_back_cache(self, num_blocks: int) -> None:
         """The pool is short of ``num_blocks``: idle conversations release the blocks they
         hold between turns, least recently used first, until the pool has the room (or

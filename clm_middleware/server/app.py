@@ -120,12 +120,19 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
         return {**detail(found.conversation), "busy": False}
 
     @app.delete("/v1/sessions/{session_id:path}")
-    async def close_session(named: tuple[str | None, Session] = Depends(named_session)) -> dict[str, Any]:
+    async def close_session(
+        session_id: str, named: tuple[str | None, Session] = Depends(named_session)
+    ) -> dict[str, Any]:
+        """A session name closes every branch made under it (the name then leads nowhere,
+        and its next call starts afresh); a branch's own id closes that branch."""
         tenant, found = named
-        if found.busy:
-            raise APIError(409, f"session {found.conversation.id!r} is answering a request", code="session_busy")
-        service.router(tenant).forget(found)
-        return {"id": found.conversation.id, "object": "clm.session", "deleted": True}
+        router = service.router(tenant)
+        closing = router.branches(session_id) or [found]
+        if busy := next((s for s in closing if s.busy), None):
+            raise APIError(409, f"session {busy.conversation.id!r} is answering a request", code="session_busy")
+        for session in closing:
+            router.forget(session)
+        return {"id": session_id, "object": "clm.session", "deleted": True}
 
     async def start_turn(chat: ChatRequest, tenant: str | None) -> TurnEvents:
         """The turn running in a worker once a slot is free; the worker gives the slot back."""

@@ -252,3 +252,20 @@ def test_json_object_gives_a_json_object(client, model_id):
     reply = _chat(client, model_id, messages, response_format={"type": "json_object"}, max_tokens=200, seed=3)
     assert reply.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(reply.choices[0].message.content), dict)
+
+
+def test_deleting_a_session_name_closes_every_branch_so_the_name_starts_afresh(client, model_id, server):
+    first = [{"role": "user", "content": "Branch me."}]
+    reply = _chat(client, model_id, first, session="tree").choices[0].message.content
+    asked = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "Go on."}]
+    _chat(client, model_id, asked, session="tree")
+    regenerated = _chat(client, model_id, asked, session="tree")  # the same history again: a fork
+    assert regenerated.model_extra["clm"]["route"] == "fork"
+    ids = [s["id"] for s in httpx.get(server.api + "/sessions", timeout=10).json()["data"]]
+    assert sum(i.startswith("tree") for i in ids) == 2
+    deleted = httpx.delete(server.api + "/sessions/tree", timeout=10)
+    assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+    ids = [s["id"] for s in httpx.get(server.api + "/sessions", timeout=10).json()["data"]]
+    assert not any(i.startswith("tree") for i in ids)
+    assert httpx.get(server.api + "/sessions/tree", timeout=10).status_code == 404
+    assert _chat(client, model_id, asked, session="tree").model_extra["clm"]["route"] == "new"
