@@ -301,10 +301,13 @@ class Compactor:
                 self._trim_newest_tool_results(ordered, newest, turn, lambda: self.prompt_length() - budget, result)
             length = self.prompt_length()
             if length > budget:
+                pinned = sum(len(s.token_ids) for s in ordered if s.pinned and s.visible and s.role != "system")
+                held = f"; {pinned} of them are in pinned segments, which never leave" if pinned else ""
                 raise ContextBudgetError(
                     f"the prompt needs {length} tokens after removing everything removable and condensing the newest "
-                    f"messages as far as their facts allow; the budget is {budget}",
-                    hint="raise the budget, or send a shorter message",
+                    f"messages as far as their facts allow{held}; the budget is {budget}",
+                    hint="raise the budget, or send a shorter message"
+                    + (", or forget() a pinned segment" if pinned else ""),
                 )
         return result
 

@@ -978,3 +978,15 @@ def test_a_call_from_another_thread_while_a_turn_runs_is_refused_and_the_turn_is
     history = conversation.history
     assert [m.role for m in history] == ["user", "assistant"] and history[0].content == "from the first thread"
     assert conversation.send("now the second").turn == 2  # free again once the turn ended
+
+
+def test_pins_that_leave_no_room_are_named_in_the_budget_error_with_the_way_out(converse):
+    conversation = converse(budget=200, max_new_tokens=4)
+    for number in range(4):
+        conversation.send(f"Message {number}: my code is {1000 + number}-ZX. Please remember it carefully.")
+    for segment in conversation.segments:
+        if segment.role != "system":
+            conversation.pin(segment.id)
+    with pytest.raises(ContextBudgetError, match="in pinned segments, which never leave") as raised:
+        conversation.send("next " * 30)
+    assert "forget() a pinned segment" in (raised.value.hint or "")
