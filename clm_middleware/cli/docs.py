@@ -6,9 +6,6 @@ committed page differs from what this renders.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import click
 
 from clm_middleware.cli.main import cli
@@ -46,5 +43,6 @@ def render_cli_reference() -> str:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/cli.md")
-    target.write_text(render_cli_reference(), encoding="utf-8")
+    from clm_middleware.reference_docs import write_reference
+
+    write_reference(render_cli_reference, "docs/cli.md", "command-line reference")

@@ -6,9 +6,6 @@ the committed page differs from what this renders.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from sqlite_utils import Database
 
 from clm_middleware.store.migrations import MIGRATIONS, MIGRATIONS_TABLE, migrate
@@ -74,5 +71,6 @@ def render_store_reference() -> str:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/store.md")
-    target.write_text(render_store_reference(), encoding="utf-8")
+    from clm_middleware.reference_docs import write_reference
+
+    write_reference(render_store_reference, "docs/store.md", "store schema reference")
