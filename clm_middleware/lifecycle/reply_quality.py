@@ -195,6 +195,16 @@ def _clause_words(sentence: str) -> list[str]:
     return [w for w in _words(sentence) if w[0].isalnum()]  # "the total," repeats "the total."
 
 
+# a clause that opens with one of these says the rest again when the rest repeats: "I can
+# help you with that, but I can help you with that." loops as "X, X" does
+_LINKING_WORDS = frozenset({"and", "but", "or", "so", "yet", "then"})
+
+
+def _unlinked(words: list[str]) -> list[str]:
+    """A clause's words as repeats compare them: without a linking word it opens with."""
+    return words[1:] if len(words) > 1 and words[0] in _LINKING_WORDS else words
+
+
 def _key(words: list[str]) -> str | None:
     """A clause's words as the cut compares them; None under ``REPEAT_MIN_WORDS`` words."""
     return " ".join(words) if len(words) >= REPEAT_MIN_WORDS else None
@@ -288,11 +298,12 @@ class RepeatWatch:
             if opens:
                 self._sentence_item = self._after_marker or bool(_LIST_ITEM.match(unit.lstrip()))
             self._after_marker = bool(_NUMBER_MARKER.fullmatch(unit.strip()))
-            clause, index = " ".join(words), len(self._clauses)
+            compared = _unlinked(words)
+            clause, index = " ".join(compared), len(self._clauses)
             self._clauses.append(clause)
             self._starts.append(at)
             cuts += self._advance(clause)
-            key = _key(words)
+            key = _key(compared)
             if key is None:
                 if self._short_run(clause) >= REPEAT_RUN:
                     cuts.append(at)
@@ -357,9 +368,12 @@ class RepeatWatch:
         said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
         tail_at = len(text) - len(tail.lstrip())
         if said:
-            begun = " ".join(said)  # an earlier key that starts with it: its words, the last one begun
+            # an earlier key that starts with it: its words, the last one begun (a linking
+            # word alone may still open a repeat: "…, and" before "you can add up the total")
+            begun = " ".join(_unlinked(said))
             clause, count = self._run  # or the clause that would complete a run
-            if _begins_one_of(self._keys, begun) or (count == REPEAT_RUN - 1 and clause.startswith(begun)):
+            linking = len(said) == 1 and bool(self._keys) and any(w.startswith(said[0]) for w in _LINKING_WORDS)
+            if linking or _begins_one_of(self._keys, begun) or (count == REPEAT_RUN - 1 and clause.startswith(begun)):
                 held.append(tail_at)
         sentence = " ".join(self._sentence + said)
         item = self._sentence_item if self._sentence else self._after_marker or bool(_LIST_ITEM.match(tail.lstrip()))

@@ -251,6 +251,21 @@ def test_a_stream_never_shows_a_repeated_clause_the_final_answer_cuts(raw):
     assert shown + stream.finish(final) == final and len(final) < len(raw) * 0.8
 
 
+def test_a_clause_said_again_after_a_linking_word_is_cut_there():
+    # "X, but X." is a loop as "X, X" is (a tau-bench replay under clm: 47% repeated
+    # 4-grams, under the loop flag's half, and no cut)
+    raw = (
+        "Theres a lot of information here, but I can help you with the rest. I can help you with theres a lot "
+        "of information here, but I can help you with theres a lot of information here. I can help you"
+    )
+    assert visible_answer(raw, stops=(), cut_repeats=True) == (
+        "Theres a lot of information here, but I can help you with the rest. I can help you with theres a lot "
+        "of information here,"
+    )
+    for said in ("I like tea, and I like coffee.", "Call me later, or call me tomorrow."):
+        assert visible_answer(said, stops=(), cut_repeats=True) == said
+
+
 def test_a_clause_that_repeats_inside_a_sentence_is_cut_too():
     raw = "The tip is 2 euros. You can add up the tip, and you can add up the total, and you can add up the total."
     assert visible_answer(raw, stops=(), cut_repeats=True) == (
@@ -388,6 +403,7 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
     first clause at which any is complete giving the cut (its earliest start); and the
     unfinished tail's hold (the earliest start of what may still become such a repeat)."""
     from clm_middleware.lifecycle.reply_quality import (
+        _LINKING_WORDS,
         _LIST_ITEM,
         _NUMBER_MARKER,
         _SENTENCE_END,
@@ -432,17 +448,20 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
                 found.append(clauses[n][0])
         return found
 
+    def unlinked(words: list[str]) -> list[str]:  # a clause opening with "and", "but"... says the rest
+        return words[1:] if len(words) > 1 and words[0] in _LINKING_WORDS else words
+
     for end in _SENTENCE_END.finditer(text):
         unit, start = text[start : end.end()], end.end()
-        words = " ".join(w for w in _words(unit) if w[0].isalnum())
-        if words:
+        said_words = [w for w in _words(unit) if w[0].isalnum()]
+        if said_words:
             if not sentence:
                 openers.add(len(clauses))
                 if after_marker or _LIST_ITEM.match(unit.lstrip()):
                     items.add(len(clauses))
             after_marker = bool(_NUMBER_MARKER.fullmatch(unit.strip()))
-            clauses.append((start - len(unit.lstrip()), words))
-            sentence.append(clauses[-1])
+            clauses.append((start - len(unit.lstrip()), " ".join(unlinked(said_words))))
+            sentence.append((clauses[-1][0], " ".join(said_words)))
         if any(mark in end.group() for mark in _SENTENCE_MARKS) and sentence:
             opener = len(clauses) - len(sentence)
             sentences.append((sentence[0][0], " ".join(w for _, w in sentence), opener in items))
@@ -450,7 +469,8 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
         if found := repeats():
             return min(found), 0
     tail = text[start:]
-    said = " ".join(w for w in _words(tail) if w[0].isalnum())
+    tail_words = [w for w in _words(tail) if w[0].isalnum()]
+    said = " ".join(tail_words)
     tail_at = len(text) - len(tail.lstrip())
     held = []
     words = [w for _, w in clauses]
@@ -462,14 +482,16 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
                 held.append(clauses[i][0])
     long_words = [w for w in words if len(w.split()) >= REPEAT_MIN_WORDS]
     runs = words[-(REPEAT_RUN - 1) :] if len(words) >= REPEAT_RUN - 1 else []
-    if said and any(w.startswith(said) for w in long_words):
+    if said and any(w.startswith(" ".join(unlinked(tail_words))) for w in long_words):
         held.append(tail_at)
+    if len(tail_words) == 1 and long_words and any(w.startswith(said) for w in _LINKING_WORDS):
+        held.append(tail_at)  # a linking word, or its start, may still open a repeat
     if (
         said
         and runs
         and len(runs[0].split()) < REPEAT_MIN_WORDS
         and all(w == runs[0] for w in runs)
-        and runs[0].startswith(said)
+        and runs[0].startswith(" ".join(unlinked(tail_words)))
     ):
         held.append(tail_at)
     begun = " ".join([w for _, w in sentence] + ([said] if said else []))
@@ -483,6 +505,8 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
 
 SENTENCES = [
     "We book the room.",
+    "and we book the room,",
+    "but the room is 1,200 euros.",
     "\n- We book the room.",
     "\n1. we book the rooms,",
     "\n2.",
