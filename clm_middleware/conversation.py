@@ -166,6 +166,7 @@ class Conversation:
 
             engine = Engine.from_pretrained()
         self.engine = engine
+        _check_budget_fits_engine(self.config.budget, engine)
         self.id = conversation_id
         self.cache_salt = cache_salt
         self.chat_format = ChatFormat.from_tokenizer(self.engine.tokenizer)
@@ -1032,6 +1033,20 @@ _GENERATION_ARGUMENTS = (
     "response_format",
 )
 _GENERATION_BEYOND = ("end_after", "block_tokens", "logit_bias", "cut_repeats")
+
+
+def _check_budget_fits_engine(budget: int | None, engine: ServingEngine) -> None:
+    """A budget over the positions the engine serves per request is refused at once: a
+    prompt would outgrow the engine turns before the budget folded anything (a remote
+    llama-server with 256 positions a slot failed at turn 4 of a replay at budget 512)."""
+    positions = engine.max_positions
+    if budget is None or not positions or budget <= positions:
+        return
+    raise ConfigError(
+        "budget",
+        f"{budget} tokens is over the {positions} positions the engine serves per request",
+        hint="lower the budget; a llama-server gives each slot its --ctx-size divided by --parallel",
+    )
 
 
 def _beyond_defaults(key: str, settings: Any, defaults: Any, names: Sequence[str]) -> dict[str, Any]:

@@ -242,7 +242,11 @@ class TurnRunner:
             raise ContextWindowError(
                 f"the prompt ({len(prompt)} tokens) fills the model's {c.engine.max_positions} positions: "
                 "no room is left for a reply",
-                hint="set a context budget (budget=...) so that older turns are folded, or shorten the messages",
+                hint=(
+                    "set a context budget (budget=...) so that older turns are folded, or shorten the messages"
+                    if c.config.budget is None
+                    else "lower the budget so that a reply has room, or shorten the messages"
+                ),
             )
         # near the window the reply is cut at its last position (finish_reason "length"), as llama.cpp does
         return c.engine.generate(

@@ -304,6 +304,16 @@ class RemoteEngine:
         started = time.perf_counter()
         stats = result.stats
         forced = request.forced
+        if forced is None and request.sampling.max_new_tokens == 0 and self.signals_source != "server":
+            # the prompt's signals alone (the compressor scoring its candidates): the scorer
+            # has them; a request would prefill on the server for nothing and take a slot
+            # from a conversation (its record overwritten: the next turn missed the cache)
+            stats.prompt_tokens = stats.prefill_tokens = len(request.prompt)  # the scorer's prefill
+            self._observe_locally(request, result)
+            result.finish_reason = stats.finish_reason = "length"
+            stats.total_s = time.perf_counter() - started
+            self.stats.add(stats)
+            return
         claim = self.slots.pick(request.prompt, fields["salt"], reuse=request.use_pool)
         body = completion_body(
             model=self.info.model_id,

@@ -61,6 +61,7 @@ class LlamaServer:
             # llama.cpp's AMX repacked weights crash (SIGSEGV in ggml_backend_amx_mul_mat)
             # on CPUs with AMX, as this machine's; plain CPU buffers compute the same.
             "--no-repack",
+            "--metrics",  # /metrics: what the server computed, for the tests that count it
         ]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

@@ -86,6 +86,33 @@ def test_a_reply_of_characters_split_over_tokens_keeps_every_id_and_its_text(rem
     assert ids == smollm2_tokenizer.encode(text, add_special_tokens=False)
 
 
+def test_a_call_for_the_prompts_signals_alone_never_reaches_the_server(llama_server, smollm2_tokenizer, smollm2_scorer):
+    # the compressor scores its candidates so (max_new_tokens=0): a request each took a
+    # slot from a conversation and prefilled on the server for nothing
+    from clm_middleware.engine.observe import Observe
+
+    remote = RemoteEngine(llama_server.url, smollm2_tokenizer, scorer=smollm2_scorer)
+
+    def computed() -> float:
+        lines = httpx.get(f"{llama_server.url}/metrics", timeout=30).text.splitlines()
+        return sum(float(line.split()[1]) for line in lines if line.startswith("llamacpp:prompt_tokens_total"))
+
+    before = computed()
+    prompt = smollm2_tokenizer.encode("The gate code is 5521 and the bus leaves at nine.")
+    scored = remote.generate(prompt, max_new_tokens=0, use_pool=False, observe=Observe(logprobs=True)).result()
+    assert computed() == before
+    assert scored.prompt_logprobs is not None and len(scored.prompt_logprobs) == len(prompt)
+    assert scored.token_ids == [] and scored.stats.prompt_tokens == len(prompt)
+
+
+def test_a_budget_over_a_servers_slot_is_refused_when_the_conversation_starts(remote):
+    slot = remote.max_positions  # llama-server: --ctx-size divided by --parallel
+    with pytest.raises(ConfigError, match=rf"budget: {slot + 64} tokens is over the {slot} positions") as raised:
+        Conversation(remote, budget=slot + 64)
+    assert "--parallel" in (raised.value.hint or "")
+    Conversation(remote, budget=slot).close()
+
+
 def test_decode_time_is_measured_also_when_the_caller_closes_the_stream_early(remote, smollm2_tokenizer):
     prompt = smollm2_tokenizer.apply_chat_template(
         [{"role": "user", "content": "Count from one to twenty in words."}],
