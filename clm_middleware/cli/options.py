@@ -430,30 +430,25 @@ def usage_error(error: Any, ctx: click.Context) -> click.UsageError:
     raise error
 
 
-def known_dtype(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """``--dtype`` checked as the options are parsed, for every model (the tiny one too)."""
-    if value == param.default:  # torch loads only for another value: a usage error stays fast
+def _checked_by(parser: str, field: str) -> Callable[[click.Context, click.Parameter, str], str]:
+    """A callback checking an option with ``models.loading``'s ``parser`` as the options
+    are parsed, for every model (the tiny one too); the default passes without loading
+    torch, so a usage error elsewhere stays fast."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        if value == param.default:
+            return value
+        from clm_middleware.errors import ConfigError
+        from clm_middleware.models import loading
+
+        try:
+            getattr(loading, parser)(value)
+        except ConfigError as error:
+            raise click.BadParameter(str(error.message).removeprefix(f"{field}: ")) from None
         return value
-    from clm_middleware.errors import ConfigError
-    from clm_middleware.models.loading import parse_dtype
 
-    try:
-        parse_dtype(value)
-    except ConfigError as error:
-        raise click.BadParameter(str(error.message).removeprefix("dtype: ")) from None
-    return value
+    return check
 
 
-def known_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """``--device`` checked as the options are parsed: a name torch does not know, or
-    CUDA where there is none, fails before anything loads."""
-    if value == param.default:
-        return value
-    from clm_middleware.errors import ConfigError
-    from clm_middleware.models.loading import parse_device
-
-    try:
-        parse_device(value)
-    except ConfigError as error:
-        raise click.BadParameter(str(error.message).removeprefix("device: ")) from None
-    return value
+known_dtype = _checked_by("parse_dtype", "dtype")
+known_device = _checked_by("parse_device", "device")  # a name torch does not know, or CUDA where there is none
