@@ -24,6 +24,7 @@ of those blocks the pool still caches.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 import weakref
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clm_middleware.conversation import Conversation
+from clm_middleware.errors import ConversationBusyError
 from clm_middleware.lifecycle.reply import shared_prefix_length
 from clm_middleware.store import ConversationExistsError
 
@@ -260,9 +262,12 @@ class _PressureListener:
 
 
 def _close_all(sessions: OrderedDict[str, Session]) -> None:
-    """Close every conversation of ``sessions`` (their blocks go back to the pool)."""
+    """Close every conversation of ``sessions`` (their blocks go back to the pool); one
+    whose turn still runs in another thread (a shutdown that outlasted its grace period)
+    is left to end, and the others are closed all the same."""
     for session in sessions.values():
-        session.conversation.close()
+        with contextlib.suppress(ConversationBusyError):
+            session.conversation.close()
     sessions.clear()
 
 
