@@ -257,7 +257,9 @@ def call_head(name: str, tools: Sequence[dict[str, Any]]) -> str:
     if len(properties) > 1:
         return head + "{"
     ((key, spec),) = properties.items()
-    return head + json.dumps({key: ""})[:-3] + ('"' if spec.get("type") == "string" else "")
+    # a parameter's schema may be a boolean (true: any value): only a string one opens its quote
+    string = isinstance(spec, dict) and spec.get("type") == "string"
+    return head + json.dumps({key: ""})[:-3] + ('"' if string else "")
 
 
 _SENTINEL = "\u2063CLM-SYSTEM\u2064"

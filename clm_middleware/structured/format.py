@@ -44,10 +44,14 @@ class ResponseFormat:
         with the arguments valid against the tool's ``parameters`` schema."""
         arguments = dict(parameters or {"type": "object", "properties": {}})
         arguments.setdefault("type", "object")
+        # definitions the parameters refer to ("#/$defs/Address", as pydantic and the openai
+        # SDK write them) move to the root, where those references point
+        definitions = {key: arguments.pop(key) for key in ("$defs", "definitions") if key in arguments}
         payload = {
             "type": "object",
             "properties": {"name": {"enum": [name]}, "arguments": arguments},
             "required": ["name", "arguments"],
+            **definitions,
         }
         return cls(schema_json=cls.from_schema(payload, field="tools.function.parameters").schema_json, tags=tags)
 

@@ -393,3 +393,29 @@ def test_a_reply_whose_only_call_names_no_bound_tool_keeps_it_as_text_where_aske
     follow = ChatCall(router, engine, again)
     list(follow.stream())
     assert follow.answer.route == "extend"
+
+
+def test_a_required_call_to_a_tool_with_defs_in_its_parameters_is_written_under_its_grammar(scripted_llm):
+    # pydantic and the openai SDK put nested models under "$defs"; nested under the call's
+    # "arguments", "#/$defs/Address" had pointed nowhere, and the call went unconstrained
+    from clm_middleware.adapters.chat_call import tool_call_format
+
+    llm, _ = scripted_llm("unused")
+    parameters = {
+        "type": "object",
+        "$defs": {"Address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+        "properties": {"to": {"$ref": "#/$defs/Address"}},
+        "required": ["to"],
+    }
+    spec = {"type": "function", "function": {"name": "ship", "description": "Ship it.", "parameters": parameters}}
+    assert tool_call_format(llm.engine, "ship", [spec]) is not None
+
+
+def test_a_required_call_to_a_tool_whose_only_parameter_schema_is_true_is_made(scripted_llm):
+    llm, _ = scripted_llm('"anything"}}</tool_call>')
+    spec = {
+        "type": "function",
+        "function": {"name": "echo", "parameters": {"type": "object", "properties": {"x": True}}},
+    }
+    message = llm.bind(tools=[spec], tool_choice="echo").invoke("Echo.")
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("echo", {"x": "anything"})]
