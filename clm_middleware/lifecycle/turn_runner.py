@@ -38,6 +38,7 @@ from clm_middleware.lifecycle.segments import (
     Status,
 )
 from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
+from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
 from clm_middleware.structured.format import inside_string
 
 if TYPE_CHECKING:
@@ -185,10 +186,17 @@ class TurnRunner:
         c.messages.append(reply_message)
         c.journal.message(reply_message)
         kind = "ack" if is_ack(answer_text) else "reply"
-        # a document that was asked for stays in the context, however repetitive its values
-        if not structured and (
-            "repetition_loop" in stats.reply_flags
-            or ("repeats_earlier_reply" in stats.reply_flags and not self._adds_facts(answer_text))
+        # a document that was asked for stays in the context, however repetitive its values,
+        # and so does a tool call: the result that follows answers it (an agent polling a
+        # tool asks the same thing again; dropped, the result had followed no call)
+        calls = c.tools_prompt is not None and TOOL_CALL_OPEN in answer_text
+        if (
+            not structured
+            and not calls
+            and (
+                "repetition_loop" in stats.reply_flags
+                or ("repeats_earlier_reply" in stats.reply_flags and not self._adds_facts(answer_text))
+            )
         ):
             kind = LOOP_KIND
         reply_segment = c.new_segment(reply_message, answer_text, answer_ids, kind, "", forced_id=reply_id)

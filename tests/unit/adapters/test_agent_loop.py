@@ -419,3 +419,19 @@ def test_a_required_call_to_a_tool_whose_only_parameter_schema_is_true_is_made(s
     }
     message = llm.bind(tools=[spec], tool_choice="echo").invoke("Echo.")
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("echo", {"x": "anything"})]
+
+
+def test_a_tool_call_that_repeats_an_earlier_one_stays_in_the_context(scripted_llm):
+    # an agent polling a tool calls it again; dropped as a repeated reply, the result the
+    # client sends next had followed no call
+    llm, _ = scripted_llm(CALL, "It is sunny.", CALL)
+    agent = llm.bind_tools([get_weather])
+    question = HumanMessage("What is the weather in Porto?")
+    call = agent.invoke([question])
+    result = get_weather.invoke(call.tool_calls[0])
+    answer = agent.invoke([question, call, result])
+    again = agent.invoke([question, call, result, answer, HumanMessage("And now?")])
+    assert [(c["name"], c["args"]) for c in again.tool_calls] == [("get_weather", {"city": "Porto"})]
+    assert again.response_metadata["lifecycle"]["dropped_tokens"] == 0
+    (session,) = next(iter(llm._routers.values())).sessions()
+    assert session.conversation.context.count(CALL) == 2
