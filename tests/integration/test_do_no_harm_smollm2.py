@@ -61,7 +61,7 @@ def test_a_context_that_fits_has_the_ids_of_the_bare_chat_template(smol_engine):
         record = json.loads(line)
         messages.append({"role": record["role"], "content": record["content"]})
     messages.append({"role": "user", "content": "Thanks.\n\nOne more thing. Is 7pm OK?\n1. first\n2. second"})
-    chat = Conversation(smol_engine, tagging="signals", budget=100_000)
+    chat = Conversation(smol_engine, tagging="signals", budget=smol_engine.max_positions)  # labels wait: it fits
     for message in messages:
         chat.add(message["role"], message["content"])
     bare = smol_engine.tokenizer.apply_chat_template(messages, tokenize=True)
