@@ -103,8 +103,7 @@ def chat_settings(**fields: Any) -> Any:
     except ConfigError as error:
         if error.field != "max_new_tokens":
             raise
-        problem = error.message.removeprefix(f"{error.field}: ")
-        raise ConfigError("max_tokens", problem, hint=error.hint) from None
+        raise ConfigError("max_tokens", error.problem, hint=error.hint) from None
 
 
 def check_settings(model: Any) -> None:

@@ -32,6 +32,7 @@ class ConfigError(ClmError, ValueError):
     def __init__(self, field: str, problem: str, *, hint: str | None = None) -> None:
         super().__init__(f"{field}: {problem}", hint=hint)
         self.field = field
+        self.problem = problem  # the message without the field it names
 
 
 class ModelNotFoundError(ClmError, RuntimeError):

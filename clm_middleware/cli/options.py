@@ -5,9 +5,12 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from clm_middleware.errors import ConfigError
 
 
 class OutputPath(click.Path):
@@ -420,17 +423,16 @@ def transcript_inputs(transcripts: Iterable[Path], probes: Iterable[Path | None]
     return [*transcripts, *(p for p in probes if p is not None), *(p for p in defaults if p.exists())]
 
 
-def usage_error(error: Any, ctx: click.Context) -> click.UsageError:
+def usage_error(error: ConfigError, ctx: click.Context) -> click.UsageError:
     """A ``ConfigError`` about a setting the command takes as an option, as click's usage
     error naming that option (exit 2); any other field stays the error it is."""
     option = "--" + error.field.replace("_", "-")
     if any(option in parameter.opts for parameter in ctx.command.params):
-        problem = str(error.message).removeprefix(f"{error.field}: ")
-        return click.BadParameter(problem, ctx=ctx, param_hint=option)
+        return click.BadParameter(error.problem, ctx=ctx, param_hint=option)
     raise error
 
 
-def _checked_by(parser: str, field: str) -> Callable[[click.Context, click.Parameter, str], str]:
+def _checked_by(parser: str) -> Callable[[click.Context, click.Parameter, str], str]:
     """A callback checking an option with ``models.loading``'s ``parser`` as the options
     are parsed, for every model (the tiny one too); the default passes without loading
     torch, so a usage error elsewhere stays fast."""
@@ -444,11 +446,11 @@ def _checked_by(parser: str, field: str) -> Callable[[click.Context, click.Param
         try:
             getattr(loading, parser)(value)
         except ConfigError as error:
-            raise click.BadParameter(str(error.message).removeprefix(f"{field}: ")) from None
+            raise click.BadParameter(error.problem) from None
         return value
 
     return check
 
 
-known_dtype = _checked_by("parse_dtype", "dtype")
-known_device = _checked_by("parse_device", "device")  # a name torch does not know, or CUDA where there is none
+known_dtype = _checked_by("parse_dtype")
+known_device = _checked_by("parse_device")  # a name torch does not know, or CUDA where there is none
