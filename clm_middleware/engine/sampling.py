@@ -45,11 +45,12 @@ def check_seed(seed: int | None) -> None:
         raise ConfigError("seed", f"must be an integer in [-2**63, 2**64 - 1], got {seed!r}")
 
 
-def check_stop_strings(stop: Sequence[str] | None) -> None:
-    """Raise ``ConfigError`` naming ``stop`` unless each is a non-empty string ("" is in
+def check_stop_strings(stop: Sequence[str] | None, field: str = "stop") -> None:
+    """Raise ``ConfigError`` naming ``field`` unless each is a non-empty string ("" is in
     every text: it would end each reply at its first token)."""
-    if any(not isinstance(marker, str) or not marker for marker in stop or ()):
-        raise ConfigError("stop", f"each stop string must be a non-empty string, got {list(stop or ())!r}")
+    for marker in stop or ():
+        if not isinstance(marker, str) or not marker:
+            raise ConfigError(field, f"each stop string must be a non-empty string, got {marker!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from clm_middleware.engine.penalties import check_logit_bias, check_penalties
-from clm_middleware.engine.sampling import check_sampling_filters, check_seed
+from clm_middleware.engine.sampling import check_sampling_filters, check_seed, check_stop_strings
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.compressor import METHODS
 from clm_middleware.lifecycle.rules import RuleConfig
@@ -58,9 +58,7 @@ class GenerationSettings:
         for name in ("stop", "end_after"):  # one string is one stop string, never its characters
             value = getattr(self, name)
             value = (value,) if isinstance(value, str) else tuple(value)
-            for marker in value:  # "" is in every text: it would end each reply at its first token
-                if not isinstance(marker, str) or not marker:
-                    raise ConfigError(name, f"each stop string must be a non-empty string, got {marker!r}")
+            check_stop_strings(value, name)
             object.__setattr__(self, name, value)
         if self.response_format is not None and not isinstance(self.response_format, ResponseFormat):
             object.__setattr__(self, "response_format", ResponseFormat.parse(self.response_format))
