@@ -28,6 +28,7 @@ from sqlite_utils import Database
 from clm_middleware.errors import ClmError
 from clm_middleware.lifecycle.segments import DecidedBy, Label, MessageRecord, Segment, SegmentId, Status
 from clm_middleware.private_dirs import make_private_dirs
+from clm_middleware.render.chat_format import ROLES
 from clm_middleware.store.migrations import MIGRATIONS_TABLE, migrate, unknown_migrations
 from clm_middleware.store.records import ConversationChanges, ConversationRecord, StoredConversation
 
@@ -318,11 +319,8 @@ def _segment_row(conversation_id: str, segment: Segment) -> dict[str, Any]:
     }
 
 
-_ROLES = frozenset({"system", "user", "assistant", "tool"})
-
-
 def _message(row: dict[str, Any]) -> MessageRecord:
-    if row["role"] not in _ROLES:
+    if row["role"] not in ROLES:
         raise ValueError(f"message {row['idx']} has the unknown role {row['role']!r}")
     if not isinstance(row["content"], str):
         raise TypeError(f"message {row['idx']} has content that is not text")
@@ -337,7 +335,7 @@ def _message(row: dict[str, Any]) -> MessageRecord:
 
 
 def _segment(row: dict[str, Any]) -> Segment:
-    if row["role"] not in _ROLES:
+    if row["role"] not in ROLES:
         raise ValueError(f"segment {row['id']} has the unknown role {row['role']!r}")
     token_ids = json.loads(row["token_ids"])
     if not isinstance(token_ids, list) or not all(isinstance(t, int) and t >= 0 for t in token_ids):
