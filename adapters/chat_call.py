@@ -43,6 +43,7 @@ from .tools import (
 )
 
 JSON_INSTRUCTION = "Respond with a single JSON object and nothing else."
+JSON_INSTRUCTION_WITH_TOOLS = "Call a tool, or respond with a single JSON object and nothing else."
 ToolSpecs = Sequence[dict[str, Any]]
 
 
@@ -127,7 +128,11 @@ class ChatCall:
         tools = [] if request.tool_choice == "none" else list(request.tools)
         replies: Iterator[str] | None = None
         try:
-            conversation.set_tools_prompt(system_sections(self.engine, tools, request.response_format))
+            # a required call wins, as on OpenAI: response_format shapes a text answer
+            json_format = (
+                request.response_format if not tools or required_tool(request.tool_choice, tools) is None else None
+            )
+            conversation.set_tools_prompt(system_sections(self.engine, tools, json_format))
             for turn in route.new_turns:
                 conversation.add(turn.role, turn.text)
             required = required_call(conversation, request.tool_choice, tools) if tools else None
@@ -135,11 +140,12 @@ class ChatCall:
             settings = request.settings
             if tools and not request.parallel_tool_calls:
                 settings = dataclasses.replace(settings, end_after=(*settings.end_after, CLOSE))
-            if request.response_format is not None and not required:
-                # an object's reply starts inside it; the grammar leads any other document.
-                # A required call wins, as on OpenAI: response_format shapes a text answer
-                prefix = "{" if request.response_format.is_object else None
-                settings = dataclasses.replace(settings, response_format=request.response_format)
+            if json_format is not None:
+                # the document, or (tools the model may call) a call of one of them instead.
+                # An object's reply starts inside it; the grammar leads any other reply
+                fmt = json_format.or_calls(call_formats(self.engine, tools)) if tools else json_format
+                prefix = "{" if fmt.is_object else None
+                settings = dataclasses.replace(settings, response_format=fmt)
             elif required and (call_format := tool_call_format(self.engine, required, tools)) is not None:
                 settings = dataclasses.replace(settings, response_format=call_format)
             # with no tools bound, a call the model copies from the history is text: nothing can run it
@@ -191,7 +197,7 @@ def system_sections(engine: ServingEngine, tools: ToolSpecs, response_format: Re
     if response_format is not None:
         schema = response_format.schema_json
         shape = f" It must match this JSON schema: {schema}" if schema else ""
-        sections.append(JSON_INSTRUCTION + shape)
+        sections.append((JSON_INSTRUCTION_WITH_TOOLS if tools else JSON_INSTRUCTION) + shape)
     return "\n\n".join(sections) or None
 
 
@@ -223,6 +229,13 @@ def tool_call_format(engine: Any, name: str, tools: ToolSpecs) -> ResponseFormat
     except ConfigError:
         return None
     return fmt
+
+
+def call_formats(engine: Any, tools: ToolSpecs) -> tuple[ResponseFormat, ...]:
+    """The grammars of a call to each tool in ``tools`` that can have one (see
+    ``tool_call_format``): the calls a structured reply may be instead of its document."""
+    names = [t["function"]["name"] for t in tools]
+    return tuple(fmt for name in names if (fmt := tool_call_format(engine, name, tools)) is not None)
 
 
 class ToolCallHider:

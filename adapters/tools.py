@@ -57,7 +57,7 @@ def signature(tool: dict[str, Any]) -> str:
     parts, notes = [], []
     for name, spec in (parameters.get("properties") or {}).items():
         spec = spec if isinstance(spec, dict) else {}  # a boolean schema: true admits anything
-        kind = spec.get("type", "any")
+        kind = spec.get("type", _union_types(spec.get("anyOf")) or "any")
         kinds = kind if isinstance(kind, list) else [kind]
         if "enum" in spec:
             kind = " | ".join(json.dumps(v) for v in spec["enum"])
@@ -70,6 +70,22 @@ def signature(tool: dict[str, Any]) -> str:
             notes.append(f"    {name}: {spec['description']}")
     description = function.get("description", "")
     return "\n".join([f"- {function.get('name')}({', '.join(parts)}): {description}".rstrip(": "), *notes])
+
+
+def _union_types(branches: Any) -> list[str] | None:
+    """The types of an ``anyOf`` of plain types (``Optional[int]`` as pydantic and
+    LangChain write it: ``[{"type": "integer"}, {"type": "null"}]``), else ``None``."""
+    if not isinstance(branches, list) or not branches:
+        return None
+    kinds = []
+    for branch in branches:
+        if not isinstance(branch, dict) or set(branch) - {"type", "title", "description"}:
+            return None
+        kind = branch.get("type")
+        if kind not in _SIMPLE_TYPES:
+            return None
+        kinds.append(kind)
+    return kinds
 
 
 def check_tools(tools: Sequence[dict[str, Any]], *, field: str = "tools") -> None:
@@ -93,7 +109,8 @@ def check_tools(tools: Sequence[dict[str, Any]], *, field: str = "tools") -> Non
         required = parameters.get("required", [])
         if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
             raise ConfigError(f"{where}.required", "must be a list of argument names")
-        ResponseFormat.from_schema(parameters, field=where)  # JSON Schema's types, JSON throughout
+        # JSON Schema's types, JSON throughout; keywords no grammar enforces stay (the tool checks them)
+        ResponseFormat.from_schema(parameters, field=where, enforce_all=False)
 
 
 def split_tool_calls(text: str) -> tuple[str, list[str]]:

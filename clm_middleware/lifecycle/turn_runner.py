@@ -39,7 +39,7 @@ from clm_middleware.lifecycle.segments import (
 )
 from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
 from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
-from clm_middleware.structured.format import inside_string
+from clm_middleware.structured.format import LONGEST_NUMBER, inside_string, trailing_number
 
 if TYPE_CHECKING:
     from clm_middleware.conversation import Conversation
@@ -131,7 +131,12 @@ class TurnRunner:
                         if settings.cut_repeats and self._loops_in_a_string(written, escaped_at, settings, given):
                             constraint.close_string()  # the document cannot be cut: end the string instead
                             escaped_at = len(written)
-                            stats.reply_flags.append("string_loop_closed")
+                            if "string_loop_closed" not in stats.reply_flags:  # a flag, not a count
+                                stats.reply_flags.append("string_loop_closed")
+                        elif settings.cut_repeats and len(trailing_number(written)) > LONGEST_NUMBER:
+                            constraint.close_number()  # a digit loop: the number ends here
+                            if "number_loop_closed" not in stats.reply_flags:
+                                stats.reply_flags.append("number_loop_closed")
                     elif reply_filter.repeated:
                         generation.close()
                         generation.finish_reason = "repetition"

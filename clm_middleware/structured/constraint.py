@@ -21,7 +21,8 @@ Invariants:
   value) narrows the allowed tokens to those that end the string, for as long as one
   is allowed and until one is generated; the document stays valid, and a small model
   looping inside a value gets to write the rest of the document instead of spending
-  every remaining token there.
+  every remaining token there. ``close_number()`` does the same for a number literal
+  (a digit loop: ``"age": 3333333...``): the tokens that do not go on with it.
 """
 
 from __future__ import annotations
@@ -42,12 +43,12 @@ class GrammarConstraint:
         banned_ids: torch.Tensor,
         prefix_ids: list[int],
         quote_ids: torch.Tensor | None = None,
+        number_end_ids: torch.Tensor | None = None,
     ) -> None:
         self.vocab_size = vocab_size
-        self._quote = torch.zeros(vocab_size, dtype=torch.bool)  # tokens holding an unescaped '"'
-        if quote_ids is not None and quote_ids.numel():
-            self._quote[quote_ids] = True
-        self._closing = False
+        self._quote = _mask(vocab_size, quote_ids)  # tokens holding an unescaped '"'
+        self._number_end = _mask(vocab_size, number_end_ids)  # tokens that do not go on with a number
+        self._closing: torch.Tensor | None = None  # the tokens that end the value being closed
         self._matcher = xgrammar.GrammarMatcher(compiled)
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
         self._banned = banned_ids
@@ -74,22 +75,26 @@ class GrammarConstraint:
 
     def close_string(self) -> None:
         """Steer the next tokens to end the string being written (see the module docstring)."""
-        self._closing = True
+        self._closing = self._quote
+
+    def close_number(self) -> None:
+        """Steer the next tokens to end the number being written (see the module docstring)."""
+        self._closing = self._number_end
 
     def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
         for token in generated[self._seen :]:
             if not self._matcher.accept_token(int(token)):
                 raise RuntimeError(f"token {token} breaks the grammar: a processor after the constraint chose it")
-            if self._closing and 0 <= token < self.vocab_size and self._quote[token]:
-                self._closing = False  # the string is closed
+            if self._closing is not None and 0 <= token < self.vocab_size and self._closing[token]:
+                self._closing = None  # the value is closed
         self._seen = len(generated)
         shaped = self._masked(logits)
-        if self._closing:
-            quote = self._padded(self._quote.to(shaped.device), shaped.shape[-1])
-            narrowed = shaped.masked_fill(~quote, float("-inf"))
+        if self._closing is not None:
+            ending = self._padded(self._closing.to(shaped.device), shaped.shape[-1])
+            narrowed = shaped.masked_fill(~ending, float("-inf"))
             if bool((narrowed > float("-inf")).any()):
                 return narrowed
-            closing = self._padded(self.allowed(shaped.device), shaped.shape[-1]) & quote
+            closing = self._padded(self.allowed(shaped.device), shaped.shape[-1]) & ending
             if bool(closing.any()):  # upstream left no closing token finite: the close still wins
                 return torch.zeros_like(shaped).masked_fill(~closing, float("-inf"))
         return shaped
@@ -117,3 +122,11 @@ class GrammarConstraint:
         if allowed.shape[0] == size:
             return allowed
         return torch.nn.functional.pad(allowed, (0, size - allowed.shape[0]), value=False)
+
+
+def _mask(size: int, ids: torch.Tensor | None) -> torch.Tensor:
+    """Boolean ``[size]``, true at ``ids``."""
+    mask = torch.zeros(size, dtype=torch.bool)
+    if ids is not None and ids.numel():
+        mask[ids] = True
+    return mask

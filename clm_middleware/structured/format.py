@@ -10,8 +10,9 @@ Invariants:
   object, keys in the order given: the value is immutable and hashable, so it can sit
   in frozen settings, and a schema compiles once. Key order is kept, not sorted: the
   grammar writes properties in the schema's declared order.
-- A value that is not a format, a schema that is not a JSON object, or a ``type`` that
-  JSON Schema does not define raises ``ConfigError`` naming the field at construction;
+- A value that is not a format, a schema that is not a JSON object, a ``type`` that
+  JSON Schema does not define, or (response formats, not tool parameters) a keyword the
+  grammar cannot enforce raises ``ConfigError`` naming the field at construction;
   whatever the grammar compiler rejects beyond that fails before the turn starts
   (``GrammarCompiler.compile``), never halfway through a reply.
 """
@@ -19,11 +20,13 @@ Invariants:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from clm_middleware.errors import ConfigError
+from clm_middleware.structured.keywords import UNENFORCED, unenforced
 
 JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 ANY_OBJECT_TYPES = ("json_object", "json_mode")  # OpenAI's name, LangChain's name
@@ -37,6 +40,9 @@ class ResponseFormat:
     name: str | None = None  # OpenAI's json_schema.name: reported back, never constrains
     # text the document is wrapped in, (before, after): a tool call's tags (``tool_call``)
     tags: tuple[str, str] | None = None
+    # tool calls (``tool_call`` formats) the reply may be instead of the document
+    # (``or_calls``): OpenAI's tools with tool_choice auto beside a response_format
+    calls: tuple[ResponseFormat, ...] = ()
 
     @classmethod
     def tool_call(cls, name: str, parameters: Mapping[str, Any] | None, tags: tuple[str, str]) -> ResponseFormat:
@@ -53,7 +59,15 @@ class ResponseFormat:
             "required": ["name", "arguments"],
             **definitions,
         }
-        return cls(schema_json=cls.from_schema(payload, field="tools.function.parameters").schema_json, tags=tags)
+        # lenient: a tool validates its own arguments, and a pydantic set field (uniqueItems)
+        # must not make a tool unusable; the call is constrained by what the grammar enforces
+        checked = cls.from_schema(payload, field="tools.function.parameters", enforce_all=False)
+        return cls(schema_json=checked.schema_json, tags=tags)
+
+    def or_calls(self, calls: tuple[ResponseFormat, ...]) -> ResponseFormat:
+        """This document, or one of ``calls`` (``tool_call`` formats): a model with tools
+        it may call (tool_choice auto) answers in this format or calls a tool."""
+        return ResponseFormat(self.schema_json, self.name, self.tags, tuple(calls))
 
     @classmethod
     def json_object(cls) -> ResponseFormat:
@@ -62,12 +76,31 @@ class ResponseFormat:
 
     @classmethod
     def from_schema(
-        cls, schema: Any, *, name: str | None = None, field: str = "response_format.json_schema.schema"
+        cls,
+        schema: Any,
+        *,
+        name: str | None = None,
+        field: str = "response_format.json_schema.schema",
+        enforce_all: bool = True,
     ) -> ResponseFormat:
-        """The reply must validate against ``schema`` (a JSON Schema as a dict)."""
+        """The reply must validate against ``schema`` (a JSON Schema as a dict).
+
+        With ``enforce_all`` (every response format), a keyword the grammar would ignore
+        (``keywords.UNENFORCED``, an ``allOf`` of several schemas) is a ``ConfigError``
+        naming it and where it is: the reply could break it while the format promises a
+        valid document."""
         if not isinstance(schema, Mapping):
             raise ConfigError(field, f"must be a JSON schema object, got {type(schema).__name__}")
         _check_types(schema, field)
+        ignored = unenforced(schema) if enforce_all else None
+        if ignored is not None:
+            at, keyword = ignored
+            what = UNENFORCED.get(keyword, "a conjunction of several schemas")
+            raise ConfigError(
+                field,
+                f"{keyword!r} at {at or '/'} ({what}) cannot be enforced while generating, so a reply "
+                "could break it; remove it from the schema (and check that property in your code)",
+            )
         try:
             text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as error:
@@ -108,7 +141,9 @@ class ResponseFormat:
     def is_object(self) -> bool:
         """Whether every document this format admits is a JSON object (a reply may then
         open with ``{``): any object, or a schema whose root says ``"type": "object"``
-        (or has ``properties`` and no ``type``)."""
+        (or has ``properties`` and no ``type``), and no tool call instead."""
+        if self.calls:
+            return False
         schema = self.schema
         return schema is None or schema.get("type", "object" if "properties" in schema else None) == "object"
 
@@ -153,3 +188,17 @@ def inside_string(text: str) -> bool:
         elif char == '"':
             inside = not inside
     return inside
+
+
+LONGEST_NUMBER = 24  # characters: an int64 (19 digits and a sign) or a float's repr fits in fewer
+_TRAILING_NUMBER = re.compile(r"-?[0-9][0-9.eE+-]*\Z")
+
+
+def trailing_number(text: str) -> str:
+    """The number literal JSON ``text`` (a prefix of a document) ends with, ``""`` when it
+    ends inside a string or with anything else. A literal longer than ``LONGEST_NUMBER``
+    is a digit loop, not a value anyone reads (``3333333333...``)."""
+    if inside_string(text):
+        return ""
+    found = _TRAILING_NUMBER.search(text)
+    return "" if found is None else found.group()

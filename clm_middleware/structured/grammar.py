@@ -30,9 +30,11 @@ import xgrammar
 from clm_middleware.errors import ConfigError
 from clm_middleware.structured.constraint import GrammarConstraint
 from clm_middleware.structured.format import ResponseFormat
+from clm_middleware.structured.keywords import for_grammar
 
 ANY_OBJECT_SCHEMA = {"type": "object"}  # with strict_mode=False: any keys, any JSON values
 MEMO_KEY = "structured.grammar_compiler"  # its slot in Engine.memo
+_NUMBER_BYTES = frozenset(b"0123456789.eE+-")  # what a JSON number literal is written with
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # xgrammar's "[15:54:05] /project/cpp/x.cc:42: "
 
 
@@ -69,6 +71,10 @@ class GrammarCompiler:
         control = {i for i, text in enumerate(vocab) if any(byte < 0x20 for byte in text)}
         # tokens that can end a string: a '"' not escaped within the token (close_string)
         self.quote_ids = torch.tensor([i for i, text in enumerate(vocab) if _closes(text)], dtype=torch.long)
+        # tokens that can follow a number without going on with it (close_number)
+        self.number_end_ids = torch.tensor(
+            [i for i, text in enumerate(vocab) if text and text[0] not in _NUMBER_BYTES], dtype=torch.long
+        )
         banned = sorted((special | padding | control) - set(stop_ids))
         self.banned_ids = torch.tensor([t for t in banned if 0 <= t < vocab_size], dtype=torch.long)
         self._lock = threading.Lock()
@@ -76,23 +82,16 @@ class GrammarCompiler:
 
     def compile(self, fmt: ResponseFormat, *, field: str = "response_format") -> xgrammar.CompiledGrammar:
         """The grammar of ``fmt``; a ``ConfigError`` naming ``field`` for a schema xgrammar rejects."""
-        key = ResponseFormat(fmt.schema_json, tags=fmt.tags)  # the name does not change the grammar
+        key = _unnamed(fmt)  # the name does not change the grammar
         with self._lock:
             cached = self._compiled.get(key)
         if cached is not None:
             return cached
-        schema = fmt.schema
         try:
-            if fmt.tags is None:
-                compiled = self._compiler.compile_json_schema(
-                    ANY_OBJECT_SCHEMA if schema is None else schema,
-                    any_whitespace=False,
-                    strict_mode=schema is not None,
-                )
-            else:  # the document between two fixed texts (a tool call's tags)
-                document = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
-                before, after = (xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(tag)}") for tag in fmt.tags)
-                compiled = self._compiler.compile_grammar(xgrammar.Grammar.concat(before, document, after))
+            grammar = _grammar(fmt)
+            for call in fmt.calls:  # a tool call instead of the document
+                grammar = xgrammar.Grammar.union(grammar, _grammar(call))
+            compiled = self._compiler.compile_grammar(grammar)
         except (RuntimeError, ValueError) as error:
             problem = _CPP_PREFIX.sub("", str(error).strip().splitlines()[0] if str(error).strip() else "")
             raise ConfigError(f"{field}.json_schema.schema", f"cannot be used as a grammar: {problem}") from None
@@ -103,7 +102,40 @@ class GrammarCompiler:
         """A fresh constraint for one reply that starts with ``prefix_ids`` (a forced
         ``reply_prefix`` such as ``{``): those are fed to the grammar first."""
         compiled = self.compile(fmt)
-        return GrammarConstraint(compiled, self.vocab_size, self.banned_ids, list(prefix_ids), self.quote_ids)
+        return GrammarConstraint(
+            compiled, self.vocab_size, self.banned_ids, list(prefix_ids), self.quote_ids, self.number_end_ids
+        )
+
+
+def _unnamed(fmt: ResponseFormat) -> ResponseFormat:
+    """``fmt`` without the names that never change a grammar (the cache's key)."""
+    return ResponseFormat(fmt.schema_json, tags=fmt.tags, calls=tuple(_unnamed(c) for c in fmt.calls))
+
+
+def _grammar(fmt: ResponseFormat) -> xgrammar.Grammar:
+    """The document of ``fmt`` (any JSON object without a schema), between its tags if it has them."""
+    schema = ANY_OBJECT_SCHEMA if fmt.schema is None else for_grammar(fmt.schema)
+    document = _document_grammar(schema, strict=fmt.schema is not None)
+    if fmt.tags is None:
+        return document
+    before, after = (xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(tag)}") for tag in fmt.tags)
+    return xgrammar.Grammar.concat(before, document, after)
+
+
+def _document_grammar(schema: dict[str, Any], *, strict: bool) -> xgrammar.Grammar:
+    """The grammar of documents valid against ``schema``, strict where it can be.
+
+    Strict mode (no property the schema does not list) refuses some valid schemas: an
+    array with ``minItems`` and no ``items``, an object with ``minProperties`` and no
+    ``properties`` ("additional items are not allowed"). Those compile without it: the
+    documents are then the schema's own, unlisted properties included."""
+    text = json.dumps(schema)
+    try:
+        return xgrammar.Grammar.from_json_schema(text, any_whitespace=False, strict_mode=strict)
+    except (RuntimeError, ValueError):
+        if not strict:
+            raise
+    return xgrammar.Grammar.from_json_schema(text, any_whitespace=False, strict_mode=False)
 
 
 def _closes(text: bytes) -> bool:

@@ -326,6 +326,29 @@ def test_a_nullable_argument_is_shown_as_a_type_union():
     assert signature(tool) == "- find(city?: string | null)"
 
 
+def test_an_optional_argument_as_pydantic_writes_it_is_shown_as_a_type_union():
+    @tool
+    def forecast(city: str, days: int | None = None) -> str:
+        """The forecast for a city."""
+        return city
+
+    assert signature(convert_to_openai_tool(forecast)) == "- forecast(city: string, days?: integer | null): " + (
+        "The forecast for a city."
+    )
+
+
+def test_a_tool_with_a_set_argument_binds_and_its_call_is_constrained(scripted_llm):
+    # pydantic writes a set as uniqueItems, which no grammar enforces: the tool, not the binding, checks it
+    class Tag(BaseModel):
+        """Tag a photo."""
+
+        labels: set[str]
+
+    llm, _ = scripted_llm('<tool_call>{"name": "Tag", "arguments": {"labels": ["sea"]}}</tool_call>')
+    message = llm.bind_tools([Tag], tool_choice="Tag").invoke("Tag the beach photo.")
+    assert isinstance(message.tool_calls[0]["args"]["labels"], list)
+
+
 def test_binding_a_tool_with_malformed_parameters_is_an_error_naming_the_field(scripted_llm):
     llm, _ = scripted_llm("hi")
     bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "city"}}}

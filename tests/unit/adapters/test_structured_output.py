@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from langchain_core.messages import ToolMessage
 from pydantic import BaseModel, Field
 
 from clm_middleware.adapters import ChatCLM
@@ -135,3 +136,51 @@ def test_a_schema_in_openais_response_format_spelling_constrains_the_reply(scrip
 def test_a_dict_that_is_no_json_schema_is_refused_instead_of_constraining_nothing(random_llm):
     with pytest.raises(ValueError, match=r"schema: .* is not a JSON schema"):
         random_llm.with_structured_output({"title": "Person"}, method="json_schema")
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Porto"}}</tool_call>'
+
+
+def test_with_tools_the_model_may_call_one_instead_of_answering_in_the_format(scripted_llm):
+    """OpenAI's tools beside a response_format (tool_choice auto), as an agent with a typed
+    final answer sends them: the grammar allows a call of a bound tool or the document."""
+    llm, script = scripted_llm(CALL, '{"name": "Ana", "age": 34}')
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}}
+    agent = llm.bind_tools([WEATHER_TOOL]).bind(response_format=fmt)
+    call = agent.invoke("Where does Ana live, and how old is she?")
+    assert [(c["name"], c["args"]) for c in call.tool_calls] == [("get_weather", {"city": "Porto"})]
+    assert call.response_metadata["finish_reason"] == "tool_calls"
+    answer = agent.invoke(
+        ["Where does Ana live, and how old is she?", call, ToolMessage("Sunny.", tool_call_id=call.tool_calls[0]["id"])]
+    )
+    assert json.loads(answer.content) == {"name": "Ana", "age": 34} and not answer.tool_calls
+    assert script.remaining == 0
+
+
+def test_with_tools_a_reply_that_is_neither_a_call_nor_the_document_is_kept_out(scripted_llm):
+    # the script's free text is not allowed: the grammar leads it into a call or a document
+    llm, _ = scripted_llm("Sure! Ana is 34.")
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}}
+    message = llm.bind_tools([WEATHER_TOOL]).bind(response_format=fmt).invoke("Ana is 34.", max_tokens=120)
+    if message.tool_calls:
+        assert message.tool_calls[0]["name"] == "get_weather" and isinstance(message.tool_calls[0]["args"]["city"], str)
+    else:
+        Person.model_validate_json(message.content)
+
+
+def test_a_required_call_leaves_the_json_instruction_out_of_the_prompt(scripted_llm):
+    # the call wins over the format, so the system message must not ask for a JSON answer
+    llm, _ = scripted_llm('Porto"}}</tool_call>')  # the call head is forced up to the string's quote
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA}}
+    message = llm.bind_tools([WEATHER_TOOL], tool_choice="required").bind(response_format=fmt).invoke("Weather?")
+    assert message.tool_calls[0]["args"] == {"city": "Porto"}
+    conversation = llm.conversation(message.response_metadata["conversation_id"])
+    assert "get_weather" in conversation.tools_prompt and "JSON object" not in conversation.tools_prompt

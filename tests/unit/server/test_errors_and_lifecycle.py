@@ -150,6 +150,17 @@ def test_a_json_schema_whose_root_is_not_an_object_is_served(server, model_id):
     assert choice["finish_reason"] == "stop" and set(json.loads(choice["message"]["content"])) <= {"red", "blue"}
 
 
+def test_a_schema_keyword_the_grammar_cannot_enforce_is_a_400_naming_it(server, model_id):
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "tags", "schema": schema, "strict": True}}
+    error = _error(_post(server.api, {**_hello(model_id), "response_format": fmt}), 400)
+    assert error["param"] == "response_format.json_schema.schema"
+    assert "'uniqueItems' at /properties/tags" in error["message"]
+
+
 def test_a_required_call_wins_over_a_response_format(server, model_id):
     # as on OpenAI: response_format shapes a text answer; a required tool call is still made
     tool = _tool({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})

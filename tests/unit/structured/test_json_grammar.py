@@ -14,6 +14,7 @@ import pytest
 
 from clm_middleware.errors import ConfigError
 from clm_middleware.structured import ResponseFormat
+from clm_middleware.structured.format import LONGEST_NUMBER
 from clm_middleware.structured.grammar import compiler_for
 
 # every document of this schema is short, so a reply always completes within the budget
@@ -180,3 +181,46 @@ def test_inside_string_follows_quotes_and_escapes():
     assert not inside_string('{"a": "x"')
     assert inside_string('{"a": "say \\"hi')
     assert not inside_string('{"a": "c:\\\\"')
+
+
+def test_two_looping_strings_are_both_closed_and_flagged_once(scripted):
+    from clm_middleware.conversation import Conversation
+
+    looping = '{"setup": "' + "the cat was a cat, and " * 8 + '", "punchline": "' + "so the dog ran, and " * 8
+    engine, _ = scripted(looping[1:])
+    conversation = Conversation(engine, tagging="signals", max_new_tokens=len(looping) + 40)
+    conversation.add("user", "A joke as JSON.")
+    settings = dataclasses.replace(conversation.generation, response_format=ResponseFormat.from_schema(JOKE))
+    reply = conversation.respond(reply_prefix="{", settings=settings)
+    joke = json.loads(reply.text)
+    assert reply.finish_reason == "stop" and joke["punchline"].count("so the dog ran") <= 3
+    assert reply.stats.reply_flags.count("string_loop_closed") == 1
+
+
+def test_a_digit_loop_is_closed_and_the_document_finishes(scripted):
+    """What SmolLM2 wrote for an integer property: digits until the tokens ran out."""
+    from clm_middleware.conversation import Conversation
+
+    schema = {
+        "type": "object",
+        "properties": {"b": {"type": "integer"}, "a": {"type": "string", "maxLength": 4}},  # the script ends at b
+        "required": ["b", "a"],
+    }
+    looping = '{"b": ' + "3" * 60
+    engine, _ = scripted(looping[1:])
+    conversation = Conversation(engine, tagging="signals", max_new_tokens=len(looping) + 40)
+    conversation.add("user", "An example as JSON.")
+    settings = dataclasses.replace(conversation.generation, response_format=ResponseFormat.from_schema(schema))
+    reply = conversation.respond(reply_prefix="{", settings=settings)
+    document = json.loads(reply.text)
+    assert reply.finish_reason == "stop" and set(document) == {"a", "b"}
+    assert len(str(document["b"])) <= LONGEST_NUMBER + 4  # closed at the bound, give or take a token
+    assert reply.stats.reply_flags.count("number_loop_closed") == 1
+
+
+def test_trailing_number_reads_the_literal_a_prefix_ends_with():
+    from clm_middleware.structured.format import trailing_number
+
+    assert trailing_number('{"a": -12.5e') == "-12.5e"
+    assert trailing_number('{"a": "12') == ""  # inside a string
+    assert trailing_number('{"a": 1, "b": true') == ""

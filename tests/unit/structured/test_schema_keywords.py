@@ -1,0 +1,116 @@
+"""Which JSON-schema keywords the grammar enforces: those it would ignore are refused up
+front, naming the keyword and where it is; what it enforces once the schema is read as
+``keywords.for_grammar`` reads it."""
+
+from __future__ import annotations
+
+import pytest
+import xgrammar
+
+from clm_middleware.errors import ConfigError
+from clm_middleware.structured import ResponseFormat
+from clm_middleware.structured.grammar import compiler_for
+from clm_middleware.structured.keywords import for_grammar, schema_nodes
+
+INT = {"type": "integer"}
+AB = {"type": "object", "properties": {"a": INT, "b": INT}}
+
+# (schema, keyword, where, a document valid without the keyword and invalid with it)
+IGNORED = [
+    ({"type": "integer", "not": {"const": 3}}, "not", "/", "3"),
+    ({**AB, "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, "if", "/", '{"a": 1}'),
+    ({"type": "array", "items": INT, "uniqueItems": True}, "uniqueItems", "/", "[1, 1]"),
+    ({"type": "array", "items": INT, "contains": {"const": 5}}, "contains", "/", "[1]"),
+    ({**AB, "dependentRequired": {"a": ["b"]}}, "dependentRequired", "/", '{"a": 1}'),
+    ({**AB, "dependentSchemas": {"a": {"required": ["b"]}}}, "dependentSchemas", "/", '{"a": 1}'),
+    (
+        {"allOf": [{**AB, "required": ["a"]}, {**AB, "required": ["b"]}]},
+        "allOf",
+        "/",
+        '{"a": 1}',
+    ),
+    (
+        {"type": "object", "properties": {"tags": {"type": "array", "items": INT, "uniqueItems": True}}},
+        "uniqueItems",
+        "/properties/tags",
+        '{"tags": [2, 2]}',
+    ),
+]
+
+
+def accepts(engine, fmt: ResponseFormat, text: str) -> bool:
+    """Whether the compiled grammar of ``fmt`` takes ``text`` as a whole document."""
+    matcher = xgrammar.GrammarMatcher(compiler_for(engine).compile(fmt))
+    return matcher.accept_string(text) and matcher.accept_token(min(engine.default_stop_ids))
+
+
+@pytest.mark.parametrize("schema,keyword,where,_", IGNORED)
+def test_a_keyword_the_grammar_ignores_is_refused_naming_it_and_where_it_is(schema, keyword, where, _):
+    with pytest.raises(ConfigError) as error:
+        ResponseFormat.parse({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert error.value.field == "response_format.json_schema.schema"
+    assert repr(keyword) in error.value.problem and f"at {where} " in error.value.problem
+
+
+@pytest.mark.parametrize("schema,keyword,where,invalid", IGNORED)
+def test_the_refused_keywords_are_ones_the_grammar_really_ignores(engine, schema, keyword, where, invalid):
+    # the grammar takes a document the schema rejects: were it ever enforced, the refusal could go
+    lenient = ResponseFormat.from_schema(schema, enforce_all=False)
+    assert accepts(engine, lenient, invalid)
+
+
+def test_tool_parameters_keep_keywords_the_grammar_ignores():
+    """A pydantic ``set`` field (uniqueItems) must not make a tool unusable: the tool checks its arguments."""
+    fmt = ResponseFormat.tool_call("tag", {"type": "object", "properties": {"t": IGNORED[2][0]}}, ("<a>", "</a>"))
+    assert fmt.schema["properties"]["arguments"]["properties"]["t"]["uniqueItems"] is True
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"not": INT, "if": INT, "contains": INT}},
+        {"type": "array", "items": INT, "uniqueItems": False},
+        {"allOf": [AB]},
+        {**AB, "dependentRequired": {}},
+        {"type": "object", "properties": {"a": INT}, "examples": [{"not": 1}]},
+    ],
+)
+def test_names_and_harmless_values_are_not_mistaken_for_ignored_keywords(schema):
+    assert ResponseFormat.from_schema(schema).schema == schema
+
+
+def test_schema_nodes_visits_every_subschema_once_with_its_pointer():
+    schema = {
+        "type": "object",
+        "properties": {"a/b": {"type": "array", "items": {"anyOf": [INT, {"$ref": "#/$defs/n"}]}}},
+        "$defs": {"n": {"type": "null"}},
+    }
+    pointers = [at for at, _ in schema_nodes(schema)]
+    items = "/properties/a~1b/items"
+    expected = ["", "/properties/a~1b", items, f"{items}/anyOf/0", f"{items}/anyOf/1", "/$defs/n"]
+    assert sorted(pointers) == sorted(expected)
+
+
+def test_a_required_name_the_properties_do_not_list_is_still_required(engine):
+    fmt = ResponseFormat.from_schema({"type": "object", "properties": {"a": INT}, "required": ["z"]})
+    assert not accepts(engine, fmt, '{"a": 1}')
+    assert accepts(engine, fmt, '{"a": 1, "z": "anything"}')
+
+
+def test_an_unlisted_required_name_takes_the_additional_properties_schema():
+    schema = {"type": "object", "properties": {}, "additionalProperties": INT, "required": ["z"]}
+    assert for_grammar(schema)["properties"] == {"z": INT}
+    assert schema["properties"] == {}  # the argument is not changed
+
+
+@pytest.mark.parametrize(
+    "schema,invalid,valid",
+    [
+        ({"type": "array", "minItems": 2}, "[1]", '[1, "a"]'),
+        ({"type": "object", "minProperties": 1}, "{}", '{"k": 1}'),
+    ],
+)
+def test_a_schema_strict_mode_refuses_compiles_and_is_enforced(engine, schema, invalid, valid):
+    fmt = ResponseFormat.from_schema(schema)
+    assert not accepts(engine, fmt, invalid)
+    assert accepts(engine, fmt, valid)
