@@ -52,6 +52,18 @@ class ConversationBusyError(ClmError, RuntimeError):
     answers one call at a time (its messages and context are one sequence)."""
 
 
+class ContextBudgetError(ClmError, ValueError):
+    """The newest turn alone does not fit the context budget."""
+
+
+class StoreError(ClmError, RuntimeError):
+    """The store cannot be opened or read."""
+
+
+class ConversationExistsError(StoreError):
+    """A new conversation was given the id of one the store already holds."""
+
+
 class PoolExhaustedError(ClmError, RuntimeError):
     """The active requests need more KV blocks than the pool holds.
 

@@ -73,7 +73,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from clm_middleware.errors import ClmError
+from clm_middleware.errors import ContextBudgetError
 from clm_middleware.lifecycle.acceptance import accepted_replies
 from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
 from clm_middleware.lifecycle.compressor import (
@@ -145,10 +145,6 @@ def _said_per_turn(
         tokens += sum(len(segments[s].token_ids) + OVERHEAD_TOKENS_PER_SEGMENT for s in message.segment_ids)
         said[message.turn] = (tokens, messages + 1)
     return said
-
-
-class ContextBudgetError(ClmError, ValueError):
-    """The newest turn alone does not fit the context budget."""
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlite_utils import Database
 
-from clm_middleware.errors import ClmError
+from clm_middleware.errors import ConversationExistsError, StoreError
 from clm_middleware.lifecycle.segments import DecidedBy, Label, MessageRecord, Segment, SegmentId, Status
 from clm_middleware.private_dirs import make_private_dirs
 from clm_middleware.render.chat_format import ROLES
@@ -34,14 +34,6 @@ from clm_middleware.store.records import ConversationChanges, ConversationRecord
 
 if TYPE_CHECKING:
     from clm_middleware.lifecycle.turn import TurnStats
-
-
-class StoreError(ClmError, RuntimeError):
-    """The store cannot be opened or read."""
-
-
-class ConversationExistsError(StoreError):
-    """A new conversation was given the id of one the store already holds."""
 
 
 class Store:

@@ -46,3 +46,15 @@ def test_the_package_exports_resolve_on_first_use():
     assert {"Conversation", "Engine", "ChatCLM", "__version__"} <= set(dir(clm_middleware))
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = clm_middleware.Nope
+
+
+def test_every_error_kind_imports_from_the_package():
+    import inspect
+
+    import clm_middleware
+    from clm_middleware import errors
+
+    kinds = [value for _, value in inspect.getmembers(errors, inspect.isclass) if issubclass(value, errors.ClmError)]
+    assert len(kinds) > 10
+    assert all(getattr(clm_middleware, kind.__name__) is kind for kind in kinds)
+    assert all(kind.__name__ in clm_middleware.__all__ for kind in kinds)
