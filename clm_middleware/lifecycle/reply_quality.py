@@ -100,10 +100,13 @@ _LIST_ITEM = regex.compile(r"(?:[-*+•]|\d{1,3}[.)])\s")
 _NUMBER_MARKER = regex.compile(r"\d{1,3}[.)]")  # "1." ends a clause of its own: the next sentence is the item
 _SENTENCE_MARKS = ".!?…。！？\n"  # of these terminators, those that end a sentence, not only a clause
 # where a sentence ends: the start of a terminator run followed by space, a full-width run
-# followed by what cannot extend it, or a newline (linear: the look-behind skips the
-# inside of a run, and nothing else can backtrack)
+# followed by what cannot extend it, a newline (linear: the look-behind skips the
+# inside of a run, and nothing else can backtrack), or a full stop glued to the next
+# sentence's capital after a lower-case word that is not part of a dotted name
+# ("misunderstanding.I'm sorry", as SmolLM2 loops; not "java.util.List", "U.S.Army")
 _SENTENCE_END = regex.compile(
     rf"(?<![{_TERMINATORS}])[{_TERMINATORS}]++(?=\s)|[{_WIDE_TERMINATORS}]++(?=[^{_WIDE_TERMINATORS}])|\n"
+    r"|(?<=(?:^|\s)[\p{L}'’]*\p{Ll})[.!?…]++(?=\p{Lu})"
 )
 
 

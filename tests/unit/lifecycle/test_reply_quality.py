@@ -275,6 +275,23 @@ def test_a_clause_that_repeats_inside_a_sentence_is_cut_too():
     assert visible_answer(listed, stops=(), cut_repeats=True) == listed  # no clause repeats
 
 
+def test_sentences_glued_without_a_space_are_cut_at_the_repeat_streamed_or_not():
+    """SmolLM2 in a 24-turn SGD chat (a helper's unseen-data sweep): the same sentence
+    glued to itself until max_tokens, which the cut had read as one long sentence."""
+    raw = "I'm sorry for any misunderstanding." * 4 + "I'm sorry for"
+    delivered = "I'm sorry for any misunderstanding."
+    assert visible_answer(raw, stops=(), cut_repeats=True) == delivered
+    stream = ReplyFilter(stops=(), cut_repeats=True)
+    shown = "".join(stream.delta(raw[:end]) for end in range(1, len(raw) + 1))
+    assert shown + stream.finish(delivered) == delivered
+    for kept in (
+        "import java.util.List;\nimport java.util.Map;\nimport java.util.Set;",
+        "The U.S.Army base is near the river. The U.S.Army base is big.",
+        "Version 2.Release notes are online at example.Org and in the docs.",
+    ):
+        assert visible_answer(kept, stops=(), cut_repeats=True) == kept
+
+
 @pytest.mark.parametrize(
     ("raw", "delivered"),
     [
