@@ -156,18 +156,23 @@ JOKE = {
 }
 
 
+def scripted_document(scripted, looping: str, schema: dict):
+    """The reply of a model scripted to write ``looping`` (a document's start, "{" given
+    as the reply prefix) under ``schema``, with tokens to spare."""
+    from clm_middleware.conversation import Conversation
+
+    engine, _ = scripted(looping[1:])
+    conversation = Conversation(engine, tagging="signals", max_new_tokens=len(looping) + 40)
+    conversation.add("user", "As JSON, please.")
+    settings = dataclasses.replace(conversation.generation, response_format=ResponseFormat.from_schema(schema))
+    return conversation.respond(reply_prefix="{", settings=settings)
+
+
 def test_a_loop_inside_a_string_value_is_closed_and_the_document_finishes(scripted):
     """What SmolLM2 does with a joke schema: it repeats a clause inside "setup" until the
     tokens run out. Under a grammar the reply cannot be cut, so the string is closed
     instead, and the rest of the document follows."""
-    from clm_middleware.conversation import Conversation
-
-    looping = '{"setup": "' + "the cat was a cat, and " * 12
-    engine, _ = scripted(looping[1:])  # "{" is the reply prefix
-    conversation = Conversation(engine, tagging="signals", max_new_tokens=len(looping) + 40)
-    conversation.add("user", "A joke as JSON.")
-    settings = dataclasses.replace(conversation.generation, response_format=ResponseFormat.from_schema(JOKE))
-    reply = conversation.respond(reply_prefix="{", settings=settings)
+    reply = scripted_document(scripted, '{"setup": "' + "the cat was a cat, and " * 12, JOKE)
     joke = json.loads(reply.text)
     assert reply.finish_reason == "stop" and set(joke) == {"setup", "punchline"}
     assert joke["setup"].count("the cat was a cat") <= 3  # closed at the first repeat, not after twelve
@@ -184,14 +189,8 @@ def test_inside_string_follows_quotes_and_escapes():
 
 
 def test_two_looping_strings_are_both_closed_and_flagged_once(scripted):
-    from clm_middleware.conversation import Conversation
-
     looping = '{"setup": "' + "the cat was a cat, and " * 8 + '", "punchline": "' + "so the dog ran, and " * 8
-    engine, _ = scripted(looping[1:])
-    conversation = Conversation(engine, tagging="signals", max_new_tokens=len(looping) + 40)
-    conversation.add("user", "A joke as JSON.")
-    settings = dataclasses.replace(conversation.generation, response_format=ResponseFormat.from_schema(JOKE))
-    reply = conversation.respond(reply_prefix="{", settings=settings)
+    reply = scripted_document(scripted, looping, JOKE)
     joke = json.loads(reply.text)
     assert reply.finish_reason == "stop" and joke["punchline"].count("so the dog ran") <= 3
     assert reply.stats.reply_flags.count("string_loop_closed") == 1
@@ -199,19 +198,12 @@ def test_two_looping_strings_are_both_closed_and_flagged_once(scripted):
 
 def test_a_digit_loop_is_closed_and_the_document_finishes(scripted):
     """What SmolLM2 wrote for an integer property: digits until the tokens ran out."""
-    from clm_middleware.conversation import Conversation
-
     schema = {
         "type": "object",
         "properties": {"b": {"type": "integer"}, "a": {"type": "string", "maxLength": 4}},  # the script ends at b
         "required": ["b", "a"],
     }
-    looping = '{"b": ' + "3" * 60
-    engine, _ = scripted(looping[1:])
-    conversation = Conversation(engine, tagging="signals", max_new_tokens=len(looping) + 40)
-    conversation.add("user", "An example as JSON.")
-    settings = dataclasses.replace(conversation.generation, response_format=ResponseFormat.from_schema(schema))
-    reply = conversation.respond(reply_prefix="{", settings=settings)
+    reply = scripted_document(scripted, '{"b": ' + "3" * 60, schema)
     document = json.loads(reply.text)
     assert reply.finish_reason == "stop" and set(document) == {"a", "b"}
     assert len(str(document["b"])) <= LONGEST_NUMBER + 4  # closed at the bound, give or take a token
