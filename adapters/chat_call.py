@@ -40,6 +40,7 @@ from .tools import (
     split_tool_calls,
     template_tools_section,
     tools_prompt,
+    type_text,
 )
 
 JSON_INSTRUCTION = "Respond with a single JSON object and nothing else."
@@ -160,10 +161,10 @@ class ChatCall:
             content, payloads = split_tool_calls(reply.text) if tools else (reply.text, [])
             cut = reply.finish_reason == "length" and bool(payloads) and not reply.text.rstrip().endswith(CLOSE)
             valid, invalid = parse_tool_calls(payloads, tools, last_cut=cut)
-            if not content.strip() and not valid and "empty" not in reply.stats.reply_flags:
-                reply.stats.reply_flags.append("empty")  # all it wrote was a call nothing can run
             if invalid and not valid and request.invalid_calls_as_text:
                 content = reply.text
+            if not content.strip() and not valid and "empty" not in reply.stats.reply_flags:
+                reply.stats.reply_flags.append("empty")  # all it wrote was a call nothing can run
             answer = ChatAnswer(reply, conversation, route.kind, content, valid, invalid)
         except BaseException:
             if replies is not None:
@@ -195,10 +196,25 @@ def system_sections(engine: ServingEngine, tools: ToolSpecs, response_format: Re
     if tools:
         sections.append(tools_prompt(tools, template_tools_section(engine.tokenizer, tools)))
     if response_format is not None:
-        schema = response_format.schema_json
-        shape = f" It must match this JSON schema: {schema}" if schema else ""
-        sections.append((JSON_INSTRUCTION_WITH_TOOLS if tools else JSON_INSTRUCTION) + shape)
+        sections.append((JSON_INSTRUCTION_WITH_TOOLS if tools else JSON_INSTRUCTION) + shape_text(response_format))
     return "\n\n".join(sections) or None
+
+
+def shape_text(response_format: ResponseFormat) -> str:
+    """What the instruction says of a schema: its shape as ``type_text`` writes it
+    (``{name: string, tags: string[]}``) and a line per described property, not the
+    schema itself: SmolLM2 shown the schema filled a list with its keywords (``["type",
+    "string", "null", ...]``). The grammar enforces the schema either way."""
+    schema = response_format.schema
+    if schema is None:
+        return ""
+    notes = [
+        f"\n    {name}: {spec['description']}"
+        for name, spec in (schema.get("properties") or {}).items()
+        if isinstance(spec, dict) and isinstance(spec.get("description"), str) and spec["description"]
+    ]
+    about = f" ({schema['description']})" if isinstance(schema.get("description"), str) else ""
+    return f" Its shape: {type_text(schema, schema)}{about}" + "".join(notes)
 
 
 def required_call(conversation: Conversation, tool_choice: Any, tools: ToolSpecs) -> str | None:

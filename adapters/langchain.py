@@ -659,6 +659,10 @@ class ChatCLM(BaseChatModel):
                 "decisions": [d.as_dict() for d in reply.decisions],
                 "counts": stats.decisions,
                 "compaction": stats.compaction,
+                # folded segments the new message named, brought back (the context
+                # after them is computed again, as after a compaction)
+                "restored": list(stats.restored),
+                "reply_flags": list(stats.reply_flags),
                 "dropped_tokens": stats.dropped_tokens,
                 "compressed_tokens": stats.compressed_tokens,
                 "context_tokens": stats.context_tokens,

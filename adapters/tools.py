@@ -32,7 +32,6 @@ PROMPT_HEADER = (
     "Call a tool only when it helps answer; after a tool result arrives, answer the user.\n"
     "Tools:"
 )
-_SIMPLE_TYPES = {"string", "integer", "number", "boolean", "null"}
 
 
 def tools_prompt(tools: Sequence[dict[str, Any]], template_tools: str | None = None) -> str:
@@ -44,8 +43,9 @@ def tools_prompt(tools: Sequence[dict[str, Any]], template_tools: str | None = N
 
 
 def signature(tool: dict[str, Any]) -> str:
-    """``- name(a: string, b?: integer, c?: string | null): description``; a parameter of a
-    complex type shows its JSON schema, and one with a description gets an indented line.
+    """``- name(a: string, b?: integer, c?: string | null, d: string[]): description``
+    (types as ``type_text`` writes them); a parameter with a description gets an
+    indented line.
     ``tool`` passed ``check_tools``.
 
     Compact on purpose: small models copy whatever JSON schema they are shown into
@@ -57,35 +57,65 @@ def signature(tool: dict[str, Any]) -> str:
     parts, notes = [], []
     for name, spec in (parameters.get("properties") or {}).items():
         spec = spec if isinstance(spec, dict) else {}  # a boolean schema: true admits anything
-        kind = spec.get("type", _union_types(spec.get("anyOf")) or "any")
-        kinds = kind if isinstance(kind, list) else [kind]
-        if "enum" in spec:
-            kind = " | ".join(json.dumps(v) for v in spec["enum"])
-        elif all(k in _SIMPLE_TYPES or k == "any" for k in kinds):
-            kind = " | ".join(kinds)
-        else:
-            kind = json.dumps({k: v for k, v in spec.items() if k not in ("title", "description")}, sort_keys=True)
-        parts.append(f"{name}{'' if name in required else '?'}: {kind}")
+        parts.append(f"{name}{'' if name in required else '?'}: {type_text(spec, parameters)}")
         if spec.get("description"):
             notes.append(f"    {name}: {spec['description']}")
     description = function.get("description", "")
     return "\n".join([f"- {function.get('name')}({', '.join(parts)}): {description}".rstrip(": "), *notes])
 
 
-def _union_types(branches: Any) -> list[str] | None:
-    """The types of an ``anyOf`` of plain types (``Optional[int]`` as pydantic and
-    LangChain write it: ``[{"type": "integer"}, {"type": "null"}]``), else ``None``."""
-    if not isinstance(branches, list) or not branches:
-        return None
-    kinds = []
-    for branch in branches:
-        if not isinstance(branch, dict) or set(branch) - {"type", "title", "description"}:
-            return None
-        kind = branch.get("type")
-        if kind not in _SIMPLE_TYPES:
-            return None
-        kinds.append(kind)
-    return kinds
+def type_text(spec: Any, root: dict[str, Any] | None = None) -> str:
+    """A schema as a short type expression, TypeScript-like: ``string``, ``integer |
+    null``, ``"a" | "b"``, ``string[]``, ``{name: string, age?: integer}``; a ``$ref``
+    into ``root``'s ``$defs``/``definitions`` is followed. Never a schema's keywords: a
+    small model shown ``{"items": {"type": "string"}, "type": "array"}`` for a list
+    wrote ``["items", "type", "array", ...]`` as its value. What has no short form
+    (nesting past three levels, a pattern) is its base type; the grammar, not this text,
+    enforces the schema."""
+    return " | ".join(_alternatives(spec, root, 0))
+
+
+def _alternatives(spec: Any, root: dict[str, Any] | None, depth: int) -> list[str]:
+    """``type_text`` of ``spec`` as its union's members, each once."""
+    if not isinstance(spec, dict):
+        return ["any"]
+    kind = spec.get("type", "any")
+    if depth > 3:
+        return [kind if isinstance(kind, str) else "any"]
+    reference = spec.get("$ref")
+    if isinstance(reference, str):
+        for section in ("$defs", "definitions"):
+            prefix = f"#/{section}/"
+            target = (
+                ((root or {}).get(section) or {}).get(reference[len(prefix) :])
+                if reference.startswith(prefix)
+                else None
+            )
+            if isinstance(target, dict):
+                return _alternatives(target, root, depth + 1)
+        return ["any"]
+    if isinstance(spec.get("enum"), list):
+        return [json.dumps(value) for value in spec["enum"]]
+    if "const" in spec:
+        return [json.dumps(spec["const"])]
+    branches = spec.get("anyOf") or spec.get("oneOf")
+    if isinstance(branches, list) and branches and "type" not in spec:
+        return list(dict.fromkeys(text for branch in branches for text in _alternatives(branch, root, depth + 1)))
+    texts = []
+    for one in kind if isinstance(kind, list) else [kind]:
+        if one == "array":
+            items = _alternatives(spec.get("items", {}), root, depth + 1)
+            texts.append(f"({' | '.join(items)})[]" if len(items) > 1 else f"{items[0]}[]")
+        elif one == "object" and isinstance(spec.get("properties"), dict) and spec["properties"]:
+            required = set(spec.get("required") or ())
+            fields = (
+                f"{key}{'' if key in required else '?'}: {' | '.join(_alternatives(value, root, depth + 1))}"
+                for key, value in spec["properties"].items()
+            )
+            texts.append("{" + ", ".join(fields) + "}")
+        else:
+            texts.append(str(one))
+    return list(dict.fromkeys(texts))
 
 
 def check_tools(tools: Sequence[dict[str, Any]], *, field: str = "tools") -> None:
@@ -155,11 +185,13 @@ def parse_tool_calls(
         if isinstance(arguments, str):
             with contextlib.suppress(json.JSONDecodeError):  # a string of JSON: use what it holds
                 arguments = json.loads(arguments)
+        # a call that parsed reports its arguments, as LangChain's ``args`` holds them
+        written = json.dumps(arguments, ensure_ascii=False)
         if not isinstance(name, str) or (declared and name not in declared):
             shown = name if isinstance(name, str) else None
-            invalid.append(_invalid(shown, payload, call_id, f"unknown tool {name!r}"))
+            invalid.append(_invalid(shown, written, call_id, f"unknown tool {name!r}"))
         elif not isinstance(arguments, dict):
-            invalid.append(_invalid(name, payload, call_id, "arguments must be a JSON object"))
+            invalid.append(_invalid(name, written, call_id, "arguments must be a JSON object"))
         else:
             properties = declared.get(name)
             if properties:
@@ -167,7 +199,7 @@ def parse_tool_calls(
             missing = [key for key in required.get(name, ()) if key not in arguments]
             if missing:
                 names = ", ".join(repr(key) for key in missing)
-                invalid.append(_invalid(name, payload, call_id, f"missing required argument {names}"))
+                invalid.append(_invalid(name, written, call_id, f"missing required argument {names}"))
                 continue
             valid.append({"name": name, "args": arguments, "id": call_id, "type": "tool_call"})
     return valid, invalid
@@ -210,8 +242,10 @@ def _cut_call_name(payload: str) -> str | None:
 CUT_CALL = "the reply reached max_tokens before this call was complete; raise max_tokens"
 
 
-def _invalid(name: str | None, payload: str, call_id: str, error: str) -> dict[str, Any]:
-    return {"name": name, "args": payload, "id": call_id, "error": error, "type": "invalid_tool_call"}
+def _invalid(name: str | None, args: str, call_id: str, error: str) -> dict[str, Any]:
+    """LangChain's ``invalid_tool_call``: ``args`` is the call's arguments as JSON when
+    the call parsed, else the text the model wrote for the call."""
+    return {"name": name, "args": args, "id": call_id, "error": error, "type": "invalid_tool_call"}
 
 
 CHOOSE_TOOL = OPEN + '{"name": "'  # the reply head before a tool name is chosen

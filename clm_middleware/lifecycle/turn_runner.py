@@ -39,6 +39,7 @@ from clm_middleware.lifecycle.segments import (
 )
 from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
 from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
+from clm_middleware.structured.array_watch import ArrayWatch
 from clm_middleware.structured.format import LONGEST_NUMBER, inside_string, trailing_number
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ class TurnRunner:
             generation = self._generate(rendered, prefix_ids, forced, settings, constraint)
             generation.cancelled = cancelled
             escaped_at = 0  # structured: where the text stood when a loop in a string was last closed
+            arrays = ArrayWatch()  # structured: arrays whose items repeat
             machinery = shows_machinery(c.protocol_context, (s.visible_text for s in c.live_segments() if s.visible))
             given = len(prefix) if forced is None else 0
             reply_filter = ReplyFilter(
@@ -137,6 +139,10 @@ class TurnRunner:
                             constraint.close_number()  # a digit loop: the number ends here
                             if "number_loop_closed" not in stats.reply_flags:
                                 stats.reply_flags.append("number_loop_closed")
+                        elif settings.cut_repeats and (closer := arrays.closing(written)) is not None:
+                            constraint.close_array(closer)  # the same item again and again: the array ends
+                            if "array_loop_closed" not in stats.reply_flags:
+                                stats.reply_flags.append("array_loop_closed")
                     elif reply_filter.repeated:
                         generation.close()
                         generation.finish_reason = "repetition"

@@ -22,7 +22,9 @@ Invariants:
   is allowed and until one is generated; the document stays valid, and a small model
   looping inside a value gets to write the rest of the document instead of spending
   every remaining token there. ``close_number()`` does the same for a number literal
-  (a digit loop: ``"age": 3333333...``): the tokens that do not go on with it.
+  (a digit loop: ``"age": 3333333...``): the tokens that do not go on with it;
+  ``close_array(closer)`` for an array whose items repeat (``array_watch.py``): the
+  tokens that end the item and the array.
 """
 
 from __future__ import annotations
@@ -44,10 +46,13 @@ class GrammarConstraint:
         prefix_ids: list[int],
         quote_ids: torch.Tensor | None = None,
         number_end_ids: torch.Tensor | None = None,
+        array_end_ids: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self._quote = _mask(vocab_size, quote_ids)  # tokens holding an unescaped '"'
         self._number_end = _mask(vocab_size, number_end_ids)  # tokens that do not go on with a number
+        # per closer of the item being written: tokens that end it and its array
+        self._array_end = {closer: _mask(vocab_size, ids) for closer, ids in (array_end_ids or {}).items()}
         self._closing: torch.Tensor | None = None  # the tokens that end the value being closed
         self._matcher = xgrammar.GrammarMatcher(compiled)
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
@@ -80,6 +85,12 @@ class GrammarConstraint:
     def close_number(self) -> None:
         """Steer the next tokens to end the number being written (see the module docstring)."""
         self._closing = self._number_end
+
+    def close_array(self, closer: str) -> None:
+        """Steer the next tokens to end the item being written (``closer``: what it still
+        needs, ``""`` when whole) and its array (see ``array_watch.py``)."""
+        if closer in self._array_end:
+            self._closing = self._array_end[closer]
 
     def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
         for token in generated[self._seen :]:

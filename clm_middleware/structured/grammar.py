@@ -28,6 +28,7 @@ import torch
 import xgrammar
 
 from clm_middleware.errors import ConfigError
+from clm_middleware.structured.array_watch import ARRAY_CLOSERS
 from clm_middleware.structured.constraint import GrammarConstraint
 from clm_middleware.structured.format import ResponseFormat
 from clm_middleware.structured.keywords import for_grammar
@@ -75,6 +76,12 @@ class GrammarCompiler:
         self.number_end_ids = torch.tensor(
             [i for i, text in enumerate(vocab) if text and text[0] not in _NUMBER_BYTES], dtype=torch.long
         )
+        # per closer of an open item ('"', "}", "]", or "" for none), the tokens that close
+        # the item and its array, or the item alone (close_array)
+        self.array_end_ids = {
+            closer: torch.tensor([i for i, text in enumerate(vocab) if _ends_array(text, closer)], dtype=torch.long)
+            for closer in ARRAY_CLOSERS
+        }
         banned = sorted((special | padding | control) - set(stop_ids))
         self.banned_ids = torch.tensor([t for t in banned if 0 <= t < vocab_size], dtype=torch.long)
         self._lock = threading.Lock()
@@ -103,7 +110,13 @@ class GrammarCompiler:
         ``reply_prefix`` such as ``{``): those are fed to the grammar first."""
         compiled = self.compile(fmt)
         return GrammarConstraint(
-            compiled, self.vocab_size, self.banned_ids, list(prefix_ids), self.quote_ids, self.number_end_ids
+            compiled,
+            self.vocab_size,
+            self.banned_ids,
+            list(prefix_ids),
+            self.quote_ids,
+            self.number_end_ids,
+            self.array_end_ids,
         )
 
 
@@ -136,6 +149,15 @@ def _document_grammar(schema: dict[str, Any], *, strict: bool) -> xgrammar.Gramm
         if not strict:
             raise
     return xgrammar.Grammar.from_json_schema(text, any_whitespace=False, strict_mode=False)
+
+
+def _ends_array(text: bytes, closer: str) -> bool:
+    """Whether ``text`` is ``closer`` then (whitespace and) the array's ``]``, or exactly
+    ``closer`` (the ``]`` then comes next)."""
+    opening = closer.encode()
+    if closer and text == opening:
+        return True
+    return text.startswith(opening) and text[len(opening) :].lstrip().startswith(b"]")
 
 
 def _closes(text: bytes) -> bool:

@@ -1,6 +1,7 @@
 """ChatCLM in an agent loop, driven by scripted token-level replies through the real adapter and engine."""
 
 import asyncio
+import json
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
@@ -193,12 +194,22 @@ def test_a_call_missing_a_required_argument_is_invalid(scripted_llm):
 
 def test_a_required_call_is_written_under_the_tools_schema_so_no_required_argument_is_missing(scripted_llm):
     llm, _ = scripted_llm('"a": 2}}</tool_call>')  # the script would leave out b
-    message = llm.bind_tools([add], tool_choice="add").invoke("2 + 3?", max_tokens=48)
+    message = llm.bind_tools([add], tool_choice="add").invoke("2 + 3?", max_tokens=64)
     # the grammar wrote b where the script closed the object; the random model then writes
-    # digits until max_tokens, so the call is cut, and a cut call is never passed as valid
+    # digits, a loop the grammar ends (close_number), and the call completes
+    [call] = message.tool_calls
+    assert call["name"] == "add" and call["args"]["a"] == 2 and isinstance(call["args"]["b"], int)
+    assert (
+        "number_loop_closed" in llm.conversation(message.response_metadata["conversation_id"]).turn_log[-1].reply_flags
+    )
+
+
+def test_a_required_call_cut_by_max_tokens_is_never_passed_as_valid(scripted_llm):
+    llm, _ = scripted_llm('"a": 2, "b": 3}}</tool_call>')
+    message = llm.bind_tools([add], tool_choice="add").invoke("2 + 3?", max_tokens=6)
     assert message.tool_calls == []
     [call] = message.invalid_tool_calls
-    assert call["args"].startswith('{"name": "add", "arguments": {"a": 2, "b": ')
+    assert call["args"].startswith('{"name": "add", "arguments": {"a": ')
     assert call["name"] == "add"
     assert call["error"] == "the reply reached max_tokens before this call was complete; raise max_tokens"
 
@@ -225,6 +236,13 @@ def test_a_call_renders_the_same_whether_the_conversation_is_remembered_or_rebui
 def test_a_cut_call_is_invalid_and_names_its_tool_when_the_name_was_written_whole(payload, name):
     valid, [invalid] = parse_tool_calls([payload], [convert_to_openai_tool(add)], last_cut=True)
     assert valid == [] and (invalid["name"], invalid["args"]) == (name, payload)
+
+
+def test_an_invalid_call_that_parsed_reports_its_arguments_as_args():
+    payload = '{"name": "book_table", "arguments": {"people": 2}}'
+    valid, [invalid] = parse_tool_calls([payload], [convert_to_openai_tool(add)])
+    assert valid == [] and invalid["name"] == "book_table" and json.loads(invalid["args"]) == {"people": 2}
+    assert invalid["error"] == "unknown tool 'book_table'"
 
 
 def test_a_call_cut_in_its_closing_tag_was_written_whole_and_is_valid():
@@ -403,6 +421,8 @@ def test_a_reply_whose_only_call_names_no_bound_tool_keeps_it_as_text_where_aske
     assert not answer.tool_calls and answer.invalid_tool_calls[0]["name"] == "get_sunny"
     assert answer.finish_reason == "stop"
     assert streamed == answer.content == (invented if as_text else "")
+    # "empty" says what the client got: the call as text is not an empty reply
+    assert ("empty" in answer.reply.stats.reply_flags) is (not as_text)
     # the history sent back with the content as returned extends the same conversation
     again = ChatRequest(
         turns=[
@@ -458,3 +478,34 @@ def test_a_tool_call_that_repeats_an_earlier_one_stays_in_the_context(scripted_l
     assert again.response_metadata["lifecycle"]["dropped_tokens"] == 0
     (session,) = next(iter(llm._routers.values())).sessions()
     assert session.conversation.context.count(CALL) == 2
+
+
+@pytest.mark.parametrize(
+    ("spec", "text"),
+    [
+        ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "string[]"),
+        ({"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}, "(integer | null)[]"),
+        (
+            {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"]},
+            "{a: string, b?: integer}",
+        ),
+        ({"$ref": "#/$defs/P"}, "{name: string}"),
+        ({"enum": ["one_way", "round_trip"]}, '"one_way" | "round_trip"'),
+        ({"type": "object"}, "object"),
+        ({}, "any"),
+    ],
+)
+def test_a_parameter_type_is_a_short_expression_never_schema_keywords(spec, text):
+    """SmolLM2 shown '{"items": {"type": "string"}, "type": "array"}' for a list wrote
+    ["items", "type", "array", ...] as its value (a helper's agent sweep)."""
+    from clm_middleware.adapters.tools import type_text
+
+    root = {"$defs": {"P": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}
+    assert type_text(spec, root) == text
+
+
+def test_response_metadata_says_what_the_lifecycle_did_this_turn(scripted_llm):
+    llm, _ = scripted_llm("Hello.")
+    lifecycle = llm.invoke("Hi").response_metadata["lifecycle"]
+    assert {"compaction", "restored", "reply_flags", "decisions", "context_tokens"} <= set(lifecycle)
+    assert lifecycle["restored"] == [] and isinstance(lifecycle["reply_flags"], list)

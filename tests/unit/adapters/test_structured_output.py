@@ -184,3 +184,18 @@ def test_a_required_call_leaves_the_json_instruction_out_of_the_prompt(scripted_
     assert message.tool_calls[0]["args"] == {"city": "Porto"}
     conversation = llm.conversation(message.response_metadata["conversation_id"])
     assert "get_weather" in conversation.tools_prompt and "JSON object" not in conversation.tools_prompt
+
+
+def test_the_instruction_shows_the_schemas_shape_and_descriptions_not_its_keywords():
+    from clm_middleware.adapters.chat_call import shape_text
+    from clm_middleware.structured import ResponseFormat
+
+    class Order(BaseModel):
+        """An order."""
+
+        item: str = Field(description="What was ordered")
+        tags: list[str] = []
+
+    text = shape_text(ResponseFormat.from_schema(Order.model_json_schema()))
+    assert text.startswith(" Its shape: {item: string, tags?: string[]} (An order.)")
+    assert "\n    item: What was ordered" in text and '"type"' not in text and "items" not in text

@@ -216,3 +216,46 @@ def test_trailing_number_reads_the_literal_a_prefix_ends_with():
     assert trailing_number('{"a": -12.5e') == "-12.5e"
     assert trailing_number('{"a": "12') == ""  # inside a string
     assert trailing_number('{"a": 1, "b": true') == ""
+
+
+@pytest.mark.parametrize(
+    ("items", "looped"),
+    [
+        ('"flour", "milk", ' + '"baking time", ' * 20, "baking time"),  # SmolLM2 on a recipe
+        ('{"n": "Lao", "a": 25}, ' * 20, {"n": "Lao", "a": 25}),  # the same object again and again
+    ],
+)
+def test_an_array_whose_items_repeat_is_closed_and_the_document_finishes(scripted, items, looped):
+    item = {"type": "object", "properties": {"n": {"type": "string"}, "a": {"type": "integer"}}, "required": ["n", "a"]}
+    kind = item if isinstance(looped, dict) else {"type": "string"}
+    schema = {
+        "type": "object",
+        "properties": {"xs": {"type": "array", "items": kind}, "k": {"type": "string", "maxLength": 3}},
+        "required": ["xs", "k"],
+    }
+    reply = scripted_document(scripted, '{"xs": [' + items, schema)
+    document = json.loads(reply.text)
+    assert reply.finish_reason == "stop" and document["xs"].count(looped) == 3
+    assert reply.stats.reply_flags.count("array_loop_closed") == 1
+
+
+def test_the_array_watch_ends_only_a_third_copy_of_an_item():
+    from clm_middleware.structured.array_watch import ArrayWatch
+
+    def first_close(text: str) -> tuple[str, str] | None:
+        watch = ArrayWatch()
+        for end in range(1, len(text) + 1):
+            if (closer := watch.closing(text[:end])) is not None:
+                return text[:end], closer
+        return None
+
+    assert first_close('["a", "b", "a", "a"]') == ('["a", "b", "a", "a', '"')
+    assert first_close('{"x": [[1, 2], [1, 2], [1, 2]]}') == ('{"x": [[1, 2], [1, 2], [1, 2]', "")
+    assert first_close('{"x": [{"k": 1}, {"k": 1}, {"k": 1}]}') == ('{"x": [{"k": 1}, {"k": 1}, {"k": 1', "}")
+    for distinct in (
+        '["a", "b", "a", "b", "c"]',
+        "[3, 3, 3, 3]",
+        '["a \\" ]", "a \\" ]", "b"]',
+        '{"a": "x", "b": "x", "c": "x"}',
+    ):
+        assert first_close(distinct) is None, distinct
