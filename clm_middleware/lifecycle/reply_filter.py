@@ -48,11 +48,23 @@ def _written(raw: str, stops: Sequence[str], machinery: bool, given: int = 0) ->
     return model_answer(raw, stops, given) if machinery else cut_at_stop(raw, stops, given)
 
 
+_CLAUSE_MARKS = ",;:"  # end a clause, not a sentence: a cut reply does not end on one
+
+
 def cut_repeat(written: str, *, final: bool = False) -> str:
     """``written`` before where it starts to repeat itself (see reply_quality.py);
     ``final``: the text is complete, so its last sentence is complete too."""
     cut = first_repeated_sentence(written + "\n" if final else written)
     return written if cut is None else written[:cut]
+
+
+def end_sentence(kept: str) -> str:
+    """A reply cut before a repeat, right-stripped, ending on a full stop where the cut
+    left a clause mark (``"I'm sorry, I'm sorry, I"`` is delivered ``"I'm sorry."``, not
+    ``"I'm sorry,"``). A stream holds a trailing clause mark back until the text goes on
+    (``ReplyFilter``), so the streamed text is the final one."""
+    kept = kept.rstrip()
+    return kept[:-1] + "." if kept and kept[-1] in _CLAUSE_MARKS else kept
 
 
 def cuts_a_repeat(raw: str, *, stops: Sequence[str], machinery: bool = True, given: int = 0) -> bool:
@@ -83,7 +95,7 @@ def visible_answer(
         return cut_at_stop(raw, stops, given)
     written = _written(raw, stops, machinery, given)
     if cut_repeats and (kept := cut_repeat(written, final=True)) != written:
-        written = kept.rstrip()
+        written = end_sentence(kept)
     if not machinery:
         return written
     held = trailing_machinery(written, final=True)
@@ -150,6 +162,8 @@ class ReplyFilter:
         if self.machinery:
             answer = strip_artifacts(answer)
         safe = len(answer) - self._held_stop(answer) if not held_raw else len(answer.rstrip())
+        if self.cut_repeats and safe > 0 and answer[:safe].rstrip()[-1:] in tuple(_CLAUSE_MARKS):
+            safe = len(answer[:safe].rstrip()) - 1  # a cut here would end the sentence instead (end_sentence)
         return self._emit(answer, safe)
 
     def _emit(self, answer: str, safe: int) -> str:

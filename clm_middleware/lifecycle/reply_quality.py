@@ -20,7 +20,9 @@ Flags (``reply_flags``), one list per generated reply, in the report:
 
 Cut (``first_repeated_sentence``): a reply is cut where it starts to repeat itself, and
 generation stops there (flag ``repetition_cut``): a repeated sentence tells the user
-nothing, and a small greedy model that repeats one rarely stops on its own. Two kinds
+nothing, and a small greedy model that repeats one rarely stops on its own. A cut that
+leaves the reply on a clause mark ends it with a full stop instead ("I'm sorry, I'm
+sorry, I" is delivered "I'm sorry.", ``reply_filter.end_sentence``). Two kinds
 of repeat cut, both counted in words (punctuation never counts):
 
 - a complete **sentence** (ended by ``. ! ? …``, a newline or ``。！？``) that repeats an

@@ -143,7 +143,7 @@ def test_a_looping_reply_leaves_the_context_at_once_and_stays_in_history_as_deli
     assert "repetition_loop" in first.stats.reply_flags
     assert "10:30am" not in conversation.context
     # a short clause six times in a row is cut before the sixth: the user gets five
-    assert conversation.history[-1].content == ("10:30am: " * 5).strip()
+    assert conversation.history[-1].content == ("10:30am: " * 5).strip()[:-1] + "."  # a cut ends a sentence
     assert "repetition_cut" in first.stats.reply_flags
     assert any(d.reason == "repetition loop" for d in first.decisions)
     delivered = len(engine.tokenizer.encode(conversation.history[-1].content, add_special_tokens=False))
@@ -260,7 +260,7 @@ def test_a_clause_said_again_after_a_linking_word_is_cut_there():
     )
     assert visible_answer(raw, stops=(), cut_repeats=True) == (
         "Theres a lot of information here, but I can help you with the rest. I can help you with theres a lot "
-        "of information here,"
+        "of information here."
     )
     for said in ("I like tea, and I like coffee.", "Call me later, or call me tomorrow."):
         assert visible_answer(said, stops=(), cut_repeats=True) == said
@@ -269,10 +269,25 @@ def test_a_clause_said_again_after_a_linking_word_is_cut_there():
 def test_a_clause_that_repeats_inside_a_sentence_is_cut_too():
     raw = "The tip is 2 euros. You can add up the tip, and you can add up the total, and you can add up the total."
     assert visible_answer(raw, stops=(), cut_repeats=True) == (
-        "The tip is 2 euros. You can add up the tip, and you can add up the total,"
+        "The tip is 2 euros. You can add up the tip, and you can add up the total."
     )
     listed = "Rooms cost 2,400 euros; the suite costs 3,100 euros: both include breakfast."
     assert visible_answer(listed, stops=(), cut_repeats=True) == listed  # no clause repeats
+
+
+@pytest.mark.parametrize(
+    ("raw", "delivered"),
+    [
+        ("I'm sorry, I'm sorry, I'm sorry, I", "I'm sorry."),  # SmolLM2 through clm serve: "I'm sorry,"
+        ("Sure, the hotel is near the park, the hotel is near the park, the", "Sure, the hotel is near the park."),
+        ("Hello, world, 1,000 times: yes", "Hello, world, 1,000 times: yes"),  # no cut: every mark stays
+    ],
+)
+def test_a_reply_cut_at_a_repeat_ends_a_sentence_not_a_clause_streamed_or_not(raw, delivered):
+    assert visible_answer(raw, stops=(), cut_repeats=True) == delivered
+    stream = ReplyFilter(stops=(), cut_repeats=True)
+    shown = "".join(stream.delta(raw[:end]) for end in range(1, len(raw) + 1))
+    assert shown + stream.finish(delivered) == delivered
 
 
 def test_sentences_glued_without_a_space_are_cut_at_the_repeat_streamed_or_not():
@@ -297,7 +312,7 @@ def test_sentences_glued_without_a_space_are_cut_at_the_repeat_streamed_or_not()
     [
         (
             "The pickpockets are very, very, very, very, very, very, very, very, very",
-            "The pickpockets are very, very, very, very, very, very,",
+            "The pickpockets are very, very, very, very, very, very.",
         ),
         ("Yes. Yes. Yes. Yes. Yes. Yes. Yes.", "Yes. Yes. Yes. Yes. Yes."),
         # emphasis up to five times stays, and the reply goes on (SmolLM2 on a support chat)
