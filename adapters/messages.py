@@ -16,7 +16,7 @@ import xxhash
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 
 from clm_middleware.errors import ConfigError
-from clm_middleware.render.chat_format import ROLE_SPELLINGS, lone_surrogate
+from clm_middleware.render.chat_format import ROLE_SPELLINGS, canonical_role, lone_surrogate
 from clm_middleware.render.content import blocks_text
 from clm_middleware.render.tool_calls import render_tool_calls
 
@@ -40,7 +40,7 @@ def message_text(message: BaseMessage) -> str:
 def to_turn(message: BaseMessage, index: int = 0) -> Turn:
     """The turn a LangChain message is; ``index``, its place in the call's messages, names it in errors."""
     if isinstance(message, ChatMessage):
-        role = ROLE_SPELLINGS.get(str(message.role).strip().lower())
+        role = canonical_role(message.role)
         if role is None:
             raise ConfigError(
                 "messages",

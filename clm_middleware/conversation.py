@@ -71,7 +71,7 @@ from clm_middleware.lifecycle.tagging import Tagger
 from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts, token_totals
 from clm_middleware.lifecycle.turn_runner import TurnRunner
 from clm_middleware.render import ChatFormat
-from clm_middleware.render.chat_format import lone_surrogate
+from clm_middleware.render.chat_format import canonical_role, lone_surrogate
 from clm_middleware.store import ConversationRecord, Store, StoreError
 from clm_middleware.structured import ResponseFormat
 
@@ -278,8 +278,10 @@ class Conversation:
 
         An empty message, or one of whitespace only, is an empty turn, as the chat template
         renders ``""`` (histories hold them: a chat UI's stray Enter, an export's blank turn)."""
-        if role not in MESSAGE_ROLES:
+        spelled = canonical_role(role)  # "User", "developer", "human": as the CLI and ChatCLM read them
+        if spelled not in MESSAGE_ROLES:
             raise ConfigError("role", f"unknown role {role!r}; use one of {MESSAGE_ROLES}")
+        role = spelled
         self._close_open_stream()
         if not isinstance(content, str):
             raise ConfigError("content", f"must be a string, got {type(content).__name__}")

@@ -42,7 +42,15 @@ ROLE_SPELLINGS = {
     "assistant": "assistant",
     "ai": "assistant",
     "tool": "tool",
+    "function": "tool",  # OpenAI's legacy name for a tool result
 }
+
+
+def canonical_role(role: object) -> str | None:
+    """The template role (``ROLES``) that ``role`` spells, in any case and with spaces
+    around it ("User", "developer", "human", "function"); ``None`` when it spells none.
+    Every entry point reads roles through it: a transcript, ``Conversation.add``, LangChain."""
+    return ROLE_SPELLINGS.get(role.strip().lower()) if isinstance(role, str) else None
 
 
 def lone_surrogate(text: str) -> str | None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from clm_middleware.errors import TranscriptError
-from clm_middleware.render.chat_format import ROLE_SPELLINGS
+from clm_middleware.render.chat_format import ROLE_SPELLINGS, canonical_role
 from clm_middleware.render.content import blocks_text
 from clm_middleware.replay.transcript import (
     Message,
@@ -113,6 +113,8 @@ def _read_transcripts(path: Path, fmt: str, skipped: list[TranscriptError] | Non
     if fmt == "jsonl" or (fmt == "auto" and path.suffix == ".jsonl" and not one_document(text)):
         if _conversation_per_line(text):
             return _documents_per_line(text, path, "auto" if fmt == "jsonl" else fmt, skipped)
+        if _is_langchain_message(first_record(text)):  # one LangChain message dict per line
+            return _langchain_lines(text, path)
         return parse_jsonl(text, path, skipped)
     if not text.strip():
         raise TranscriptError(str(path), None, "the file is empty")
@@ -121,6 +123,8 @@ def _read_transcripts(path: Path, fmt: str, skipped: list[TranscriptError] | Non
     except TranscriptError:
         if "\n" in text.strip() and _conversation_per_line(text):
             return _documents_per_line(text, path, fmt, skipped)
+        if fmt in ("auto", "langchain") and _is_langchain_message(first_record(text)):
+            return _langchain_lines(text, path)
         if fmt == "auto" and isinstance(first_record(text), dict) and "\n" in text.strip():
             return parse_jsonl(text, path, skipped)  # JSON lines with another extension
         # otherwise a document spread over lines: its own error names the line that breaks it
@@ -370,10 +374,43 @@ def _sharegpt_call(value: str) -> dict[str, Any]:
 
 
 def _is_langchain_message(item: Any) -> bool:
-    """``{"type", "data"}`` (``messages_to_dict``) or a flat dump ``{"type": "human", "content", ...}``."""
+    """``{"type", "data"}`` (``messages_to_dict``), a flat dump ``{"type": "human", "content",
+    ...}``, or ``dumpd``'s ``{"lc": 1, "type": "constructor", "id": [..., "HumanMessage"],
+    "kwargs": {...}}``."""
     if not isinstance(item, dict) or "role" in item or "type" not in item:
         return False
+    if _constructor_kwargs(item) is not None:
+        return True
     return "data" in item or (item["type"] in _LANGCHAIN_ROLES and "content" in item)
+
+
+def _constructor_kwargs(item: dict[str, Any]) -> dict[str, Any] | None:
+    """The fields of a message ``langchain_core.load.dumpd`` wrote, with its ``type``
+    (``"human"``, or the class name when the fields lack one); ``None`` for anything else."""
+    ident, kwargs = item.get("id"), item.get("kwargs")
+    if item.get("lc") != 1 or item.get("type") != "constructor" or not isinstance(kwargs, dict):
+        return None
+    if not isinstance(ident, list) or not ident or not str(ident[-1]).endswith(("Message", "MessageChunk")):
+        return None
+    kind = kwargs.get("type") or _CLASS_TYPES.get(str(ident[-1]).removesuffix("Chunk"), str(ident[-1]))
+    return {**kwargs, "type": kind}
+
+
+# dumpd's class names, for fields that carry no "type"
+_CLASS_TYPES = {
+    "HumanMessage": "human",
+    "AIMessage": "ai",
+    "SystemMessage": "system",
+    "ToolMessage": "tool",
+    "FunctionMessage": "function",
+    "ChatMessage": "chat",
+}
+
+
+def _langchain_lines(text: str, path: Path) -> list[Transcript]:
+    """A file of one LangChain message dict per line: one conversation."""
+    items = [load_json(raw, str(path), number) for number, raw in enumerate(json_lines(text), start=1) if raw.strip()]
+    return _langchain(items, str(path))
 
 
 def _langchain(data: Any, path: str, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
@@ -389,6 +426,8 @@ def _langchain(data: Any, path: str, skipped: list[TranscriptError] | None = Non
     messages = []
     for number, item in enumerate(data):
         at = f"$[{number}]"
+        if isinstance(item, dict) and (fields := _constructor_kwargs(item)) is not None:
+            item = {"type": fields["type"], "data": fields}
         if isinstance(item, dict) and "data" not in item and "content" in item:
             item = {"type": item.get("type"), "data": item}  # dumped flat: the fields are the data
         if not isinstance(item, dict) or not isinstance(item.get("data"), dict):
@@ -415,7 +454,7 @@ def _langchain_role(kind: Any, body: dict[str, Any], path: str, at: str) -> str:
         )
     if role != "chat":
         return role
-    spelled = ROLE_SPELLINGS.get(str(body.get("role", "")).strip().lower())
+    spelled = canonical_role(body.get("role", ""))
     if spelled is None:
         raise TranscriptError(
             path,

@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from clm_middleware.errors import TranscriptError
-from clm_middleware.render.chat_format import lone_surrogate
+from clm_middleware.render.chat_format import ROLE_SPELLINGS, canonical_role, lone_surrogate
 from clm_middleware.render.content import block_text, join_text_parts
-
-ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,18 +135,13 @@ _ARTICLE = {"assistant": "an", "tool": "a"}
 
 def message_from_record(record: dict[str, Any], path: str, line: int | None) -> Message:
     """Validate one ``{"role", "content", ...}`` record."""
-    role = record.get("role")
-    if isinstance(role, str):
-        role = role.strip().lower()  # "User", "Assistant": as people's exports spell them
-    if role == "developer":  # OpenAI's name for the system role of newer models, as clm serve reads it
-        role = "system"
-    elif role == "function":  # OpenAI's legacy name for a tool result
-        role = "tool"
-    accepted = sorted(ROLES | {"developer", "function"})  # one list in both errors
-    if role is None:
+    written = record.get("role")  # "User", "developer", "function": as people's exports spell them
+    accepted = sorted(ROLE_SPELLINGS)  # one list in both errors
+    if written is None:
         raise TranscriptError(path, line, f'a message needs a "role", one of {accepted}; got keys {sorted(record)}')
-    if role not in ROLES:
-        raise TranscriptError(path, line, f"unknown role {role!r}; expected one of {accepted}")
+    role = canonical_role(written)
+    if role is None:
+        raise TranscriptError(path, line, f"unknown role {written!r}; expected one of {accepted}")
     if role in ("user", "system") and "content" not in record:  # "" is a message; no key is a misnamed field
         raise TranscriptError(path, line, f'a {role} message needs a "content"; got keys {sorted(record)}')
     content = _content_text(record.get("content"), path, line, role)

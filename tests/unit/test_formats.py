@@ -184,6 +184,23 @@ def test_langchain_messages_dumped_flat_are_read_like_messages_to_dict(tmp_path)
     assert read[0] == read[1] == [("user", "Weather in Porto?"), ("assistant", "Sunny.")]
 
 
+def test_langchain_dumpd_output_and_one_message_dict_per_line_are_read(tmp_path):
+    """What langchain_core.load.dumpd writes (a helper's sweep: 'cannot tell the format'),
+    and a JSONL file of message dicts (its hint had pointed to --format jsonl, which failed)."""
+    from langchain_core.load import dumpd
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    call = {"name": "get_weather", "args": {"city": "Porto"}, "id": "c1"}
+    messages = [HumanMessage("Weather?"), AIMessage("", tool_calls=[call]), ToolMessage("sunny", tool_call_id="c1")]
+    dumped, lines = tmp_path / "dumped.json", tmp_path / "lines.jsonl"
+    dumped.write_text(json.dumps([dumpd(m) for m in messages]))
+    lines.write_text("\n".join(json.dumps(m.model_dump()) for m in messages))
+    for path in (dumped, lines):
+        [transcript] = read_transcripts(path)
+        assert [m.role for m in transcript.messages] == ["user", "assistant", "tool"]
+        assert transcript.messages[1].tool_calls[0]["name"] == "get_weather"
+
+
 def test_roles_as_exports_spell_them_and_openais_legacy_function_messages(tmp_path):
     path = tmp_path / "chat.json"
     call = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}

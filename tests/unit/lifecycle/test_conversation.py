@@ -990,3 +990,14 @@ def test_pins_that_leave_no_room_are_named_in_the_budget_error_with_the_way_out(
     with pytest.raises(ContextBudgetError, match="in pinned segments, which never leave") as raised:
         conversation.send("next " * 30)
     assert "forget() a pinned segment" in (raised.value.hint or "")
+
+
+def test_add_reads_roles_as_the_cli_and_chatclm_spell_them(converse):
+    """A helper's sweep: Conversation.add refused 'developer' and 'User', which a replayed
+    transcript and ChatCLM accept."""
+    conversation = converse()
+    for spelled in ("developer", " User ", "human", "function", "AI"):
+        conversation.add(spelled, "text")
+    assert [m.role for m in conversation.messages] == ["system", "user", "user", "tool", "assistant"]
+    with pytest.raises(ConfigError, match="unknown role 'narrator'"):
+        conversation.add("narrator", "text")
