@@ -43,7 +43,7 @@ from types import MappingProxyType
 from typing import Any
 
 from clm_middleware.engine.protocol import ServingEngine, signals_source
-from clm_middleware.errors import ClmError, ConfigError, ConversationBusyError
+from clm_middleware.errors import ClmError, ConfigError, ContextWindowError, ConversationBusyError
 from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdict
 from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
 from clm_middleware.lifecycle.compaction import Compactor, ContextBudgetError
@@ -71,7 +71,7 @@ from clm_middleware.lifecycle.tagging import Tagger
 from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts, token_totals
 from clm_middleware.lifecycle.turn_runner import TurnRunner
 from clm_middleware.render import ChatFormat
-from clm_middleware.render.chat_format import canonical_role, lone_surrogate
+from clm_middleware.render.chat_format import canonical_role, lone_surrogate, longest_token_chars
 from clm_middleware.store import ConversationRecord, Store, StoreError
 from clm_middleware.structured import ResponseFormat
 
@@ -287,6 +287,7 @@ class Conversation:
             raise ConfigError("content", f"must be a string, got {type(content).__name__}")
         if lone_surrogate(content) is not None:
             raise ConfigError("content", "holds a lone surrogate (e.g. \\ud800): not Unicode text")
+        self._check_length(role, content)
         text = self.segmenter.normalise_text(content)
         turn = self.turn if role == "system" and not self.messages else self.turn + 1
         message = MessageRecord(index=len(self.messages), role=role, content=content, turn=turn)
@@ -437,6 +438,34 @@ class Conversation:
         del self.messages[messages:]
         self._live.truncate(messages)
         self.fold = min(self.fold, messages)
+
+    def _check_length(self, role: str, content: str) -> None:
+        """Refuse, before segmenting or tokenizing it, a message too long to ever be sent:
+        at ``longest_token_chars`` characters a token, it needs more positions than the
+        model has, or (a person's message under a budget) more tokens than can be condensed
+        to fit (``Compactor._check_condensable``'s bound). An 8 MB message had cost seconds
+        and a gigabyte before its refusal. A tool's result under a budget is trimmed to fit
+        instead, whatever its size."""
+        per_token = longest_token_chars(self.engine.tokenizer)
+        if not per_token:
+            return
+        least = -(-len(content) // per_token)  # tokens the text needs, at the fewest
+        positions = self.engine.max_positions
+        if positions and least > positions and not (role == "tool" and self.config.budget is not None):
+            raise ContextWindowError(
+                f"the {role} message has {len(content):,} characters, at least {least:,} tokens: "
+                f"more than the model's {positions} positions",
+                hint="send a shorter message, or the text in parts",
+            )
+        budget = self.config.budget
+        limit = int(budget * self.config.target_ratio) if budget is not None else None
+        if limit is not None and role in ("user", "assistant") and least > limit:
+            raise ContextBudgetError(
+                f"the new message has {len(content):,} characters, at least {least:,} tokens; under a budget "
+                f"of {budget} none over {limit} (the budget × the compression target_ratio, "
+                f"{self.config.target_ratio:g}) can be condensed to fit",
+                hint="raise the budget, or send the text in parts",
+            )
 
     @_one_caller
     def set_tools_prompt(self, text: str | None) -> None:

@@ -154,7 +154,7 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
                 param="model",
                 code="model_not_found",
             )
-        session_id = request.headers.get(SESSION_HEADER) or (body.metadata or {}).get("session_id")
+        session_id = _header_text(request.headers.get(SESSION_HEADER)) or (body.metadata or {}).get("session_id")
         chat = convert.chat_request(body, service.config.generation, session_id)
         tenant = service.tenant(key, body.user)
         completion_id = convert.completion_id()
@@ -192,6 +192,19 @@ class _ClientWatch:
             return False
         self.asked = time.monotonic()
         return await self.request.is_disconnected()
+
+
+def _header_text(value: str | None) -> str | None:
+    """A header value as the client wrote it: HTTP hands headers over as latin-1, and a
+    client that sent UTF-8 (``X-Session-Id: ünï``, as httpx and the openai SDK do) had its
+    session named ``Ã¼nÃ¯``, which the sessions API then could not find. Bytes that are
+    not UTF-8 stay as latin-1 read them."""
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
 
 
 async def _next_unless_gone(events: TurnEvents, watch: _ClientWatch) -> Event | None:

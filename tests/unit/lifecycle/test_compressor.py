@@ -351,3 +351,21 @@ def test_a_content_word_said_again_close_by_is_kept_however_predictable(engine):
     allergy.summary_ids = chat.encode(allergy.summary)
     tightened = compressor(engine, method="extractive").tighten(allergy)
     assert tightened.ok and "vegan, allergic peanuts," in tightened.text
+
+
+def test_a_message_no_context_could_hold_is_refused_at_add_before_any_work(converse, engine):
+    """A helper's sweep: an 8 MB message cost clm serve seconds and a gigabyte before its
+    refusal (and a MemoryError, a 500, in the segmenter). At the longest token's length a
+    character count alone shows it cannot fit."""
+    from clm_middleware.errors import ContextWindowError
+    from clm_middleware.render.chat_format import longest_token_chars
+
+    conversation = converse(budget=256)
+    per_token = longest_token_chars(engine.tokenizer)
+    with pytest.raises(ContextBudgetError, match=r"at least [\d,]+ tokens; under a budget of 256 none over 1024"):
+        conversation.add("user", "x" * (1024 * per_token + 1))
+    with pytest.raises(ContextWindowError, match=r"more than the model's \d+ positions"):
+        conversation.add("system", "x" * (engine.max_positions * per_token + 1))
+    assert conversation.messages == []  # nothing was added
+    conversation.add("tool", "x" * (1024 * per_token + 1))  # a tool's result is trimmed to fit instead
+    assert [m.role for m in conversation.messages] == ["tool"]

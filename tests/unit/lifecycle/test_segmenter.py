@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.segmenter import Segmenter, is_ack
@@ -125,3 +127,16 @@ def test_separators_and_texts_joined_give_the_message_back_exactly(text, role):
 def test_a_message_of_whitespace_only_has_no_segments():
     for role in ("user", "system", "assistant", "tool"):
         assert Segmenter().split(" \n\t ", role) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab .\t\n", max_size=40))
+def test_paragraphs_are_the_runs_without_a_paragraph_break(text):
+    """The linear split equals the per-character look-ahead it replaced (which raised
+    MemoryError on an 8 MB message)."""
+    import regex
+
+    from clm_middleware.lifecycle.segmenter import _paragraphs
+
+    expected = [(m.start(), m.group()) for m in regex.finditer(r"(?s)(?:(?!\n[ \t]*\n).)+", text)]
+    assert [(m.start(), m.group()) for m in _paragraphs(text)] == expected

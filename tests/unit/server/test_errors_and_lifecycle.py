@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+import urllib.parse
 
 import httpx
 import pytest
@@ -171,6 +172,13 @@ def test_a_required_call_wins_over_a_response_format(server, model_id):
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] == (
         "get_weather"
     )
+
+
+def test_a_message_no_context_could_hold_is_a_400_before_any_work(server, model_id):
+    # at the longest token's length its characters alone rule it out (an 8 MB one had been a 500)
+    body = {"model": model_id, "messages": [{"role": "user", "content": "The cat sat. " * 200_000}]}
+    error = _error(_post(server.api, body), 400)
+    assert error["code"] == "context_length_exceeded" and "2,600,000 characters" in error["message"]
 
 
 def test_a_body_that_is_not_json_is_a_400(server):
@@ -364,3 +372,13 @@ def test_a_budget_no_message_fits_in_fails_the_start_and_says_why(tmp_path):
         command, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}
     )
     assert done.returncode == 1 and "leaves no room for a message in a budget of 64" in done.stderr
+
+
+def test_a_session_name_sent_as_utf8_in_the_header_keeps_its_letters(server, model_id):
+    """httpx and the openai SDK send a non-ASCII header as UTF-8; read as latin-1 it had
+    become 'Ã¼nÃ¯', a session the sessions API could not find."""
+    name = "ünï 🙂"
+    reply = _post(server.api, {**_hello(model_id), "max_tokens": 2}, {"X-Session-Id": name.encode()}).json()
+    assert reply["clm"]["conversation_id"].endswith(name)
+    found = httpx.get(f"{server.api}/sessions/{urllib.parse.quote(name)}", timeout=TIMEOUT_S)
+    assert found.status_code == 200, found.text
