@@ -58,6 +58,12 @@ class WorkAhead:
     compacted: bool
 
 
+def _flag_once(stats: TurnStats, flag: str) -> None:
+    """Raise ``flag`` on the turn: a flag says what happened, not how often."""
+    if flag not in stats.reply_flags:
+        stats.reply_flags.append(flag)
+
+
 class TurnRunner:
     """Runs turns for one conversation; holds no state of its own."""
 
@@ -133,16 +139,13 @@ class TurnRunner:
                         if settings.cut_repeats and self._loops_in_a_string(written, escaped_at, settings, given):
                             constraint.close_string()  # the document cannot be cut: end the string instead
                             escaped_at = len(written)
-                            if "string_loop_closed" not in stats.reply_flags:  # a flag, not a count
-                                stats.reply_flags.append("string_loop_closed")
+                            _flag_once(stats, "string_loop_closed")
                         elif settings.cut_repeats and len(trailing_number(written)) > LONGEST_NUMBER:
                             constraint.close_number()  # a digit loop: the number ends here
-                            if "number_loop_closed" not in stats.reply_flags:
-                                stats.reply_flags.append("number_loop_closed")
+                            _flag_once(stats, "number_loop_closed")
                         elif settings.cut_repeats and (closer := arrays.closing(written)) is not None:
                             constraint.close_array(closer)  # the same item again and again: the array ends
-                            if "array_loop_closed" not in stats.reply_flags:
-                                stats.reply_flags.append("array_loop_closed")
+                            _flag_once(stats, "array_loop_closed")
                     elif reply_filter.repeated:
                         generation.close()
                         generation.finish_reason = "repetition"
