@@ -76,6 +76,7 @@ from clm_middleware.store import ConversationRecord, Store, StoreError
 from clm_middleware.structured import ResponseFormat
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+_LONGEST_TOKEN = "render.longest_token_chars"  # its slot in Engine.memo
 
 
 def _one_caller(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -446,7 +447,9 @@ class Conversation:
         to fit (``Compactor._check_condensable``'s bound). An 8 MB message had cost seconds
         and a gigabyte before its refusal. A tool's result under a budget is trimmed to fit
         instead, whatever its size."""
-        per_token = longest_token_chars(self.engine.tokenizer)
+        per_token = self.engine.memo.get(_LONGEST_TOKEN)
+        if per_token is None:
+            per_token = self.engine.memo.setdefault(_LONGEST_TOKEN, longest_token_chars(self.engine.tokenizer))
         if not per_token:
             return
         least = -(-len(content) // per_token)  # tokens the text needs, at the fewest
