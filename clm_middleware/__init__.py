@@ -29,7 +29,9 @@ _EXPORTS = {
     "Decision": "clm_middleware.lifecycle",
     "Engine": "clm_middleware.engine",
     "Generation": "clm_middleware.engine",
+    "GenerationSettings": "clm_middleware.lifecycle.config",
     "Label": "clm_middleware.lifecycle",
+    "LifecycleConfig": "clm_middleware.lifecycle.config",
     "ModelNotFoundError": "clm_middleware.errors",
     "Observe": "clm_middleware.engine",
     "PoolConfig": "clm_middleware.cache",
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
         UnsupportedModelError,
     )
     from clm_middleware.lifecycle import Decision, Label, Reply, Segment, Segmenter, TurnStats
+    from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
     from clm_middleware.models import load_model, load_tokenizer, model_fingerprint, tiny_llama
     from clm_middleware.store import Store
 
@@ -96,7 +99,9 @@ __all__ = [
     "Decision",
     "Engine",
     "Generation",
+    "GenerationSettings",
     "Label",
+    "LifecycleConfig",
     "ModelNotFoundError",
     "Observe",
     "PoolConfig",
