@@ -98,6 +98,9 @@ class ChatService:
         self._routers: dict[str | None, SessionRouter | StatelessSessions] = {}
         self._lock = threading.Lock()
         self.metrics = ServerMetrics(engine.pool.stats, self.session_count)
+        # each key's tenant name, derived once: it prefixes ids in the store, so it must
+        # not give the key away (an unsalted SHA-256 of a short key is found by trying keys)
+        self._key_tenants = {key: "key-" + _key_digest(key) for key in config.api_keys}
         self._check_settings()
 
     def _check_settings(self) -> None:
@@ -117,7 +120,7 @@ class ChatService:
     def tenant(self, api_key: str | None, user: str | None) -> str | None:
         """The tenant of a request whose key was already checked (see ``app.py``)."""
         if self.config.api_keys and api_key is not None:
-            return "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
+            return self._key_tenants.get(api_key) or "key-" + _key_digest(api_key)
         return f"user-{hashlib.sha256(user.encode()).hexdigest()[:16]}" if user else None
 
     def call(self, request: ChatRequest, tenant: str | None, cancelled: Callable[[], bool] | None = None) -> ChatCall:
@@ -208,3 +211,13 @@ def detail(conversation: Conversation) -> dict[str, Any]:
         "last_decisions": [d.as_dict() for d in last.decisions] if last is not None else [],
         "stats": conversation.stats(),
     }
+
+
+_TENANT_SALT = b"clm-middleware tenant of an API key"
+_TENANT_ROUNDS = 200_000  # PBKDF2 rounds: ~0.1 s a key here, paid once per key at start
+
+
+def _key_digest(api_key: str) -> str:
+    """16 hex characters naming ``api_key``'s tenant: PBKDF2-HMAC-SHA256, so trying
+    candidate keys against ids read from a store costs 200,000 hashes each."""
+    return hashlib.pbkdf2_hmac("sha256", api_key.encode(), _TENANT_SALT, _TENANT_ROUNDS).hex()[:16]

@@ -276,6 +276,21 @@ def test_with_an_api_key_a_missing_or_wrong_key_is_a_401(guarded):
     assert httpx.get(guarded.url + "/health", timeout=TIMEOUT_S).status_code == 200  # probes need no key
 
 
+def test_a_keys_tenant_name_does_not_give_the_key_away(guarded):
+    """The tenant prefixes conversation ids in the store; it was an unsalted SHA-256 of
+    the key, so a short key was found by trying keys against a store (a helper's sweep)."""
+    import hashlib
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    model_id = httpx.get(guarded.api + "/models", headers=auth, timeout=TIMEOUT_S).json()["data"][0]["id"]
+    reply = _post(guarded.api, {**_hello(model_id), "max_tokens": 1}, {**auth, "X-Session-Id": "mine"}).json()
+    tenant = reply["clm"]["conversation_id"].split("/")[0]
+    assert tenant.startswith("key-") and len(tenant) == len("key-") + 16
+    assert tenant != "key-" + hashlib.sha256(KEY.encode()).hexdigest()[:16]
+    expected = hashlib.pbkdf2_hmac("sha256", KEY.encode(), b"clm-middleware tenant of an API key", 200_000)
+    assert tenant == "key-" + expected.hex()[:16]  # stable across restarts: a store keeps finding its ids
+
+
 def test_a_request_larger_than_the_whole_pool_is_a_400_context_length_exceeded_and_holds_nothing(guarded):
     auth = {"Authorization": f"Bearer {KEY}"}
     model_id = httpx.get(guarded.api + "/models", headers=auth, timeout=TIMEOUT_S).json()["data"][0]["id"]
