@@ -40,7 +40,7 @@ from clm_middleware.lifecycle.segments import (
 from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
 from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
 from clm_middleware.structured.array_watch import ArrayWatch
-from clm_middleware.structured.format import LONGEST_NUMBER, inside_string, trailing_number
+from clm_middleware.structured.format import inside_string, number_loops
 
 if TYPE_CHECKING:
     from clm_middleware.conversation import Conversation
@@ -140,7 +140,7 @@ class TurnRunner:
                             constraint.close_string()  # the document cannot be cut: end the string instead
                             escaped_at = len(written)
                             _flag_once(stats, "string_loop_closed")
-                        elif settings.cut_repeats and len(trailing_number(written)) > LONGEST_NUMBER:
+                        elif settings.cut_repeats and number_loops(written):
                             constraint.close_number()  # a digit loop: the number ends here
                             _flag_once(stats, "number_loop_closed")
                         elif settings.cut_repeats and (closer := arrays.closing(written)) is not None:

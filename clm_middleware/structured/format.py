@@ -194,11 +194,10 @@ LONGEST_NUMBER = 24  # characters: an int64 (19 digits and a sign) or a float's 
 _TRAILING_NUMBER = re.compile(r"-?[0-9][0-9.eE+-]*\Z")
 
 
-def trailing_number(text: str) -> str:
-    """The number literal JSON ``text`` (a prefix of a document) ends with, ``""`` when it
-    ends inside a string or with anything else. A literal longer than ``LONGEST_NUMBER``
-    is a digit loop, not a value anyone reads (``3333333333...``)."""
-    if inside_string(text):
-        return ""
-    found = _TRAILING_NUMBER.search(text)
-    return "" if found is None else found.group()
+def number_loops(text: str) -> bool:
+    """Whether JSON ``text`` (a prefix of a document) ends with a number literal longer
+    than ``LONGEST_NUMBER``, outside a string: a digit loop, not a value anyone reads
+    (``3333333333...``). Reads only the text's tail (whether it is inside a string only
+    then): the turn asks after every token."""
+    found = _TRAILING_NUMBER.search(text, max(0, len(text) - 2 * LONGEST_NUMBER))
+    return found is not None and len(found.group()) > LONGEST_NUMBER and not inside_string(text)

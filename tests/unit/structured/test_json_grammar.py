@@ -210,12 +210,13 @@ def test_a_digit_loop_is_closed_and_the_document_finishes(scripted):
     assert reply.stats.reply_flags.count("number_loop_closed") == 1
 
 
-def test_trailing_number_reads_the_literal_a_prefix_ends_with():
-    from clm_middleware.structured.format import trailing_number
+def test_number_loops_reads_a_long_literal_outside_strings_only():
+    from clm_middleware.structured.format import number_loops
 
-    assert trailing_number('{"a": -12.5e') == "-12.5e"
-    assert trailing_number('{"a": "12') == ""  # inside a string
-    assert trailing_number('{"a": 1, "b": true') == ""
+    assert number_loops('{"a": -' + "1" * LONGEST_NUMBER)
+    assert not number_loops('{"a": -' + "1" * (LONGEST_NUMBER - 2))
+    assert not number_loops('{"a": "' + "1" * 60)  # digits inside a string are text
+    assert not number_loops('{"a": 1, "b": true')
 
 
 @pytest.mark.parametrize(
