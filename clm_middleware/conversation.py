@@ -46,7 +46,7 @@ from clm_middleware.engine.protocol import ServingEngine, signals_source
 from clm_middleware.errors import ClmError, ConfigError, ContextWindowError, ConversationBusyError
 from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdict
 from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
-from clm_middleware.lifecycle.compaction import Compactor, ContextBudgetError
+from clm_middleware.lifecycle.compaction import Compactor, ContextBudgetError, condensable_tokens, too_long_to_condense
 from clm_middleware.lifecycle.compressor import Compressor
 from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
 from clm_middleware.lifecycle.journal import ChangeJournal
@@ -71,11 +71,10 @@ from clm_middleware.lifecycle.tagging import Tagger
 from clm_middleware.lifecycle.turn import Reply, TurnStats, sum_decision_counts, token_totals
 from clm_middleware.lifecycle.turn_runner import TurnRunner
 from clm_middleware.render import ChatFormat
-from clm_middleware.render.chat_format import canonical_role, lone_surrogate, longest_token_chars
+from clm_middleware.render.chat_format import ROLES, canonical_role, lone_surrogate, longest_token_chars
 from clm_middleware.store import ConversationRecord, Store, StoreError
 from clm_middleware.structured import ResponseFormat
 
-MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 _LONGEST_TOKEN = "render.longest_token_chars"  # its slot in Engine.memo
 
 
@@ -280,8 +279,8 @@ class Conversation:
         An empty message, or one of whitespace only, is an empty turn, as the chat template
         renders ``""`` (histories hold them: a chat UI's stray Enter, an export's blank turn)."""
         spelled = canonical_role(role)  # "User", "developer", "human": as the CLI and ChatCLM read them
-        if spelled not in MESSAGE_ROLES:
-            raise ConfigError("role", f"unknown role {role!r}; use one of {MESSAGE_ROLES}")
+        if spelled is None:
+            raise ConfigError("role", f"unknown role {role!r}; use one of {ROLES}")
         role = spelled
         self._close_open_stream()
         if not isinstance(content, str):
@@ -460,15 +459,9 @@ class Conversation:
                 f"more than the model's {positions} positions",
                 hint="send a shorter message, or the text in parts",
             )
-        budget = self.config.budget
-        limit = int(budget * self.config.target_ratio) if budget is not None else None
-        if limit is not None and role in ("user", "assistant") and least > limit:
-            raise ContextBudgetError(
-                f"the new message has {len(content):,} characters, at least {least:,} tokens; under a budget "
-                f"of {budget} none over {limit} (the budget × the compression target_ratio, "
-                f"{self.config.target_ratio:g}) can be condensed to fit",
-                hint="raise the budget, or send the text in parts",
-            )
+        budget, ratio = self.config.budget, self.config.target_ratio
+        if budget is not None and role in ("user", "assistant") and least > condensable_tokens(budget, ratio):
+            raise too_long_to_condense(f"{len(content):,} characters, at least {least:,} tokens", budget, ratio)
 
     @_one_caller
     def set_tools_prompt(self, text: str | None) -> None:

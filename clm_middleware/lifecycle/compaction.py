@@ -147,6 +147,22 @@ def _said_per_turn(
     return said
 
 
+def condensable_tokens(budget: int, target_ratio: float) -> int:
+    """The most tokens of a person's new message that can be condensed to fit ``budget``
+    (extractive compression keeps at least 1/``target_ratio`` of a text)."""
+    return int(budget * target_ratio)
+
+
+def too_long_to_condense(size: str, budget: int, target_ratio: float) -> ContextBudgetError:
+    """The refusal of a new message of ``size`` (its tokens, or what its characters
+    show) over ``condensable_tokens``."""
+    return ContextBudgetError(
+        f"the new message has {size}; under a budget of {budget} none over {condensable_tokens(budget, target_ratio)} "
+        f"(the budget × the compression target_ratio, {target_ratio:g}) can be condensed to fit",
+        hint="raise the budget, or send the text in parts",
+    )
+
+
 @dataclass(slots=True)
 class CompactionResult:
     ran: bool = False
@@ -320,13 +336,8 @@ class Compactor:
             for s in ordered
             if s.message_index >= newest_from and s.visible and not s.pinned and s.role != "tool"
         )
-        limit = int(budget * self.config.target_ratio)
-        if newest > limit:
-            raise ContextBudgetError(
-                f"the new message has {newest} tokens; under a budget of {budget} none over {limit} "
-                f"(the budget × the compression target_ratio, {self.config.target_ratio:g}) can be condensed to fit",
-                hint="raise the budget, or send the text in parts",
-            )
+        if newest > condensable_tokens(budget, self.config.target_ratio):
+            raise too_long_to_condense(f"{newest} tokens", budget, self.config.target_ratio)
 
     def _fit_budget(
         self,
@@ -713,7 +724,7 @@ class Compactor:
         forward, in order, before the first is condensed. A tool's records in plain text
         are left whole for ``_trim_newest_tool_results``: cut word by word, a timetable's
         times lose their flights."""
-        limit = int(budget * self.config.target_ratio)  # a tool result past it is trimmed, not scored
+        limit = condensable_tokens(budget, self.config.target_ratio)  # a tool result past it is trimmed, not scored
         newest = [
             s
             for s in ordered

@@ -64,7 +64,13 @@ def end_sentence(kept: str) -> str:
     ``"I'm sorry,"``). A stream holds a trailing clause mark back until the text goes on
     (``ReplyFilter``), so the streamed text is the final one."""
     kept = kept.rstrip()
-    return kept[:-1] + "." if kept and kept[-1] in _CLAUSE_MARKS else kept
+    return kept[:-1] + "." if _ends_on_clause_mark(kept) else kept
+
+
+def _ends_on_clause_mark(text: str) -> bool:
+    """Whether ``text``, right-stripped, ends on a comma, semicolon or colon."""
+    stripped = text.rstrip()
+    return bool(stripped) and stripped[-1] in _CLAUSE_MARKS
 
 
 def cuts_a_repeat(raw: str, *, stops: Sequence[str], machinery: bool = True, given: int = 0) -> bool:
@@ -162,7 +168,7 @@ class ReplyFilter:
         if self.machinery:
             answer = strip_artifacts(answer)
         safe = len(answer) - self._held_stop(answer) if not held_raw else len(answer.rstrip())
-        if self.cut_repeats and safe > 0 and answer[:safe].rstrip()[-1:] in tuple(_CLAUSE_MARKS):
+        if self.cut_repeats and _ends_on_clause_mark(answer[:safe]):
             safe = len(answer[:safe].rstrip()) - 1  # a cut here would end the sentence instead (end_sentence)
         return self._emit(answer, safe)
 

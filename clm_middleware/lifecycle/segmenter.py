@@ -30,7 +30,6 @@ from clm_middleware.errors import ConfigError
 # a Markdown code block: from a fence (``` or ~~~) to the same fence or the text's end
 _FENCE = regex.compile(r"(```|~~~).*?(?:\1|\Z)", regex.DOTALL)
 _FENCE_MARK = regex.compile(r"```|~~~")  # what opens and closes a fenced block
-_PARAGRAPH_BREAK = regex.compile(r"\n[ \t]*\n+")
 _LIST_ITEM = regex.compile(r"^\s*(?:\d{1,3}[.)]|[-*•])\s+")
 # A sentence ends at . ! ? … followed by space and a capital, digit, quote or bracket.
 _SENTENCE_END = regex.compile(r"(?<=[.!?…])[\"')\]]*\s+(?=[\p{Lu}\p{N}\"'(\[])")
@@ -266,17 +265,17 @@ class Segmenter:
 def _prose_spans(text: str, begin: int, end: int) -> list[tuple[int, int, str]]:
     """Spans of list items (``step``) and sentences (``text``) in ``text[begin:end]``."""
     spans: list[tuple[int, int, str]] = []
-    for paragraph in _paragraphs(text[begin:end]):
-        if not paragraph.group().strip():
+    for start, paragraph in _paragraphs(text[begin:end]):
+        if not paragraph.strip():
             continue
-        offset = begin + paragraph.start()
-        lines = [m for m in regex.finditer(r"[^\n]+", paragraph.group()) if m.group().strip()]
+        offset = begin + start
+        lines = [m for m in regex.finditer(r"[^\n]+", paragraph) if m.group().strip()]
         # the list: the lines from the first list item on, when every one of them is an
         # item ("My checklist:" then "1. ...", "2. ..." with no blank line between)
         first = next((i for i, m in enumerate(lines) if _LIST_ITEM.match(m.group())), len(lines))
         items = lines[first:] if all(_LIST_ITEM.match(m.group()) for m in lines[first:]) else []
-        prose_end = items[0].start() if items else len(paragraph.group())
-        for sentence_start, sentence_end in _sentence_spans(paragraph.group()[:prose_end]):
+        prose_end = items[0].start() if items else len(paragraph)
+        for sentence_start, sentence_end in _sentence_spans(paragraph[:prose_end]):
             spans.append(_trimmed(text, offset + sentence_start, offset + sentence_end, "text"))
         for line in items:
             spans.append(_trimmed(text, offset + line.start(), offset + line.end(), "step"))
@@ -284,20 +283,19 @@ def _prose_spans(text: str, begin: int, end: int) -> list[tuple[int, int, str]]:
 
 
 _PARAGRAPH_BREAK = regex.compile(r"\n(?=[ \t]*\n)")  # a newline that starts a blank line
-_NOT_BREAK = regex.compile(r"[^\n]*(?:\n(?![ \t]*\n)[^\n]*)*")
 
 
-def _paragraphs(text: str) -> list[regex.Match[str]]:
+def _paragraphs(text: str) -> list[tuple[int, str]]:
     """The maximal runs of ``text`` that hold no paragraph break (a newline followed by a
-    blank line), as matches. Linear in the text: a per-character look-ahead had raised
-    MemoryError on an 8 MB message (a 500 from clm serve, under its 16 MiB body limit)."""
+    blank line), each with where it starts. Linear in the text: a per-character
+    look-ahead had raised MemoryError on an 8 MB message (a 500 from clm serve, under its
+    16 MiB body limit)."""
     found, start = [], 0
-    for cut in [*_PARAGRAPH_BREAK.finditer(text), None]:
-        stop = len(text) if cut is None else cut.start()
+    for stop in [*(cut.start() for cut in _PARAGRAPH_BREAK.finditer(text)), len(text)]:
         if stop > start:
-            found.append(_NOT_BREAK.match(text, start, stop))
+            found.append((start, text[start:stop]))
         start = stop + 1
-    return [match for match in found if match is not None]
+    return found
 
 
 def _join(first: SegmentPiece, second: SegmentPiece) -> SegmentPiece:

@@ -392,19 +392,9 @@ def _constructor_kwargs(item: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if not isinstance(ident, list) or not ident or not str(ident[-1]).endswith(("Message", "MessageChunk")):
         return None
-    kind = kwargs.get("type") or _CLASS_TYPES.get(str(ident[-1]).removesuffix("Chunk"), str(ident[-1]))
+    # fields without a "type": the class's streamed-chunk name, which _LANGCHAIN_ROLES reads
+    kind = kwargs.get("type") or str(ident[-1]).removesuffix("Chunk") + "Chunk"
     return {**kwargs, "type": kind}
-
-
-# dumpd's class names, for fields that carry no "type"
-_CLASS_TYPES = {
-    "HumanMessage": "human",
-    "AIMessage": "ai",
-    "SystemMessage": "system",
-    "ToolMessage": "tool",
-    "FunctionMessage": "function",
-    "ChatMessage": "chat",
-}
 
 
 def _langchain_lines(text: str, path: Path) -> list[Transcript]:

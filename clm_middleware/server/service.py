@@ -120,7 +120,7 @@ class ChatService:
     def tenant(self, api_key: str | None, user: str | None) -> str | None:
         """The tenant of a request whose key was already checked (see ``app.py``)."""
         if self.config.api_keys and api_key is not None:
-            return self._key_tenants.get(api_key) or "key-" + _key_digest(api_key)
+            return self._key_tenants[api_key]  # checked: one of config.api_keys
         return f"user-{hashlib.sha256(user.encode()).hexdigest()[:16]}" if user else None
 
     def call(self, request: ChatRequest, tenant: str | None, cancelled: Callable[[], bool] | None = None) -> ChatCall:
