@@ -101,7 +101,8 @@ def replay(
     """Replay TRANSCRIPT and report, turn by turn, what was cached, computed and kept.
 
     Several conversations in one file replay one after another through one pool, so
-    prefixes they share (a system prompt, a document) are cache hits.
+    prefixes they share (a system prompt, a document) are cache hits. TRANSCRIPT "-"
+    reads standard input.
     """
     from clm_middleware.cli.read import read_or_report, remove_stale
     from clm_middleware.errors import TranscriptError

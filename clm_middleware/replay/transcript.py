@@ -8,6 +8,7 @@ A transcript is an ordered list of messages; a file may hold several, grouped by
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,9 +240,9 @@ def _content_text(content: Any, path: str, line: int | None, role: str) -> str:
 def _read_text(path: Path, skipped: list[TranscriptError] | None = None) -> str:
     """The file's text. A line that is not UTF-8 is an error naming it; given a
     ``skipped`` list (``--on-error skip``), it is recorded there and read as blank (line
-    numbers stay those of the file)."""
+    numbers stay those of the file). The path ``-`` reads standard input, as Unix tools do."""
     try:
-        data = path.read_bytes()
+        data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
     except FileNotFoundError:
         raise TranscriptError(str(path), None, "no such file") from None
     except IsADirectoryError:

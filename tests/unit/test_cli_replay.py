@@ -427,3 +427,13 @@ def test_an_interrupted_replay_leaves_only_complete_turns_in_its_store(tmp_path,
     stored = Store(db).db.query("select role, content from messages order by idx")
     # two answered turns; the third's message, added before the interrupt, was not kept
     assert [(m["role"], m["content"]) for m in stored] == [(t["role"], t["content"]) for t in turns[:4]]
+
+
+def test_a_transcript_path_of_dash_is_read_from_standard_input(tmp_path):
+    report_path = tmp_path / "stdin.json"
+    text = "\n".join(json.dumps(m) for m in TRANSCRIPT) + "\n"
+    arguments = ["replay", "-", "--model", "tiny", "--mode", "prefix", "--teacher-force", "--report", str(report_path)]
+    result = CliRunner().invoke(cli, arguments, input=text)
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    assert [turn["reply"] for turn in report["turns"]] == ["Noted: order 88412.", "You're welcome.", "88412."]
