@@ -177,7 +177,7 @@ class RequestRunner:
                     stats.ttft_s = first_token_at - started
                 stats.generated_tokens = len(result.token_ids)
                 yield token
-                if token in request.stop_ids or _hit_stop_string(engine, result.token_ids, request.stop):
+                if result.stopped():
                     result.finish_reason = "stop"
                     break
                 if len(result.token_ids) >= sampling.max_new_tokens:
@@ -217,13 +217,6 @@ class RequestRunner:
             stats.finish_reason = result.finish_reason
             stats.total_s = time.perf_counter() - started
             engine.stats.add(stats)
-
-
-def _hit_stop_string(engine: Engine, token_ids: list[int], stop: tuple[str, ...]) -> bool:
-    if not stop:
-        return False
-    text = engine.tokenizer.decode(token_ids, skip_special_tokens=True)
-    return any(marker in text for marker in stop)
 
 
 def _paged_cache(pool: BlockPool, hit: PrefixHit, reserved: list[int], *, in_place: bool) -> PagedCache:

@@ -106,6 +106,19 @@ class Generation(Iterator[int]):
         """Stop early; what was computed so far is still stored."""
         self._steps.close()
 
+    def stopped(self) -> bool:
+        """Whether the last generated token ends the reply: an end-of-turn id, or it
+        completes a stop string. A caller that ends the iteration at a token cap asks this
+        first: a reply that ends exactly at the cap finished with "stop", not "length"."""
+        if not self.token_ids:
+            return False
+        if self.token_ids[-1] in self.request.stop_ids:
+            return True
+        if not self.request.stop or self._tokenizer is None:
+            return False
+        text = self._tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        return any(marker in text for marker in self.request.stop)
+
     @property
     def forced_nll(self) -> float | None:
         """Mean negative log-likelihood per token of a forced continuation (None otherwise)."""

@@ -155,7 +155,7 @@ class TurnRunner:
                     extra = len(generation.token_ids) - answer_cap
                     if extra >= 0 and not (c.protocol_context and block_may_follow(detok.text, extra)):
                         generation.close()
-                        generation.finish_reason = "length"
+                        generation.finish_reason = "stop" if generation.stopped() else "length"
                         break
             raw_output = prefix + detok.text if forced is None else forced
             answer_text, answer_ids = self._answer(forced, raw_output, generation, settings, machinery, given)

@@ -44,9 +44,14 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stops) > MAX_STOPS or any(not s for s in stops):
         raise APIError(400, f"stop: give at most {MAX_STOPS} non-empty strings", param="stop")
+    for legacy, use in (("functions", "tools"), ("function_call", "tool_choice")):
+        if getattr(body, legacy) is not None:  # answering as if it were absent would drop the functions
+            message = f"{legacy}: the legacy function-calling API is not supported; send {use} (OpenAI's current form)"
+            raise APIError(400, message, param=legacy)
     tools = [spec.model_dump(exclude_none=True) for spec in body.tools or []]
     check_tools(tools)
-    _check_tool_choice(body.tool_choice, tools)
+    tools, tool_choice = _allowed_tools(body.tool_choice, tools)
+    _check_tool_choice(tool_choice, tools)
     settings = GenerationSettings(
         max_new_tokens=body.max_completion_tokens or body.max_tokens or defaults.max_new_tokens,
         temperature=defaults.temperature if body.temperature is None else body.temperature,
@@ -65,7 +70,7 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
         turns=[to_turn(message, index) for index, message in enumerate(body.messages)],
         settings=settings,
         tools=tools,
-        tool_choice=body.tool_choice,
+        tool_choice=tool_choice,
         parallel_tool_calls=bool(body.parallel_tool_calls),
         response_format=_response_format(body),
         session_id=session_id,
@@ -74,21 +79,24 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
 
 
 def to_turn(message: ChatMessage, index: int) -> Turn:
-    role = "system" if message.role == "developer" else message.role
-    if message.content is None and (role != "assistant" or not message.tool_calls):
+    """One message as a turn. A history from the legacy function-calling API reads as
+    the tools API's: an assistant's ``function_call`` is its call, a ``function``
+    message the call's result."""
+    role = {"developer": "system", "function": "tool"}.get(message.role, message.role)
+    functions = [c.function for c in message.tool_calls or []] + [message.function_call] * bool(message.function_call)
+    if message.content is None and (role != "assistant" or not functions):
         # "" is a message (an empty turn); none is not, as OpenAI's API has it: only an
         # assistant message that calls tools may leave its content out
         needs = "content or tool_calls" if role == "assistant" else "one"
-        raise _bad_message(index, "content", f"a {message.role} message needs {needs}")
+        raise _bad_message(index, "content", f"a message of role {message.role!r} needs {needs}")
     text = _content_text(message, index)
     if role == "assistant":
-        calls = [
-            {"name": c.function.name, "arguments": _arguments(c.function.arguments)} for c in message.tool_calls or []
-        ]
+        calls = [{"name": f.name, "arguments": _arguments(f.arguments)} for f in functions]
         text = assistant_text(text, calls)
-    elif message.tool_calls:
-        raise _bad_message(index, "tool_calls", "only assistant messages carry tool calls")
-    if role == "tool" and not message.tool_call_id:
+    elif functions:
+        field = "tool_calls" if message.tool_calls else "function_call"
+        raise _bad_message(index, field, "only assistant messages carry tool calls")
+    if message.role == "tool" and not message.tool_call_id:
         raise _bad_message(index, "tool_call_id", "a tool message needs one")
     return Turn(role, text, turn_digest(role, text))
 
@@ -234,12 +242,40 @@ def _arguments(text: str) -> Any:
         return text
 
 
+def _allowed_tools(choice: Any, tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any]:
+    """OpenAI's ``{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}``: the
+    tools the model may call this turn, as (those tools, ``mode`` as the tool choice).
+    Only they are shown: a tool the model may not call is no tool to it. Any other
+    choice comes back as it is."""
+    if not (isinstance(choice, dict) and choice.get("type") == "allowed_tools"):
+        return tools, choice
+    allowed = choice.get("allowed_tools")
+    if not isinstance(allowed, dict) or allowed.get("mode") not in ("auto", "required"):
+        message = 'tool_choice.allowed_tools.mode: must be "auto" or "required"'
+        raise APIError(400, message, param="tool_choice.allowed_tools.mode")
+    by_name = {tool["function"]["name"]: tool for tool in tools}
+    names = []
+    for index, entry in enumerate(allowed.get("tools") or []):
+        name = (entry.get("function") or {}).get("name") if isinstance(entry, dict) else None
+        if name not in by_name:
+            param = f"tool_choice.allowed_tools.tools[{index}]"
+            raise APIError(400, f"{param}: names no tool in tools ({name!r})", param=param)
+        names.append(name)
+    if not names:
+        param = "tool_choice.allowed_tools.tools"
+        raise APIError(400, f"{param}: name at least one tool of tools", param=param)
+    return [by_name[name] for name in dict.fromkeys(names)], allowed["mode"]
+
+
 def _check_tool_choice(choice: Any, tools: list[dict[str, Any]]) -> None:
     if choice in (None, "none", "auto"):
         return
     if not tools:
         raise APIError(400, "tool_choice: needs tools", param="tool_choice")
     if isinstance(choice, dict):
+        if choice.get("type", "function") != "function":
+            message = f"tool_choice.type: {choice.get('type')!r} is not supported (function or allowed_tools)"
+            raise APIError(400, message, param="tool_choice.type")
         name = (choice.get("function") or {}).get("name")
         if name is None:
             message = 'tool_choice.function.name: required (e.g. {"type": "function", "function": {"name": "..."}})'

@@ -38,12 +38,13 @@ from clm_middleware.lifecycle.compaction import ContextBudgetError
 log = logging.getLogger("clm_middleware.server")
 
 RETRY_AFTER_S = 1
-# as OpenAI: a 404 (an unknown model, session or path) is an invalid request, told apart by its code
+# as OpenAI: a 401 (a wrong key) and a 404 (an unknown model, session or path) are
+# invalid requests, told apart by their codes; a busy server is service_unavailable_error
 _TYPES = {
     400: "invalid_request_error",
-    401: "authentication_error",
+    401: "invalid_request_error",
     404: "invalid_request_error",
-    503: "overloaded_error",
+    503: "service_unavailable_error",
 }
 
 

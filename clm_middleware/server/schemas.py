@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Role = Literal["system", "developer", "user", "assistant", "tool"]
+# "function": the legacy function-calling API's result message, read as a tool's
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
 class _Lenient(BaseModel):
@@ -61,6 +62,7 @@ class ChatMessage(_Lenient):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    function_call: FunctionCall | None = None  # the legacy API's call in an assistant message
 
 
 class FunctionSpec(_Lenient):
@@ -95,6 +97,9 @@ class ChatCompletionRequest(_Lenient):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    # the legacy function-calling API: refused by name (convert.py), never ignored
+    functions: list[Any] | None = None
+    function_call: Any = None
     parallel_tool_calls: bool | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

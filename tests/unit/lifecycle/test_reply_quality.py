@@ -572,3 +572,24 @@ def test_the_incremental_repeat_watch_agrees_with_a_whole_text_scan_at_every_tok
         assert watch.cut == expected_cut
         if expected_cut is None:
             assert watch.in_progress(so_far) == expected_hold
+
+
+def test_a_reply_that_ends_on_its_last_allowed_token_finished_with_stop_not_length(converse, scripted, tiny_tok):
+    """OpenAI and vLLM check the stop before the cap: an end-of-turn token or a stop
+    string that falls on the max_new_tokens-th token is "stop" (a sweep through clm serve
+    saw "length" for a whole reply, and clients take "length" as cut off)."""
+    text = "The museum opens at nine."
+    ended = len(tiny_tok.encode(text, add_special_tokens=False)) + 1  # the reply and its EOS
+    engine, _ = scripted(text, text)
+    conversation = converse(engine=engine, max_new_tokens=ended)
+    assert conversation.send("When does it open?").finish_reason == "stop"
+    short = GenerationSettings(max_new_tokens=ended - 2)
+    conversation.add("user", "And on Sundays?")
+    assert conversation.respond(settings=short).finish_reason == "length"
+
+    engine, _ = scripted("one two three four five six")
+    at_stop = len(tiny_tok.encode("one two three four", add_special_tokens=False))
+    settings = GenerationSettings(max_new_tokens=at_stop, stop=(" four",))
+    conversation = converse(engine=engine, generation=settings)
+    reply = conversation.send("Count.")
+    assert (reply.text, reply.finish_reason) == ("one two three", "stop")
