@@ -29,6 +29,7 @@ from clm_middleware.lifecycle.reply import cut_at_stop
 from clm_middleware.lifecycle.reply_quality import (
     RepeatWatch,
     could_become_artifact,
+    ends_on_a_label,
     first_repeated_sentence,
     strip_artifacts,
 )
@@ -61,10 +62,11 @@ def cut_repeat(written: str, *, final: bool = False) -> str:
 def end_sentence(kept: str) -> str:
     """A reply cut before a repeat, right-stripped, ending on a full stop where the cut
     left a clause mark (``"I'm sorry, I'm sorry, I"`` is delivered ``"I'm sorry."``, not
-    ``"I'm sorry,"``). A stream holds a trailing clause mark back until the text goes on
+    ``"I'm sorry,"``), but for a label that ends it ("Day 2:" stays a heading, not "Day
+    2."). A stream holds a trailing clause mark back until the text goes on
     (``ReplyFilter``), so the streamed text is the final one."""
     kept = kept.rstrip()
-    return kept[:-1] + "." if _ends_on_clause_mark(kept) else kept
+    return kept[:-1] + "." if _ends_on_clause_mark(kept) and not ends_on_a_label(kept) else kept
 
 
 def _ends_on_clause_mark(text: str) -> bool:

@@ -12,7 +12,8 @@ Flags (``reply_flags``), one list per generated reply, in the report:
 - ``protocol_artifact``: the model's answer held machinery (removed before delivery);
 - ``repetition_loop``: at least ``LOOP_SHARE`` of the answer's word ``LOOP_NGRAM``-grams
   repeat an earlier one (``10:30am: 10:30am: ...``), over at least ``LOOP_MIN_TOKENS``
-  words: a degenerate greedy loop, not an answer;
+  words (punctuation marks between them not counted: markup repeats by nature): a
+  degenerate greedy loop, not an answer;
 - ``repeats_earlier_reply``: at least ``LOOP_SHARE`` of them stand in replies the model
   gave before (and can still see): the same loop across turns, where a small model
   copies its last answer instead of answering the new message;
@@ -36,7 +37,8 @@ of repeat cut, both counted in words (punctuation never counts):
   ``1)``) is no such sentence: a plan or a recipe says "- Breakfast at the hotel." or
   "- 1 cup of milk" again under another heading (cut there, the user got "... Dinner in
   Shinjuku.\n\nDay 2:"); an item repeats only as part of a stretch (below), or right
-  after itself;
+  after itself; so is a line that opens with a short label (``Morning: ...``, ``**Q:**
+  ...``) or is a table row, where a label and the rest of its line are one clause;
 - any other **clause** that repeats an earlier one is cut only once the whole stretch
   from that earlier clause on has been said again right after itself (``you can add up
   the total, and you can add up the total, and you can add up the total``; ``A, B, C,
@@ -99,6 +101,14 @@ _WIDE_TERMINATORS = "。！？，；："
 # a sentence that opens with a list marker: an item of a list, whose lines recur in other
 # sections ("Day 2:\n- Breakfast at the hotel."): cut only as a repeated stretch
 _LIST_ITEM = regex.compile(r"(?:[-*+•]|\d{1,3}[.)])\s")
+# a line that opens with a short label ("Morning: ...", "**Q:** ...", "English: ...") or
+# is a table row: an entry of a structure whose lines recur under other labels ("Day 2:\n
+# **Morning:** Breakfast at the hotel."): an item too, where it opens its line. A label is
+# one clause with what follows it on its line, so a repeat that starts there is cut
+# before the label ("Note: I'm sorry.\nNote: I'm sorry." ends after the first line)
+_LABEL = r"[*_#> \t]*[\p{L}\p{N}][\p{L}\p{N}'’&/.-]*(?:[ \t]+[\p{L}\p{N}][\p{L}\p{N}'’&/.-]*){0,3}[*_]*:[*_]*"
+_LABELLED_LINE = regex.compile(rf"{_LABEL}(?:\s|$)|\|")
+_LABEL_ONLY = regex.compile(_LABEL)  # fullmatch: a label with nothing after it yet
 _NUMBER_MARKER = regex.compile(r"\d{1,3}[.)]")  # "1." ends a clause of its own: the next sentence is the item
 _SENTENCE_MARKS = ".!?…。！？\n"  # of these terminators, those that end a sentence, not only a clause
 # where a sentence ends: the start of a terminator run followed by space, a full-width run
@@ -147,7 +157,11 @@ def _grams(words: list[str], n: int) -> list[tuple[str, ...]]:
 
 def repeated_ngram_share(text: str, n: int = LOOP_NGRAM) -> float:
     """Share of the word n-grams of ``text`` that already occurred earlier in it."""
-    grams = _grams(_words(text), n)
+    return _repeated_share(_words(text), n)
+
+
+def _repeated_share(words: list[str], n: int) -> float:
+    grams = _grams(words, n)
     if not grams:
         return 0.0
     seen: set[tuple[str, ...]] = set()
@@ -159,7 +173,15 @@ def repeated_ngram_share(text: str, n: int = LOOP_NGRAM) -> float:
 
 
 def is_repetition_loop(text: str) -> bool:
-    return len(_WORD.findall(text)) >= LOOP_MIN_TOKENS and repeated_ngram_share(text) >= LOOP_SHARE
+    """Whether ``text`` says the same thing over and over. Its words are judged, without
+    the punctuation marks between them, once there are ``LOOP_MIN_TOKENS`` of them: the
+    brackets, quotes and keys of a JSON array, a table's bars or a list of tags repeat by
+    nature (a well-formed array of five records with distinct values had counted as a
+    loop, and left the context); a text of marks alone is judged by its marks."""
+    words = _words(text)
+    said = [w for w in words if w[0].isalnum()]
+    judged = said if len(said) >= LOOP_MIN_TOKENS else words
+    return len(words) >= LOOP_MIN_TOKENS and _repeated_share(judged, LOOP_NGRAM) >= LOOP_SHARE
 
 
 def repeats_earlier(text: str, earlier: Iterable[str], n: int = LOOP_NGRAM) -> bool:
@@ -265,7 +287,8 @@ class RepeatWatch:
         self._sentence_keys: list[str] = []
         self._sentence: list[str] = []
         self._sentence_start: int | None = None
-        self._sentence_item = False  # the sentence in progress opens with a list marker
+        self._sentence_item = False  # the sentence in progress is an item (_opens_item)
+        self._line_open = True  # the next clause opens a line (the text so far ends one)
         self._after_marker = False  # the last clause was a number marker alone ("1.")
         self._pending: list[tuple[int, int, int]] = []
         self._openers: set[int] = set()
@@ -280,16 +303,22 @@ class RepeatWatch:
             return
         scanned = start = len(self._complete)
         for end in _SENTENCE_END.finditer(text, pos=start):
-            unit, start = text[start : end.end()], end.end()
-            self.cut = self._take(unit, start - len(unit.lstrip()), ends_sentence=_ends_sentence(end.group()))
+            unit = text[start : end.end()]
+            line_start = self._line_open or "\n" in unit[: len(unit) - len(unit.lstrip())]
+            if line_start and end.group() != "\n" and _LABEL_ONLY.fullmatch(unit.strip()):
+                continue  # the label opens the clause that follows it on its line
+            start = end.end()
+            words_at = start - len(unit.lstrip())
+            self._line_open = unit.rstrip(" \t").endswith("\n") or (line_start and not unit.strip())
+            self.cut = self._take(unit, words_at, ends_sentence=_ends_sentence(end.group()), line_start=line_start)
             if self.cut is not None:
                 break
         if start != scanned:  # copied only when a clause ended, not on every token
             self._complete = text[:start]
 
-    def _take(self, unit: str, at: int, *, ends_sentence: bool) -> int | None:
-        """Count one complete clause (``unit``, its words starting at ``at``); where a
-        repeat it completes starts, if it completes one."""
+    def _take(self, unit: str, at: int, *, ends_sentence: bool, line_start: bool) -> int | None:
+        """Count one complete clause (``unit``, its words starting at ``at``; ``line_start``:
+        they open a line); where a repeat it completes starts, if it completes one."""
         in_code = self._open_fence is not None or has_code_block(unit)
         self._open_fence = unclosed_fence(unit, self._open_fence)
         if in_code:
@@ -301,7 +330,7 @@ class RepeatWatch:
         if words:
             opens = not self._sentence  # the first clause of its sentence
             if opens:
-                self._sentence_item = self._after_marker or bool(_LIST_ITEM.match(unit.lstrip()))
+                self._sentence_item = self._after_marker or _opens_item(unit, line_start)
             self._after_marker = bool(_NUMBER_MARKER.fullmatch(unit.strip()))
             compared = _unlinked(words)
             clause, index = " ".join(compared), len(self._clauses)
@@ -372,6 +401,10 @@ class RepeatWatch:
         held = [self._starts[start] for start, _, _ in self._pending]
         said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
         tail_at = len(text) - len(tail.lstrip())
+        if not said and tail.strip():
+            # markup with no word yet ("**", "|", "#" opening a line): the cut of a repeat
+            # its words complete lands before it, so it waits for them
+            held.append(tail_at)
         if said:
             # an earlier key that starts with it: its words, the last one begun (a linking
             # word alone may still open a repeat: "…, and" before "you can add up the total")
@@ -381,10 +414,24 @@ class RepeatWatch:
             if linking or _begins_one_of(self._keys, begun) or (count == REPEAT_RUN - 1 and clause.startswith(begun)):
                 held.append(tail_at)
         sentence = " ".join(self._sentence + said)
-        item = self._sentence_item if self._sentence else self._after_marker or bool(_LIST_ITEM.match(tail.lstrip()))
+        line_start = self._line_open or "\n" in tail[: len(tail) - len(tail.lstrip())]
+        item = self._sentence_item if self._sentence else self._after_marker or _opens_item(tail, line_start)
         if sentence and not item and _begins_one_of(self._sentence_keys, sentence):
             held.append(self._sentence_start if self._sentence_start is not None else tail_at)
         return len(text) - min(held) if held else 0
+
+
+def ends_on_a_label(text: str) -> bool:
+    """Whether the last line of ``text`` is a label with nothing after it ("Day 2:",
+    "**Waffles:**"): a heading whose content was cut, which keeps its colon."""
+    return bool(_LABEL_ONLY.fullmatch(text.rstrip().rsplit("\n", 1)[-1].strip()))
+
+
+def _opens_item(unit: str, line_start: bool) -> bool:
+    """Whether a sentence that opens with ``unit`` is an item of a structure: after a list
+    marker, or, at the start of a line, after a short label or as a table row."""
+    opening = unit.lstrip()
+    return bool(_LIST_ITEM.match(opening)) or (line_start and bool(_LABELLED_LINE.match(opening)))
 
 
 def _begins_one_of(sorted_keys: list[str], begun: str) -> bool:
