@@ -32,11 +32,18 @@ class Probe:
         return data
 
 
+# what may not touch an answer for it to count as said: a letter of a script written
+# with spaces between words, or a digit ("1234" is not said in "CA1234"); Chinese and
+# Japanese write words without spaces, so a letter of theirs bounds nothing
+# ("航班CA1234在" says "CA1234")
+_IN_WORD = r"[[\p{L}--[\p{Han}\p{Hiragana}\p{Katakana}]]\p{N}]"
+
+
 def _occurs(answer: str, text: str) -> bool:
     if not answer.strip():
         return False
-    pattern = r"(?<![\p{L}\p{N}])" + regex.escape(answer.strip()) + r"(?![\p{L}\p{N}])"
-    return regex.search(pattern, text, regex.IGNORECASE) is not None
+    pattern = rf"(?<!{_IN_WORD})" + regex.escape(answer.strip()) + rf"(?!{_IN_WORD})"
+    return regex.search(pattern, text, regex.IGNORECASE | regex.V1) is not None
 
 
 def read_probes(path: str | Path) -> list[Probe]:

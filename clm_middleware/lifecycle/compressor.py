@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +65,13 @@ TRIMMED = "trimmed"  # the method ``trim`` records: part of the facts kept, the 
 TRIM_SCORED_TOKENS = 4096  # ``trim`` scores words by the model up to this long a text; longer, in order
 JSON_FACTS = "json"  # the method ``compress`` records for JSON: its keys and values without the syntax
 SCORE_CACHE_SEGMENTS = 1024  # word scores kept per compressor (a segment's text never changes)
-_WORD = regex.compile(r"\S+")
+# a word: a run of non-space characters, but each character on its own in the scripts
+# written without spaces between words (Chinese, Japanese), whose whole clause would
+# else be one "word" that no compression can shorten (a Chinese chat was never condensed,
+# only kept whole or dropped); kept characters that stood together are joined again
+# without a space (``_joined``)
+_UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}"
+_WORD = regex.compile(rf"[{_UNSPACED}]|[^\s{_UNSPACED}]+")
 # English function words: high surprisal after a typo or an odd turn of phrase, but
 # they carry no fact, so the extractive compression takes them last
 _FUNCTION_WORDS_TEXT = """a about above after again all also am an and any are as at be been before being below
@@ -149,6 +155,19 @@ def check_faithful(original: str, summary: str) -> CompressionCheck:
 
 def is_function_word(word: str) -> bool:
     return folded_word(word) in _FUNCTION_WORDS
+
+
+def _joined(words: Sequence[regex.Match[str]], indices: Iterable[int]) -> str:
+    """The words at ``indices`` (ascending) of one text, a space between two, but for two
+    that stood together there (characters of a Chinese word): they stay together."""
+    parts: list[str] = []
+    previous: int | None = None
+    for index in indices:
+        if parts and not (previous == index - 1 and words[previous].end() == words[index].start()):
+            parts.append(" ")
+        parts.append(words[index].group())
+        previous = index
+    return "".join(parts)
 
 
 def _aligned(visible: list[str], original: list[regex.Match[str]]) -> list[int | None]:
@@ -315,7 +334,8 @@ class Compressor:
             if plain:
                 return CompressionResult(False, "none", original_tokens=current, error="no distinctive token")
             scores = [0.0] * len(original_words)
-        visible = _WORD.findall(segment.visible_text)
+        shown_words = list(_WORD.finditer(segment.visible_text))
+        visible = [word.group() for word in shown_words]
         aligned = _aligned(visible, original_words)
         shown = {folded_word(word) for word in visible}
         content = [
@@ -338,10 +358,10 @@ class Compressor:
             for position, (word, index) in enumerate(zip(visible, aligned, strict=True))
             if (index in kept if index is not None else folded_word(word) in required)
         }
-        words = [visible[i] for i in sorted(with_negations(visible, chosen, is_function_word))]
-        tightened = " ".join(words)
+        kept_at = sorted(with_negations(visible, chosen, is_function_word))
+        tightened = _joined(shown_words, kept_at)
         ids = self._encode(tightened)
-        if not words or len(ids) >= current:
+        if not kept_at or len(ids) >= current:
             return CompressionResult(False, "none", original_tokens=current, error="not shorter than the original")
         return CompressionResult(True, TIGHTENED, tightened, ids, current)
 
@@ -394,7 +414,7 @@ class Compressor:
                 keep.add(index)
                 used += counts[index]
         keep = with_negations(visible, keep, is_function_word)  # a few tokens over, never the opposite
-        trimmed = " ".join(visible[i] for i in sorted(keep))
+        trimmed = _joined(shown, sorted(keep))
         ids = self._encode(trimmed)
         if not keep or len(ids) >= current:
             return CompressionResult(False, "none", original_tokens=current, error="nothing fits, or not shorter")
@@ -523,7 +543,7 @@ class Compressor:
                 keep.add(index)
                 kept += token_counts[index]
         keep = with_negations([w.group() for w in words], keep, is_function_word)
-        return " ".join(words[i].group() for i in sorted(keep))
+        return _joined(words, sorted(keep))
 
     def _word_scores(self, text: str, words: list[regex.Match[str]], segment: Segment) -> list[float]:
         """Mean self-information of each word's tokens (cached per segment and text)."""

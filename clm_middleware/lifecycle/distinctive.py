@@ -24,6 +24,8 @@ _AMOUNT = r"\d++(?:[,.']\d++)*+"
 _WEEKDAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
 _ORDINAL = r"\d{1,2}(?:st|nd|rd|th)"
 _CAPITALISED = r"\p{Lu}[\p{Ll}\p{Lu}\p{N}'’-]*"
+# letters of the scripts written with spaces between words (not Chinese or Japanese)
+_SPACED = r"[\p{L}--[\p{Han}\p{Hiragana}\p{Katakana}]]"
 _CONNECTOR = r"(?:of|de|do|da|del|la|le|du|von|van|by|the|and|&|y)"
 _PATTERNS = [
     ("email", r"(?<![\w.+-])[\w.+-]++@[\w-]++(?:\.[\w-]++)+"),
@@ -55,6 +57,9 @@ _PATTERNS = [
         rf"|(?<![\d,.'])\b{_AMOUNT}(?:\s?\p{{Sc}}|(?i:\s?(?:euros?|dollars?|{_CURRENCY_CODES})\b))",
     ),
     ("extension", r"(?i:\bext\.?\s?\d{1,6}\b)"),  # of a phone number: "ext. 209"
+    # a date and an amount as Chinese and Japanese write them: "2025年3月18日", "3月18日", "2380元"
+    ("cjk_date", r"\d{1,4}年(?:\d{1,2}月(?:\d{1,2}日)?)?|\d{1,2}月\d{1,2}日"),
+    ("cjk_money", rf"{_AMOUNT}\s?(?:元|円|块|圆)"),
     (
         "date",
         rf"(?i:\b(?:(?:{_MONTHS})\.?\s+{_ORDINAL}|(?:{_MONTHS})\.?\s+\d{{1,2}}\b|{_ORDINAL}\s+(?:of\s+)?(?:{_MONTHS})\b"
@@ -66,7 +71,14 @@ _PATTERNS = [
     # and digits are disjoint classes, so giving characters back never helps a match, and a
     # long run without a digit or an "@" then fails in one pass instead of backtracking
     # through every split of it at every position (cubic time: a DoS on pasted text)
-    ("code", r"(?<![\p{L}\p{N}]|[\p{L}\p{N}][-_/])(?:\p{L}++[-_/]?)*+\p{N}++(?:[-_/.:,]?[\p{L}\p{N}]++)*+"),
+    # Its letters are those of scripts written with spaces: in Chinese or Japanese text a
+    # code starts and ends where the script changes ("订单号是DD-20250318-7741" holds
+    # "DD-20250318-7741", not the whole clause)
+    (
+        "code",
+        rf"(?<![{_SPACED}\p{{N}}]|[{_SPACED}\p{{N}}][-_/])(?:{_SPACED}++[-_/]?)*+\p{{N}}++"
+        rf"(?:[-_/.:,]?[{_SPACED}\p{{N}}]++)*+",
+    ),
     ("name", rf"(?:(?:Mr|Mrs|Ms|Dr|Prof|St)\.\s+)?{_CAPITALISED}(?:\s+(?:{_CONNECTOR}\s+)*\(?{_CAPITALISED}\)?)*"),
 ]
 _TOKEN = regex.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in _PATTERNS), regex.V1)

@@ -31,8 +31,12 @@ from clm_middleware.errors import ConfigError
 _FENCE = regex.compile(r"(```|~~~).*?(?:\1|\Z)", regex.DOTALL)
 _FENCE_MARK = regex.compile(r"```|~~~")  # what opens and closes a fenced block
 _LIST_ITEM = regex.compile(r"^\s*(?:\d{1,3}[.)]|[-*•])\s+")
-# A sentence ends at . ! ? … followed by space and a capital, digit, quote or bracket.
-_SENTENCE_END = regex.compile(r"(?<=[.!?…])[\"')\]]*\s+(?=[\p{Lu}\p{N}\"'(\[])")
+# A sentence ends at . ! ? … (Arabic ؟, Devanagari ।) followed by space and a capital, a
+# letter of a script without case (Arabic, Hindi), a digit, quote or bracket; or at the
+# full-width 。！？ of Chinese and Japanese, which need no space after them.
+_SENTENCE_END = regex.compile(
+    r"(?<=[.!?…؟।])[\"')\]]*\s+(?=[\p{Lu}\p{Lo}\p{N}\"'(\[])|(?<=[。！？])[」』”’）)\]]*\s*(?=\S)"
+)
 _ABBREVIATIONS = frozenset(
     [
         "mr",
@@ -257,7 +261,7 @@ class Segmenter:
         for pattern, kind in self.rules:
             if pattern.search(text):
                 return kind
-        if default == "text" and text.rstrip().endswith("?"):
+        if default == "text" and text.rstrip().endswith(("?", "？", "؟")):
             return "question"
         return default
 
@@ -299,7 +303,9 @@ def _paragraphs(text: str) -> list[tuple[int, str]]:
 
 
 def _join(first: SegmentPiece, second: SegmentPiece) -> SegmentPiece:
-    return SegmentPiece(first.text + (second.separator or " ") + second.text, "text", first.separator)
+    """The two as one piece, with what stood between them (nothing between two Chinese
+    sentences: a space there had changed the message)."""
+    return SegmentPiece(first.text + second.separator + second.text, "text", first.separator)
 
 
 def has_code_block(text: str) -> bool:

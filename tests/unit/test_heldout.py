@@ -131,3 +131,16 @@ def test_session_cli_writes_sources_and_refuses_a_tuning_split_of_tau(tmp_path):
         cli, ["eval", "session", "--dataset", "sgd", "--transcripts", str(transcripts), "--out", str(out)]
     )
     assert no_index.exit_code != 0 and "--index" in no_index.output
+
+
+def test_an_answer_counts_as_retained_as_a_whole_word_and_next_to_chinese_or_japanese_text():
+    """Chinese and Japanese write no spaces: "航班CA1234在" says "CA1234" (the word test had
+    counted every fact of a Chinese chat lost, a helper's sweep); in a spaced script the
+    answer must still stand as a whole word."""
+    from clm_middleware.evaluation.probes import Probe
+
+    assert Probe("flight", "CA1234").retained_in("我的航班CA1234在明天。")
+    assert Probe("hotel", "和平饭店").retained_in("住在和平饭店，两晚。")
+    assert Probe("date", "3月5日").retained_in("予約は3月5日です。")
+    assert not Probe("code", "1234").retained_in("flight CA1234 tomorrow")
+    assert not Probe("name", "Ana").retained_in("Banana bread")

@@ -369,3 +369,26 @@ def test_a_message_no_context_could_hold_is_refused_at_add_before_any_work(conve
     assert conversation.messages == []  # nothing was added
     conversation.add("tool", "x" * (1024 * per_token + 1))  # a tool's result is trimmed to fit instead
     assert [m.role for m in conversation.messages] == ["tool"]
+
+
+CHINESE = (
+    "我叫王小明，我的订单号是DD-20250318-7741，手机是138-0013-8000。上个月在你们的网站上买了一台咖啡机，"
+    "到现在还没有收到，麻烦帮我查一下物流，谢谢你们的帮助。"
+)
+
+
+@pytest.mark.parametrize("method", ["extractive", "tighten"])
+def test_chinese_is_condensed_character_by_character_with_its_facts_whole(engine, method):
+    """A script written without spaces was one "word" per clause: nothing condensed, and a
+    Chinese chat under a budget lost every early message whole (a helper's sweep)."""
+    chat = ChatFormat.from_tokenizer(engine.tokenizer)
+    condense = compressor(engine, method="extractive")
+    result = (
+        condense.compress(segment(CHINESE, chat))
+        if method == "extractive"
+        else condense.tighten(segment(CHINESE, chat))
+    )
+    assert result.ok and len(result.token_ids) < len(chat.encode(CHINESE))
+    assert "DD-20250318-7741" in result.text and "138-0013-8000" in result.text
+    remaining = iter(CHINESE)  # only deletions: what is kept stands in the original's order
+    assert all(character in remaining for character in result.text.replace(" ", ""))

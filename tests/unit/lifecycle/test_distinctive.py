@@ -23,6 +23,10 @@ from clm_middleware.lifecycle.distinctive import distinctive_tokens
         ("My doctor is Dr. Okafor.", {"dr. okafor"}),
         ("New York is big.", {"new york"}),
         ("Thanks, that sounds lovely.", set()),
+        # in Chinese or Japanese a code ends where the script changes (it had taken the whole
+        # clause: "我的订单号是dd-20250318-7741"), and dates and amounts are written their way
+        ("我的订单号是DD-20250318-7741，电话138-0013-8000。", {"dd-20250318-7741", "138-0013-8000"}),
+        ("是2025年3月18日下的单，共2380元，航班CA1234。", {"2025年3月18日", "2380元", "ca1234"}),
     ],
 )
 def test_detects_numbers_codes_times_dates_amounts_emails_and_names(text, expected):

@@ -17,6 +17,17 @@ def test_sentences_become_segments_and_questions_are_marked():
     ]
 
 
+def test_chinese_and_japanese_sentences_end_at_full_width_marks_without_a_space():
+    chinese = "我叫王小明，上个月在你们网站买了咖啡机。我的订单号是DD-20250318-7741！你能帮我查一下物流现在到哪里了吗？"
+    assert split(chinese) == [
+        ("text", "我叫王小明，上个月在你们网站买了咖啡机。"),
+        ("text", "我的订单号是DD-20250318-7741！"),
+        ("question", "你能帮我查一下物流现在到哪里了吗？"),
+    ]
+    short = "予約は3月5日です。「はい」と言いました。"  # short sentences join as written, with no space
+    assert "".join(text for _, text in split(short)) == short
+
+
 def test_paragraphs_numbered_steps_and_code_blocks():
     text = (
         "Do this:\n\n1. Install the package.\n2. Run the tests.\n\n```python\nx = 1\n\ny = 2\n```\nThat is all for now."
