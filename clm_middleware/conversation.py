@@ -764,7 +764,7 @@ class Conversation:
         self._close_open_stream()
         try:
             if self.store is not None and not self.journal.empty:
-                self.persist(None)
+                self.persist()
         finally:
             self.release_cache()
 
@@ -861,11 +861,12 @@ class Conversation:
         )
 
     def attach_store(self, store: Store) -> None:
-        """Save to ``store`` from now on, everything so far included."""
+        """Save to ``store`` from now on, everything so far included: messages, segments,
+        decisions and the stats of every turn run (``clm stats`` reads them)."""
         store.register(self.record())  # refuses an id the store holds: nothing is attached then
         self.store, self._stored_turn = store, self.turn
         self.journal.everything(self.messages)
-        self.persist(None)
+        self.persist(self._turn_log)
 
     def segment_map(self) -> Mapping[SegmentId, Segment]:
         """Every segment by id (read-only view; change segments through the conversation)."""
@@ -1017,14 +1018,14 @@ class Conversation:
     def _record_user_decision(self, segment: Segment, label: Label, reason: str) -> None:
         self.journal.segment(segment.id)
         self.journal.decisions([Decision(self.turn, segment.id, label, DecidedBy.RULES, reason)])
-        self.persist(None)
+        self.persist()
 
-    def persist(self, stats: TurnStats | None) -> None:
-        """Write what changed since the last save (and a turn's ``stats``) to the store, if any."""
+    def persist(self, turns: Sequence[TurnStats] = ()) -> None:
+        """Write what changed since the last save (and the stats of ``turns``) to the store, if any."""
         if self.store is not None:
             record = self.record()
             changes = self.journal.pending(self.messages, self._segments)
-            self.store.save(record, changes, stats, expected_turn=self._stored_turn)
+            self.store.save(record, changes, turns, expected_turn=self._stored_turn)
             self.journal.saved()
             self._saved, self._stored_turn = True, record.turn
 

@@ -228,7 +228,7 @@ class TurnRunner:
         self._finish_stats(stats, rendered, generation, decisions, started, warm)
         c.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)
         c.journal.decisions(decisions)
-        c.persist(stats)
+        c.persist([stats])
 
     def _generate(
         self,

@@ -41,7 +41,12 @@ id, two `clm chat --session` windows) cannot overwrite each other: a save whose 
 says another turn than the writer last read or wrote is refused (`StoreError`: load it
 again). A store whose pages are damaged is a `StoreError` naming the file on load, and so is a
 row that does not read back (a value that is not its JSON, a segment a message lists
-that is gone): a conversation is loaded whole or not at all.
+that is gone): a conversation is loaded whole or not at all. A read (`clm stats`,
+`Conversation.load`) never writes, and reads a store in a read-only directory too (an
+archive, another user's; SQLite cannot make the `-shm` file there, so the file is read
+as immutable), unless a `-wal` file of writes not merged yet lies beside it: copy both
+to a writable directory then. A conversation attached to a store after its first turns
+(`attach_store`, `clm chat`'s `/save`) writes every turn's stats, not only the ones after.
 
 Generated from the schema by `python -m clm_middleware.store.docs docs/store.md`;
 do not edit by hand.

@@ -19,7 +19,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,8 @@ class Store:
         """Open (creating, migrating) the store at ``path``; ``read_only`` opens an existing
         store of ours without writing a byte, and refuses any other file."""
         self.path = Path(path).expanduser()
+        if self.path.is_dir():
+            raise StoreError(f"{self.path}: is a directory, not a store file")
         if read_only:
             self._open_read_only()
             return
@@ -85,15 +87,39 @@ class Store:
         self.db.close()
 
     def _open_read_only(self) -> None:
+        """Open without writing. A store in write-ahead-log mode needs its ``-shm`` file
+        even to be read, which SQLite cannot create in a read-only directory (an archived
+        store, another user's): there it is read as an immutable file, unless a log of
+        writes not yet merged lies beside it (reading past it would show an older state)."""
         if not self.path.is_file():
             raise StoreError(f"{self.path}: no such store")
         try:
-            connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=30)
-            self.db = Database(connection)
-            self._check_ours(writing=False)
+            self._connect_read_only("mode=ro")
+        except sqlite3.OperationalError as error:
+            if os.access(self.path.parent, os.W_OK):
+                raise StoreError(f"{self.path}: not a usable SQLite store ({error})") from None
+            log = self.path.with_name(self.path.name + "-wal")
+            if log.is_file() and log.stat().st_size:
+                raise StoreError(
+                    f"{self.path}: its directory is read-only and it has writes not merged yet ({log.name}); "
+                    "copy the store and its -wal file to a writable directory to read it"
+                ) from None
+            try:
+                self._connect_read_only("immutable=1")
+            except sqlite3.DatabaseError as again:
+                raise StoreError(f"{self.path}: not a usable SQLite store ({again})") from None
         except sqlite3.DatabaseError as error:
             raise StoreError(f"{self.path}: not a usable SQLite store ({error})") from None
         self._lock = threading.RLock()
+
+    def _connect_read_only(self, mode: str) -> None:
+        connection = sqlite3.connect(f"file:{self.path}?{mode}", uri=True, check_same_thread=False, timeout=30)
+        self.db = Database(connection)
+        try:
+            self._check_ours(writing=False)
+        except sqlite3.DatabaseError:
+            connection.close()
+            raise
 
     # --------------------------------------------------------------- writes
 
@@ -151,12 +177,13 @@ class Store:
         self,
         record: ConversationRecord,
         changes: ConversationChanges,
-        stats: TurnStats | None,
+        turns: Sequence[TurnStats] = (),
         *,
         expected_turn: int | None = None,
     ) -> None:
-        """The conversation's row, what changed since the last save and the turn's stats, in
-        one transaction. ``expected_turn``: the turn the writer last saw in the store; a row
+        """The conversation's row, what changed since the last save and the stats of the
+        ``turns`` run since (one; or all a conversation ran before it was attached to the
+        store), in one transaction. ``expected_turn``: the turn the writer last saw in the store; a row
         that says another (a second writer continued the conversation: two loads of one
         id) is a ``StoreError`` and nothing is written, rather than one writer's messages
         overwriting the other's by index."""
@@ -188,12 +215,12 @@ class Store:
                 self.db["decisions"].insert_all(
                     [{"conversation_id": record.id, **d.as_dict()} for d in changes.decisions]
                 )
-            if stats is not None:
+            for turn in turns:
                 self.db["summaries"].insert_all(
-                    [{"conversation_id": record.id, "turn": stats.turn, **s} for s in stats.summaries]
+                    [{"conversation_id": record.id, "turn": turn.turn, **s} for s in turn.summaries]
                 )
                 self.db["turns"].upsert(
-                    {"conversation_id": record.id, "turn": stats.turn, "stats": json.dumps(stats.as_dict())},
+                    {"conversation_id": record.id, "turn": turn.turn, "stats": json.dumps(turn.as_dict())},
                     pk=("conversation_id", "turn"),
                 )
 

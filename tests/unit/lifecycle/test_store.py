@@ -502,3 +502,59 @@ def test_settings_a_config_or_generation_of_ones_own_set_come_back_on_load(engin
     loaded = Conversation.load(path, "own", engine)
     assert loaded.config == config and loaded.generation == generation
     assert Conversation.load(path, "own", engine, budget=512).config == dataclasses.replace(config, budget=512)
+
+
+def test_a_store_attached_after_some_turns_holds_every_turns_stats(converse, engine, tmp_path):
+    """attach_store (clm chat's /save) wrote the earlier turns' messages and decisions but
+    not their stats: clm stats listed only the turns after it, and a reload said turn 1."""
+    conversation = converse(conversation_id="late")
+    conversation.send("My name is Ana.")
+    conversation.send("I live in Lisbon.")
+    conversation.attach_store(Store(tmp_path / "late.db"))
+    conversation.send("What is my name?")
+    conversation.close()
+    loaded = Conversation.load(tmp_path / "late.db", "late", engine)
+    assert [t.turn for t in loaded.turn_log] == [1, 2, 3]
+    assert loaded.stats()["prompt_tokens"] == sum(t.prompt_tokens for t in conversation.turn_log)
+    loaded.close()
+
+
+def test_a_directory_given_as_a_store_is_named_as_one(tmp_path):
+    from clm_middleware.store import StoreError
+
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="is a directory"):
+            Store(tmp_path, read_only=read_only)
+
+
+def test_a_store_in_a_read_only_directory_is_read_as_immutable_unless_unmerged_writes_lie_beside(
+    converse, tmp_path, monkeypatch
+):
+    """SQLite cannot make a WAL store's -shm file in a read-only directory, so even a
+    read failed there ("not a usable SQLite store", a helper's sweep on a read-only mount).
+    The directory's write access and the first open's failure are simulated here (tests
+    may run as root); the fallback's own open is real."""
+    import sqlite3
+
+    from clm_middleware.store import StoreError
+
+    store = Store(tmp_path / "kept.db")
+    conversation = converse(store=store, conversation_id="k")
+    conversation.send("My order is 42.")
+    conversation.close()
+    store.close()
+    real = Store._connect_read_only
+
+    def no_shm(self, mode):
+        if mode == "mode=ro":
+            raise sqlite3.OperationalError("unable to open database file")
+        real(self, mode)
+
+    monkeypatch.setattr(Store, "_connect_read_only", no_shm)
+    monkeypatch.setattr(os, "access", lambda path, how: False)
+    read = Store(tmp_path / "kept.db", read_only=True)
+    assert read.db["turns"].count_where("conversation_id = 'k'") == 1
+    read.close()
+    (tmp_path / "kept.db-wal").write_bytes(b"unmerged")
+    with pytest.raises(StoreError, match="writes not merged yet"):
+        Store(tmp_path / "kept.db", read_only=True)
