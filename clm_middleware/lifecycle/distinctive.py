@@ -17,6 +17,21 @@ _MONTHS = (
     "january|february|march|april|may|june|july|august|september|october|november|december|"
     "jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec"
 )
+# month names of other languages, where a number stands next to them ("3. Mai 2025",
+# "15 апреля", "le 3 mars", "3 de mayo", "١٥ أبريل", "१५ अप्रैल"): those spelt as in English
+# are left to the English forms
+_MONTHS_ABROAD = (
+    "januar|februar|märz|mai|juni|juli|oktober|dezember|"  # German
+    "janvier|février|mars|avril|juin|juillet|août|septembre|octobre|novembre|décembre|"  # French
+    "enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|setiembre|octubre|noviembre|diciembre|"  # Spanish
+    "janeiro|fevereiro|março|maio|junho|julho|setembro|outubro|novembro|dezembro|"  # Portuguese
+    "gennaio|febbraio|aprile|maggio|giugno|luglio|settembre|ottobre|dicembre|"  # Italian
+    "januari|februari|maart|mei|augustus|"  # Dutch
+    "января|февраля|марта|апреля|мая|июня|июля|августа|сентября|октября|ноября|декабря|"  # Russian
+    "январь|февраль|март|апрель|май|июнь|июль|август|сентябрь|октябрь|ноябрь|декабрь|"
+    "يناير|فبراير|مارس|أبريل|ابريل|مايو|يونيو|يوليو|أغسطس|سبتمبر|أكتوبر|نوفمبر|ديسمبر|"  # Arabic
+    "जनवरी|फ़रवरी|फरवरी|मार्च|अप्रैल|मई|जून|जुलाई|अगस्त|सितंबर|अक्टूबर|नवंबर|दिसंबर"  # Hindi
+)
 _CURRENCY_CODES = "usd|eur|gbp|chf|jpy|cny|rmb|inr|brl|ils|aud|cad|nzd|sek|nok|dkk|pln|czk|huf|zar|mxn|krw|sgd|hkd"
 # digit groups with one separator between them ("1.500,00", "2'450.50"), possessive: a
 # long run of "1'1'1'..." fails in one pass instead of backtracking through every split
@@ -65,6 +80,11 @@ _PATTERNS = [
         rf"(?i:\b(?:(?:{_MONTHS})\.?\s+{_ORDINAL}|(?:{_MONTHS})\.?\s+\d{{1,2}}\b|{_ORDINAL}\s+(?:of\s+)?(?:{_MONTHS})\b"
         rf"|{_ORDINAL}(?:\s+of\s+(?:this|next)\s+month)?\b"
         rf"|(?:(?:this|next|last)\s+)?(?:{_WEEKDAYS})\b(?:\s+(?:this|next|last)\s+week\b)?))",
+    ),
+    (
+        "date_abroad",
+        rf"(?i:(?<![\w.])\d{{1,2}}\.?\s+(?:de\s+)?(?:{_MONTHS_ABROAD})(?!\w)(?:\.?,?\s+(?:de\s+)?\d{{4}}(?!\w))?"
+        rf"|(?<!\w)(?:{_MONTHS_ABROAD})\s+\d{{1,2}}(?!\w)(?:,?\s+\d{{4}}(?!\w))?)",
     ),
     # a code mixes letters and digits, or is a digit group with separators (QX7-4821, 2,400, 3.5).
     # Email and code start only where a word starts, and their runs are possessive: letters

@@ -27,6 +27,12 @@ from clm_middleware.lifecycle.distinctive import distinctive_tokens
         # clause: "我的订单号是dd-20250318-7741"), and dates and amounts are written their way
         ("我的订单号是DD-20250318-7741，电话138-0013-8000。", {"dd-20250318-7741", "138-0013-8000"}),
         ("是2025年3月18日下的单，共2380元，航班CA1234。", {"2025年3月18日", "2380元", "ca1234"}),
+        # a date with another language's month keeps its month (tightening had left "१५ २०२५")
+        ("Die Lieferung kam am 3. Mai 2025.", {"die lieferung", "3. mai 2025"}),
+        ("Оплата 15 апреля 2025 года.", {"15 апреля 2025"}),
+        ("Llego el 3 de mayo de 2025.", {"3 de mayo de 2025"}),
+        ("बुकिंग १५ अप्रैल २०२५ की है", {"१५ अप्रैल २०२५"}),
+        ("Mars is red, and mayo is a sauce.", set()),
     ],
 )
 def test_detects_numbers_codes_times_dates_amounts_emails_and_names(text, expected):
