@@ -9,6 +9,7 @@ from pathlib import Path
 import regex
 
 from clm_middleware.errors import TranscriptError
+from clm_middleware.lifecycle.segmenter import UNSPACED_SCRIPTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,7 @@ class Probe:
 # with spaces between words, or a digit ("1234" is not said in "CA1234"); Chinese and
 # Japanese write words without spaces, so a letter of theirs bounds nothing
 # ("航班CA1234在" says "CA1234")
-_IN_WORD = r"[[\p{L}--[\p{Han}\p{Hiragana}\p{Katakana}]]\p{N}]"
+_IN_WORD = rf"[[\p{{L}}--[{UNSPACED_SCRIPTS}]]\p{{N}}]"
 
 
 def _occurs(answer: str, text: str) -> bool:

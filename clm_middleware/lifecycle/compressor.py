@@ -47,7 +47,7 @@ from clm_middleware.lifecycle.distinctive import distinctive_spans, distinctive_
 from clm_middleware.lifecycle.json_text import json_facts, json_prefix
 from clm_middleware.lifecycle.negation import has_negation, with_negations
 from clm_middleware.lifecycle.record_text import leading_records, repeated_spans
-from clm_middleware.lifecycle.segmenter import has_code_block
+from clm_middleware.lifecycle.segmenter import UNSPACED_SCRIPTS, has_code_block
 from clm_middleware.lifecycle.segments import Segment, SegmentId
 from clm_middleware.render import ChatFormat
 from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
@@ -70,8 +70,7 @@ SCORE_CACHE_SEGMENTS = 1024  # word scores kept per compressor (a segment's text
 # else be one "word" that no compression can shorten (a Chinese chat was never condensed,
 # only kept whole or dropped); kept characters that stood together are joined again
 # without a space (``_joined``)
-_UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}"
-_WORD = regex.compile(rf"[{_UNSPACED}]|[^\s{_UNSPACED}]+")
+_WORD = regex.compile(rf"[{UNSPACED_SCRIPTS}]|[^\s{UNSPACED_SCRIPTS}]+")
 # English function words: high surprisal after a typo or an odd turn of phrase, but
 # they carry no fact, so the extractive compression takes them last
 _FUNCTION_WORDS_TEXT = """a about above after again all also am an and any are as at be been before being below

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import regex
 
+from clm_middleware.lifecycle.segmenter import UNSPACED_SCRIPTS
+
 _MONTHS = (
     "january|february|march|april|may|june|july|august|september|october|november|december|"
     "jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec"
@@ -40,7 +42,7 @@ _WEEKDAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
 _ORDINAL = r"\d{1,2}(?:st|nd|rd|th)"
 _CAPITALISED = r"\p{Lu}[\p{Ll}\p{Lu}\p{N}'’-]*"
 # letters of the scripts written with spaces between words (not Chinese or Japanese)
-_SPACED = r"[\p{L}--[\p{Han}\p{Hiragana}\p{Katakana}]]"
+_SPACED = rf"[\p{{L}}--[{UNSPACED_SCRIPTS}]]"
 _CONNECTOR = r"(?:of|de|do|da|del|la|le|du|von|van|by|the|and|&|y)"
 _PATTERNS = [
     ("email", r"(?<![\w.+-])[\w.+-]++@[\w-]++(?:\.[\w-]++)+"),

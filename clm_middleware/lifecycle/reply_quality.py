@@ -64,7 +64,7 @@ from collections.abc import Iterable
 
 import regex
 
-from clm_middleware.lifecycle.segmenter import has_code_block, unclosed_fence
+from clm_middleware.lifecycle.segmenter import UNSPACED_SCRIPTS, has_code_block, unclosed_fence
 
 LOOP_NGRAM = 4  # word n-gram size: long enough that ordinary phrasing rarely repeats one
 LOOP_SHARE = 0.5  # half the n-grams are repeats: the text says the same thing twice over
@@ -90,8 +90,7 @@ _BLOCK_LINE_FULL = regex.compile(_BLOCK_LINE, regex.IGNORECASE)
 # a word: a run of word characters, but each character on its own in the scripts written
 # without spaces between words (Chinese, Japanese), whose whole clause would else be one
 # "word" and no reply of theirs long enough to judge; or a punctuation mark
-_UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}"
-_WORD = regex.compile(rf"[{_UNSPACED}]|[^\W{_UNSPACED}]+|[^\w\s]")
+_WORD = regex.compile(rf"[{UNSPACED_SCRIPTS}]|[^\W{UNSPACED_SCRIPTS}]+|[^\w\s]")
 # a complete sentence, or clause of one: its terminator (. ! ? … , ; : or a closing
 # bracket, "[Your Name] [Your Email]") is followed by space; one inside a word or number
 # ("1,200", "10:30", "e.g") does not end it. The full-width ones (。！？，；：) need no

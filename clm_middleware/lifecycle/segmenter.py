@@ -27,6 +27,9 @@ import regex
 
 from clm_middleware.errors import ConfigError
 
+# the scripts written without spaces between words (Chinese, Japanese): each character
+# is a word wherever words are counted or kept (reply_quality, compressor, distinctive)
+UNSPACED_SCRIPTS = r"\p{Han}\p{Hiragana}\p{Katakana}"
 # a Markdown code block: from a fence (``` or ~~~) to the same fence or the text's end
 _FENCE = regex.compile(r"(```|~~~).*?(?:\1|\Z)", regex.DOTALL)
 _FENCE_MARK = regex.compile(r"```|~~~")  # what opens and closes a fenced block
