@@ -68,6 +68,7 @@ from clm_middleware.lifecycle.segmenter import UNSPACED_SCRIPTS, has_code_block,
 
 LOOP_NGRAM = 4  # word n-gram size: long enough that ordinary phrasing rarely repeats one
 LOOP_SHARE = 0.5  # half the n-grams are repeats: the text says the same thing twice over
+MARKUP_HELD = 3  # marks with no word after them, held while streaming ("**", "|", "> *")
 LOOP_MIN_TOKENS = 12  # shorter replies ("Yes. Yes.") are not judged
 
 REPEAT_MIN_WORDS = 3  # "Yes. Yes." or "OK." twice is not a loop worth cutting
@@ -400,9 +401,10 @@ class RepeatWatch:
         held = [self._starts[start] for start, _, _ in self._pending]
         said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
         tail_at = len(text) - len(tail.lstrip())
-        if not said and tail.strip():
-            # markup with no word yet ("**", "|", "#" opening a line): the cut of a repeat
-            # its words complete lands before it, so it waits for them
+        if not said and 0 < len("".join(tail.split())) <= MARKUP_HELD:
+            # markup with no word yet ("**", "|", "##" opening a line): the cut of a repeat
+            # its words complete lands before it, so it waits for them; a longer run of
+            # marks (emoji) is text of its own and streams
             held.append(tail_at)
         if said:
             # an earlier key that starts with it: its words, the last one begun (a linking

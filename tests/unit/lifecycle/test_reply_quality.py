@@ -452,6 +452,7 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
         _NUMBER_MARKER,
         _SENTENCE_END,
         _SENTENCE_MARKS,
+        MARKUP_HELD,
         REPEAT_MIN_WORDS,
         REPEAT_RUN,
         _words,
@@ -525,7 +526,8 @@ def _reference_cut_and_hold(text: str) -> tuple[int | None, int]:
     tail_words = [w for w in _words(tail) if w[0].isalnum()]
     said = " ".join(tail_words)
     tail_at = len(text) - len(tail.lstrip())
-    held = [tail_at] if tail.strip() and not tail_words else []  # markup waits for its words
+    marks = "".join(tail.split())
+    held = [tail_at] if 0 < len(marks) <= MARKUP_HELD and not tail_words else []  # markup waits for its words
     words = [w for _, w in clauses]
     for i in range(len(words)):  # a stretch repeating so far, not yet whole
         for j in range(i):
@@ -663,3 +665,14 @@ def test_markup_that_repeats_by_nature_is_no_repetition_loop(document):
     its brackets, quotes and bars, and would have left the context as a loop."""
     assert not is_repetition_loop(document)
     assert is_repetition_loop(document[:40] * 8)  # one row, said over and over, is one
+
+
+def test_a_reply_of_emoji_streams_as_it_is_written():
+    """Marks with no word were all held until the end (a sweep: an emoji reply arrived in
+    one piece); only a short run that may open a line's markup waits for its words."""
+    raw = "👨‍👩‍👧 🎉 " * 12
+    stream = ReplyFilter(stops=(), cut_repeats=True)
+    pieces = [stream.delta(raw[:end]) for end in range(1, len(raw) + 1)]
+    final = visible_answer(raw, stops=(), cut_repeats=True)
+    assert sum(1 for piece in pieces if piece) > 5
+    assert "".join(pieces) + stream.finish(final) == final
