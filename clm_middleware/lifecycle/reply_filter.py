@@ -49,6 +49,9 @@ def _written(raw: str, stops: Sequence[str], machinery: bool, given: int = 0) ->
     return model_answer(raw, stops, given) if machinery else cut_at_stop(raw, stops, given)
 
 
+# the zero-width joiner of an emoji sequence ("👨\u200d👩"): one that ends a reply joins
+# nothing (the token cap cut the sequence), so it is held while streaming and left out
+_JOINER = "\u200d"
 _CLAUSE_MARKS = ",;:"  # end a clause, not a sentence: a cut reply does not end on one
 
 
@@ -101,7 +104,7 @@ def visible_answer(
     string there stops nothing."""
     if verbatim:
         return cut_at_stop(raw, stops, given)
-    written = _written(raw, stops, machinery, given)
+    written = _written(raw, stops, machinery, given).removesuffix(_JOINER)
     if cut_repeats and (kept := cut_repeat(written, final=True)) != written:
         written = end_sentence(kept)
     if not machinery:
@@ -172,6 +175,8 @@ class ReplyFilter:
         safe = len(answer) - self._held_stop(answer) if not held_raw else len(answer.rstrip())
         if self.cut_repeats and _ends_on_clause_mark(answer[:safe]):
             safe = len(answer[:safe].rstrip()) - 1  # a cut here would end the sentence instead (end_sentence)
+        if answer[:safe].endswith(_JOINER):
+            safe -= 1  # it joins what comes next, or nothing
         return self._emit(answer, safe)
 
     def _emit(self, answer: str, safe: int) -> str:

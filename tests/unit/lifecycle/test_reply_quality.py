@@ -676,3 +676,17 @@ def test_a_reply_of_emoji_streams_as_it_is_written():
     final = visible_answer(raw, stops=(), cut_repeats=True)
     assert sum(1 for piece in pieces if piece) > 5
     assert "".join(pieces) + stream.finish(final) == final
+
+
+def test_a_reply_cut_inside_an_emoji_sequence_drops_its_dangling_joiner_streamed_or_not():
+    """The token cap can end a reply after the zero-width joiner of "👨‍👩‍👧" (the i18n
+    sweep): the joiner joins nothing, so it is neither shown nor kept."""
+    raw = "A family: 👨\u200d👩\u200d"
+    for cut in (False, True):
+        final = visible_answer(raw, stops=(), cut_repeats=cut)
+        assert final == "A family: 👨\u200d👩"
+        stream = ReplyFilter(stops=(), cut_repeats=cut)
+        shown = "".join(stream.delta(raw[:end]) for end in range(1, len(raw) + 1))
+        assert shown + stream.finish(final) == final
+    whole = "A family: 👨\u200d👩\u200d👧"
+    assert visible_answer(whole, stops=()) == whole
