@@ -88,7 +88,8 @@ class Generation(Iterator[int]):
         self.attention: torch.Tensor | None = None
         # set by the caller before iterating: asked by the engine before each prefill chunk
         # and while it waits on a remote server, so that a caller who went away does not
-        # wait for a long prompt; ``TurnCancelled`` then ends the iteration
+        # wait for a long prompt; ``TurnCancelled`` then ends the iteration. Its optional
+        # ``waiting()`` is asked instead while a remote server has not answered yet
         self.cancelled: Callable[[], bool] | None = None
         self._tokenizer = tokenizer
         self._steps = steps_factory(request, self)

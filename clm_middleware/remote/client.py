@@ -247,7 +247,7 @@ class _ReaderThread:
                 kind, value = self._queue.get(timeout=CANCEL_POLL_S)
             except queue.Empty:
                 kind, value = "wait", None
-            if kind in ("wait", "line") and self._cancelled():  # keep-alives say nothing either
+            if kind in ("wait", "line") and self._asked():  # keep-alives say nothing either
                 raise TurnCancelled("the turn was cancelled by its caller while the engine sent no reply")
             if kind == "wait":
                 continue
@@ -257,6 +257,13 @@ class _ReaderThread:
                     raise value
                 return
             yield value
+
+    def _asked(self) -> bool:
+        """The caller's check; before the engine answered the request, its ``waiting()``
+        where it has one (a check that also tells its caller the engine admitted the
+        request, ``server/streaming.TurnEvents``, must not say so while retries run)."""
+        waiting = getattr(self._cancelled, "waiting", None)
+        return waiting() if waiting is not None and self._response is None else self._cancelled()
 
     def drain(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the reader to reach the stream's end (after

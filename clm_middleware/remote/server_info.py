@@ -39,18 +39,29 @@ class ServerInfo:
 
 
 def read_server_info(client: ServerClient, model_id: str | None) -> ServerInfo:
-    models = client.get_json("/v1/models", missing_ok=True) or {}
+    """The engine's kind and limits. A server that answers none of ``GET /v1/models``,
+    ``/props`` and ``/version`` is no serving engine (a web server on that port, a wrong
+    path): refused here, at start, where serving would have answered every request with
+    its error page (a helper's sweep: a static file server was taken for model "default")."""
+    listed = client.get_json("/v1/models", missing_ok=True)
+    props = client.get_json("/props", missing_ok=True)
+    version = client.get_json("/version", missing_ok=True)
+    if not any(isinstance(answer, dict) for answer in (listed, props, version)):
+        raise RemoteEngineError(
+            f"{client.config.base_url} answers none of GET /v1/models, /props and /version: not a serving engine "
+            "of the OpenAI API",
+            hint="give --engine the base URL of vLLM, llama.cpp's llama-server or another OpenAI-compatible server",
+        )
+    models = listed if isinstance(listed, dict) else {}
     entries = models.get("data") or []
     first: dict[str, Any] = entries[0] if entries else {}
     chosen = model_id or str(first.get("id") or "default")
     meta = first.get("meta") or {}
-    props = client.get_json("/props", missing_ok=True)
     if isinstance(props, dict) and "total_slots" in props:
         settings = props.get("default_generation_settings") or {}
         context = int(settings.get("n_ctx") or meta.get("n_ctx_train") or 0)
         vocab, parameters = int(meta.get("n_vocab") or 0), int(meta.get("n_params") or 0)
         return ServerInfo("llamacpp", chosen, int(props["total_slots"]), context, vocab, parameters)
-    version = client.get_json("/version", missing_ok=True)
     dialect = "vllm" if isinstance(version, dict) and "version" in version else "openai"
     return ServerInfo(dialect, chosen, 0, int(first.get("max_model_len") or 0), 0)
 

@@ -139,7 +139,7 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
         await slots.acquire()
         try:
             events = TurnEvents(on_finished=slots.release)
-            events.start_call(service.call(chat, tenant, events.tick))
+            events.start_call(service.call(chat, tenant, events))
         except BaseException:
             slots.release()
             raise

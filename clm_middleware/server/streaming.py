@@ -1,10 +1,11 @@
 """A turn streamed as server-sent events, generated in a worker thread.
 
-``TurnEvents`` (a ``WorkerEvents``) runs the call in a thread and hands its events to the loop:
-``("started", None)`` once the engine admitted the request (its first prefill chunk or
-token), ``("delta", text)``, then ``("done", answer)`` or ``("error", exception)``. The
-request handler waits for the first event before it answers (watching for the client to
-leave meanwhile), so a turn that fails at admission (pool exhausted, context too long)
+``TurnEvents`` (a ``WorkerEvents``) runs the call in a thread and hands its events to the
+loop: ``("started", None)`` once the engine admitted the request (its first prefill chunk
+or token; a remote engine's answer to the request), ``("delta", text)``, then ``("done",
+answer)`` or ``("error", exception)``. The request handler waits for the first event
+before it answers (watching for the client to leave meanwhile), so a turn that fails at
+admission (pool exhausted, context too long, a remote engine unreachable or refusing)
 gets a real error status; later errors arrive as an ``error`` event. A client that goes
 away sets ``cancelled``: the turn stops at its next token, or at its next prefill chunk
 while it computes the prompt, is undone (``ChatCall``) and gives its blocks back, and the
@@ -28,19 +29,26 @@ from .service import ChatService
 
 
 class TurnEvents(WorkerEvents):
-    """Pass ``tick`` as the call's ``cancelled`` callback (asked before every prefill chunk
-    and after every token), then ``start_call(call)``. The first event is ``("started",
-    None)`` once it is first asked (the engine admitted the request), or the turn's
-    ``done`` / ``error``."""
+    """Pass the object itself as the call's ``cancelled`` callback (called before every
+    prefill chunk and after every token), then ``start_call(call)``. The first event is
+    ``("started", None)`` once it is first called (the engine admitted the request), or
+    the turn's ``done`` / ``error``. ``waiting()`` asks the same without claiming
+    admission: a remote engine's client asks it while the engine has not answered the
+    request yet (retries included), so an engine that cannot be reached or refuses the
+    request is a real status for a stream too (it had been a 200 stream holding an error
+    event whenever the failure took over 0.25 s: a helper's sweep)."""
 
     def __init__(self, on_finished: Callable[[], None] | None = None) -> None:
         super().__init__(on_finished)  # called once on the event loop when the turn is done or undone
         self._started = False
 
-    def tick(self) -> bool:
+    def __call__(self) -> bool:
         if not self._started:
             self._started = True
             self.post("started", None)
+        return self.cancelled.is_set()
+
+    def waiting(self) -> bool:
         return self.cancelled.is_set()
 
     def start_call(self, call: ChatCall) -> None:

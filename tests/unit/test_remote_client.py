@@ -142,3 +142,50 @@ def test_a_cancellable_stream_that_ends_normally_yields_every_event():
         texts = [e["choices"][0]["text"] for e in client.stream("/v1/completions", {}, cancelled=lambda: False)]
         client.close()
     assert texts == ["a", "b"]
+
+
+class _Check:
+    """A caller's check with ``waiting()``, as clm serve's stream passes: counts which was asked."""
+
+    def __init__(self) -> None:
+        self.admitted = self.waited = 0
+
+    def __call__(self) -> bool:
+        self.admitted += 1
+        return False
+
+    def waiting(self) -> bool:
+        self.waited += 1
+        return False
+
+
+class _LateRefusal:
+    """Answer ``status`` after ``delay_s`` with no headers before: an engine at work on a
+    request it then refuses, or the client's retries."""
+
+    def __init__(self, status: int, delay_s: float) -> None:
+        self.status, self.delay_s = status, delay_s
+
+    def __call__(self, handler: http.server.BaseHTTPRequestHandler) -> None:
+        time.sleep(self.delay_s)
+        send(handler, self.status, b'{"error": {"message": "no room"}}', "application/json")
+
+
+def test_until_the_engine_answers_a_stream_asks_the_callers_waiting_check_not_its_admission():
+    """clm serve's stream took the first check as the engine's admission: a refusal that
+    came after 0.25 s was a 200 stream holding an error event (a helper's sweep)."""
+    check = _Check()
+    with LoopbackServer(on_post=_LateRefusal(503, 1.0)) as engine:
+        client = _client(engine)
+        with pytest.raises(RemoteEngineError) as refused:
+            next(client.stream("/v1/completions", {"prompt": [1]}, cancelled=check))
+        client.close()
+    assert clm_error_to_api(refused.value).status == 503
+    assert check.waited >= 2 and check.admitted == 0
+    check = _Check()
+    done = b'data: {"choices": [{"text": "b", "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    with LoopbackServer(on_post=_Stream([EVENT, done])) as engine:
+        client = _client(engine)
+        assert [e["choices"][0]["text"] for e in client.stream("/v1/completions", {}, cancelled=check)] == ["a", "b"]
+        client.close()
+    assert check.admitted >= 1  # once the engine answered, every check is its caller's admission check

@@ -267,3 +267,29 @@ def test_a_server_that_stays_unavailable_is_a_clear_error_naming_503():
             client.get_json("/health")
         assert unavailable.requests == 2
         client.close()
+
+
+def test_a_web_server_that_is_no_engine_is_refused_at_start_naming_its_url():
+    """A static file server on the engine's port had been taken for model "default", and
+    every request then got its 404 page as an engine error (a helper's sweep)."""
+    from clm_middleware.remote.server_info import read_server_info
+
+    def not_found(handler) -> None:
+        send(handler, 404, b"<html><body>Not Found</body></html>", "text/html")
+
+    def models_only(handler) -> None:
+        if handler.path == "/v1/models":
+            send(handler, 200, b'{"data": [{"id": "smol"}]}', "application/json")
+        else:
+            not_found(handler)
+
+    with LoopbackServer(on_get=not_found) as server:
+        client = ServerClient(ClientConfig(server.url, retry_attempts=1))
+        with pytest.raises(RemoteEngineError, match=rf"{server.url} answers none of GET /v1/models"):
+            read_server_info(client, None)
+        client.close()
+    with LoopbackServer(on_get=models_only) as server:
+        client = ServerClient(ClientConfig(server.url, retry_attempts=1))
+        info = read_server_info(client, None)
+        assert (info.dialect, info.model_id) == ("openai", "smol")
+        client.close()
