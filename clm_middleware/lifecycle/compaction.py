@@ -158,7 +158,8 @@ def too_long_to_condense(size: str, budget: int, target_ratio: float) -> Context
     show) over ``condensable_tokens``."""
     return ContextBudgetError(
         f"the new message has {size}; under a budget of {budget} none over {condensable_tokens(budget, target_ratio)} "
-        f"(the budget × the compression target_ratio, {target_ratio:g}) can be condensed to fit",
+        f"(the budget × the compression target_ratio, {target_ratio:g}) is condensed (and one under it only as far "
+        "as its facts allow: a log or code, all names and numbers, hardly shrinks)",
         hint="raise the budget, or send the text in parts",
     )
 

@@ -283,8 +283,13 @@ def turn_plan(transcript: Transcript) -> list[tuple[list[Message], Message | Non
 
     The answer is None for a final turn the transcript leaves unanswered. Assistant
     messages before the first user or tool message (a bot's greeting) are context of
-    the first turn, not turns: there is nothing yet for the model to answer.
+    the first turn, not turns: there is nothing yet for the model to answer. A
+    transcript with no assistant message at all is a script of what a user says: each
+    user or tool message is a turn of its own, answered by the model (it had been one
+    turn of every message joined: a sweep's 126-message script replayed as "1/1 turns").
     """
+    if not any(message.role == "assistant" for message in transcript.messages):
+        return _scripted_turns(transcript.messages)
     plan: list[tuple[list[Message], Message | None]] = []
     context: list[Message] = []
     for message in transcript.messages:
@@ -296,6 +301,18 @@ def turn_plan(transcript: Transcript) -> list[tuple[list[Message], Message | Non
             context.append(message)
     if any(message.role in ("user", "tool") for message in context):
         plan.append((context, None))
+    return plan
+
+
+def _scripted_turns(messages: Sequence[Message]) -> list[tuple[list[Message], Message | None]]:
+    """One unanswered turn per user or tool message, the system messages before it with it."""
+    plan: list[tuple[list[Message], Message | None]] = []
+    context: list[Message] = []
+    for message in messages:
+        context.append(message)
+        if message.role in ("user", "tool"):
+            plan.append((context, None))
+            context = []
     return plan
 
 

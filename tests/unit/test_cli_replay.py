@@ -437,3 +437,15 @@ def test_a_transcript_path_of_dash_is_read_from_standard_input(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(report_path.read_text())
     assert [turn["reply"] for turn in report["turns"]] == ["Noted: order 88412.", "You're welcome.", "88412."]
+
+
+def test_a_transcript_of_user_messages_only_is_a_script_one_turn_each(tmp_path):
+    """It had replayed as one turn of every message joined (a sweep's 126-line script)."""
+    said = ["Hi there.", "My order is 88412.", "What was my order number?"]
+    path = write_transcript(tmp_path / "script.jsonl", [{"role": "user", "content": text} for text in said])
+    report_path = tmp_path / "script.json"
+    arguments = ["replay", str(path), "--model", "tiny", "--mode", "clm", "--max-new-tokens", "3"]
+    result = CliRunner().invoke(cli, [*arguments, "--report", str(report_path)])
+    assert result.exit_code == 0, result.output
+    turns = json.loads(report_path.read_text())["turns"]
+    assert len(turns) == 3 and all(turn["generated_tokens"] >= 1 for turn in turns)
