@@ -15,7 +15,8 @@ Flags (``reply_flags``), one list per generated reply, in the report:
   words (punctuation marks between them not counted: markup repeats by nature): a
   degenerate greedy loop, not an answer;
 - ``repeats_earlier_reply``: at least ``LOOP_SHARE`` of them stand in replies the model
-  gave before (and can still see): the same loop across turns, where a small model
+  gave before (and can still see), or a shorter reply of ``SHORT_REPEAT_WORDS`` words or
+  more is word for word one of them: the same loop across turns, where a small model
   copies its last answer instead of answering the new message;
 - ``empty``: nothing visible was delivered.
 
@@ -68,6 +69,7 @@ from clm_middleware.lifecycle.segmenter import UNSPACED_SCRIPTS, has_code_block,
 
 LOOP_NGRAM = 4  # word n-gram size: long enough that ordinary phrasing rarely repeats one
 LOOP_SHARE = 0.5  # half the n-grams are repeats: the text says the same thing twice over
+SHORT_REPEAT_WORDS = 3  # a shorter reply said again ("Sure.", "Thank you!") is not judged
 MARKUP_HELD = 3  # marks with no word after them, held while streaming ("**", "|", "> *")
 LOOP_MIN_TOKENS = 12  # shorter replies ("Yes. Yes.") are not judged
 
@@ -151,6 +153,11 @@ def _words(text: str) -> list[str]:
     return [w.casefold() for w in _WORD.findall(text)]
 
 
+def _said(words: list[str]) -> list[str]:
+    """The words of ``_words`` without the punctuation marks between them."""
+    return [w for w in words if w[0].isalnum()]
+
+
 def _grams(words: list[str], n: int) -> list[tuple[str, ...]]:
     return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
 
@@ -179,16 +186,21 @@ def is_repetition_loop(text: str) -> bool:
     nature (a well-formed array of five records with distinct values had counted as a
     loop, and left the context); a text of marks alone is judged by its marks."""
     words = _words(text)
-    said = [w for w in words if w[0].isalnum()]
+    said = _said(words)
     judged = said if len(said) >= LOOP_MIN_TOKENS else words
     return len(words) >= LOOP_MIN_TOKENS and _repeated_share(judged, LOOP_NGRAM) >= LOOP_SHARE
 
 
 def repeats_earlier(text: str, earlier: Iterable[str], n: int = LOOP_NGRAM) -> bool:
-    """Whether at least ``LOOP_SHARE`` of the word n-grams of ``text`` occur in ``earlier`` texts."""
+    """Whether at least ``LOOP_SHARE`` of the word n-grams of ``text`` occur in ``earlier``
+    texts; a reply too short for n-grams, whether it says word for word what one of them
+    says (at least ``SHORT_REPEAT_WORDS`` words): "I'm sorry for any other confusion."
+    given as the answer to nearly every message of a 126-turn chat, each copy kept in the
+    context and copied again (a helper's sweep)."""
     words = _words(text)
     if len(words) < LOOP_MIN_TOKENS:
-        return False
+        said = _said(words)
+        return len(said) >= SHORT_REPEAT_WORDS and any(_said(_words(other)) == said for other in earlier)
     seen = {gram for other in earlier for gram in _grams(_words(other), n)}
     grams = _grams(words, n)
     return bool(grams) and sum(gram in seen for gram in grams) / len(grams) >= LOOP_SHARE
