@@ -195,7 +195,10 @@ class Store:
                         f"{self.path}: conversation {record.id!r} changed in the store since this object read "
                         f"or wrote it (turn {stored[0]['turn']} there, {expected_turn} when last seen): another "
                         "writer continues it; nothing was saved",
-                        hint=f"Conversation.load(store, {record.id!r}) to continue what is stored",
+                        hint=(
+                            f"load it again to continue what is stored: Conversation.load(store, {record.id!r}), "
+                            f"or clm chat --db {self.path} --session {record.id}"
+                        ),
                     )
             self.db["conversations"].upsert(_conversation_row(record, created=False), pk="id")
             if changes.cut_at is not None and self.db["messages"].exists():
