@@ -116,7 +116,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         problems = error.errors()
-        first = problems[0] if problems else {"loc": (), "msg": "invalid request body"}
+        # the deepest problem: of a union's failed members, the one that got furthest
+        # ("content[0].type: Field required", not the str member's "a valid string")
+        first = max(problems, key=lambda p: len(p.get("loc", ())), default={"loc": (), "msg": "invalid request body"})
         param = validation_param(tuple(first.get("loc", ())))
         if first.get("type") == "json_invalid":
             return APIError(400, f"the request body is not valid JSON: {first.get('msg')}").response()

@@ -55,6 +55,8 @@ def _hello(model_id: str, **extra) -> dict:
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+        # a part with no type: the union's deepest error, not "content: Input should be a valid string"
+        ({"messages": [{"role": "user", "content": [{"text": "a"}]}]}, "messages[0].content[0].type"),
         (
             {"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]},
             "messages[0].content[0].type",
