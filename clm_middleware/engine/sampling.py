@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import xxhash
 
 from clm_middleware.errors import ConfigError
 
@@ -43,6 +44,16 @@ def check_seed(seed: int | None) -> None:
         return
     if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise ConfigError("seed", f"must be an integer in [-2**63, 2**64 - 1], got {seed!r}")
+
+
+def generator_seed(seed: int) -> int:
+    """What the generator is seeded with for ``seed``: itself in [0, 2**32), where torch's
+    CPU generator reads every bit; a 32-bit hash of it elsewhere. The generator keeps only
+    the low 32 bits, so -1, 2**63 - 1 and 2**64 - 1 had sampled alike (a sweep through clm
+    serve); hashed, two seeds share a stream only by chance, as any two 32-bit seeds may."""
+    if 0 <= seed < 2**32:
+        return seed
+    return xxhash.xxh32_intdigest(seed.to_bytes(9, "little", signed=True))
 
 
 def check_stop_strings(stop: Sequence[str] | None, field: str = "stop") -> None:
@@ -90,7 +101,7 @@ class SamplingParams:
         if self.seed is None:
             generator.seed()
         else:
-            generator.manual_seed(self.seed)
+            generator.manual_seed(generator_seed(self.seed))
         return generator
 
 

@@ -178,3 +178,16 @@ def test_the_ends_of_the_seed_range_seed_a_generator():
 
     for seed in SEED_RANGE:
         assert SamplingParams(temperature=1.0, seed=seed).generator(torch.device("cpu")) is not None
+
+
+def test_seeds_that_share_their_low_32_bits_sample_differently():
+    """torch's CPU generator keeps only a seed's low 32 bits: -1, 2**63 - 1 and 2**64 - 1
+    sampled alike through clm serve (a sweep). Seeds under 2**32 seed it as they are."""
+    from clm_middleware.engine.sampling import generator_seed
+
+    def draws(seed: int) -> list[float]:
+        generator = SamplingParams(temperature=1.0, seed=seed).generator(torch.device("cpu"))
+        return torch.rand(4, generator=generator).tolist()
+
+    assert len({tuple(draws(seed)) for seed in (-1, 2**63 - 1, 2**64 - 1, 2**32 - 1)}) == 4
+    assert generator_seed(7) == 7 and draws(7) == draws(7)
