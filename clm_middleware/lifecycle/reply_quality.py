@@ -285,7 +285,8 @@ class RepeatWatch:
     sentence in progress; ``_pending`` holds each clause ``i`` that repeats an earlier
     clause ``j`` with how many clauses from ``i`` on have repeated those from ``j`` on
     so far (the stretch is repeated, and cut, once ``i - j`` have); ``_openers`` are
-    the keyed clauses that open a sentence; ``_open_fence`` is
+    the keyed clauses that open a sentence; ``_line_open`` says whether ``_complete`` ends
+    a line (a label there opens an item, ``_opens_item``); ``_open_fence`` is
     the fence it leaves open (None: not inside a block). A text that does not start with
     ``_complete`` (a stop string cut it) starts over; ``_run`` is the last short clause
     and how many times in a row it ends ``_complete``."""
