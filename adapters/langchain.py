@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import functools
 import threading
@@ -50,6 +52,12 @@ from .tools import check_tools, required_tool
 from .worker_events import WorkerEvents
 
 Stops = list[str] | None
+
+
+# the turns an ``astream`` of ChatCLM started, to stop and undo when that stream is closed
+_STREAM_TURNS: contextvars.ContextVar[list[WorkerEvents] | None] = contextvars.ContextVar(
+    "clm_stream_turns", default=None
+)
 
 
 class ChatCLM(BaseChatModel):
@@ -207,7 +215,7 @@ class ChatCLM(BaseChatModel):
     process, so there is no request to time out."""
     max_retries: int = 0
     """Accepted for compatibility: a local call has no transient failure to retry."""
-    api_key: str | None = Field(default=None, exclude=True)
+    api_key: str | None = Field(default=None, exclude=True, repr=False)
     """The serving engine's bearer key, with ``engine_url``; ignored otherwise (a local model)."""
     engine_url: str | None = None
     """Generate on a serving engine instead of in this process: ``openai:http://host:port``
@@ -266,6 +274,17 @@ class ChatCLM(BaseChatModel):
             "presence_penalty": self.presence_penalty,
             "no_repeat_ngram_size": self.no_repeat_ngram_size,
             "engine_url": self.engine_url,
+            # what else changes a reply: a cache keyed without it would give one setting's
+            # reply to another (two seeds, two tenants: a sweep with LangChain's cache)
+            "engine_model": self.engine_model,
+            "seed": self.seed,
+            "stop": self.stop,
+            "tenant": self.tenant,
+            "summarizer": self.summarizer,
+            "dtype": self.dtype,
+            "kv_dtype": self.kv_dtype,
+            "quantization": self.quantization,
+            "approximate_reuse": self.approximate_reuse,
         }
 
     @property
@@ -273,6 +292,15 @@ class ChatCLM(BaseChatModel):
         if self.engine is not None and not self.model:
             return self.engine.model_name
         return self.model or DEFAULT_MODEL
+
+    def __copy__(self) -> ChatCLM:
+        """The same settings on the same engine, with sessions of its own (``model_copy``
+        goes through here): a copy had shared the original's sessions, whose conversations
+        are made with the original's budget, tagging and tenant, so a copy's own were
+        ignored (a sweep: ``model_copy(update={"tenant": ...})`` read the original's cache)."""
+        clone = super().__copy__()
+        clone._routers, clone._lock = {}, threading.Lock()
+        return clone
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ChatCLM:
         """The same settings (deep-copied) on the same engine (weights and pool, shared as
@@ -346,7 +374,10 @@ class ChatCLM(BaseChatModel):
         ``{"type": "function", "function": {"name": ...}}``. A required call is made
         certain by opening the reply with the call (see ``tools.call_head``); when the model
         may pick among several tools, its own log-probabilities choose among the bound names.
+        ``strict`` (ChatOpenAI's) is accepted and changes nothing: a call is decoded under
+        its tool's schema.
         """
+        kwargs.pop("strict", None)  # as ChatOpenAI takes it; a call is written under its schema anyway
         formatted = [convert_to_openai_tool(tool) for tool in tools]
         check_tools(formatted)
         # a name no bound tool has, or a call required with no tool bound, fails here
@@ -431,8 +462,21 @@ class ChatCLM(BaseChatModel):
     async def astream(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: Stops = None, **kwargs: Any
     ) -> AsyncIterator[AIMessageChunk]:
-        async for chunk in super().astream(input, config, stop=stop, **_session_kwargs(config, kwargs)):
-            yield chunk
+        # langchain-core's astream does not close the stream it reads when its caller
+        # closes it, so the turn's own cleanup would wait for garbage collection: the turns
+        # this stream starts are listed here, and stopped and undone when it is closed (a
+        # sweep: the next call had found the conversation busy and forked)
+        turns: list[WorkerEvents] = []
+        marker = _STREAM_TURNS.set(turns)
+        try:
+            async for chunk in super().astream(input, config, stop=stop, **_session_kwargs(config, kwargs)):
+                yield chunk
+        finally:
+            with contextlib.suppress(ValueError):  # closed from another context (collected): nothing to restore
+                _STREAM_TURNS.reset(marker)
+            for events in turns:
+                if not events.done:
+                    await events.finished()
 
     def _stream(
         self,
@@ -468,6 +512,8 @@ class ChatCLM(BaseChatModel):
         undone before this returns: the chat's next call extends it as if the cancelled
         call had never been made."""
         events = WorkerEvents()
+        if (listed := _STREAM_TURNS.get()) is not None:
+            listed.append(events)
 
         def produce() -> None:
             for item in self._chunks(messages, stop, kwargs, events.cancelled.is_set):
@@ -538,8 +584,10 @@ class ChatCLM(BaseChatModel):
         self, messages: list[BaseMessage], tools: Sequence[dict[str, Any] | type | Callable | BaseTool] | None = None
     ) -> int:
         """Tokens of ``messages`` (and the ``tools`` section, if given) as the model's chat
-        template renders the whole history, with no lifecycle management: what
-        ``trim_messages(token_counter=llm)`` should count."""
+        template renders the whole history with the assistant's opening, with no lifecycle
+        management: what a reply's ``usage_metadata["input_tokens"]`` says of the same
+        messages sent whole, and what ``trim_messages(token_counter=llm)`` should count (the
+        opening had been left out: 4 tokens fewer, so a trim overshot by 4)."""
         engine = self._engine(None)
         chat = ChatFormat.from_tokenizer(engine.tokenizer)
         turns = [to_turn(message, index) for index, message in enumerate(messages)]
@@ -550,7 +598,7 @@ class ChatCLM(BaseChatModel):
                 rendered[0] = ("system", [*rendered[0][1], *chat.encode("\n\n" + section)])
             else:
                 rendered.insert(0, ("system", chat.encode(section)))
-        return len(chat.render(rendered, add_generation_prompt=False))
+        return len(chat.render(rendered, add_generation_prompt=True))
 
     # -------------------------------------------------------------- parts
 

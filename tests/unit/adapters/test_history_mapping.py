@@ -225,3 +225,28 @@ def test_a_cancelled_ainvoke_stops_its_turn_and_the_next_call_extends_the_chat(t
     assert len(llm.conversation(conversation_of(a1)).history) == 2  # nothing of the cancelled turn stays
     again = llm.invoke([h1, a1, h2])
     assert conversation_of(again) == conversation_of(a1)  # extended, not forked
+
+
+def test_an_async_stream_closed_early_is_undone_before_the_next_call_which_extends_the_chat(tiny_model, tiny_tok):
+    """aclose() left the turn running until the inner stream was collected: the next call
+    found the conversation busy and forked (a sweep)."""
+    import asyncio
+
+    from clm_middleware.adapters import ChatCLM
+    from clm_middleware.engine import Engine
+    from clm_middleware.models import ScriptedReplies
+
+    replies = ["A1.", "word " * 60, "A2."]
+    script = ScriptedReplies([*tiny_tok.encode(r, add_special_tokens=False), tiny_tok.eos_token_id] for r in replies)
+    llm = ChatCLM(engine=Engine(tiny_model, tiny_tok, logits_processors=[script]), tagging="signals", max_tokens=80)
+    h1, h2 = HumanMessage("First question here."), HumanMessage("Second one.")
+    a1 = llm.invoke([h1])
+
+    async def close_early_then_ask_again():
+        stream = llm.astream([h1, a1, h2])
+        await anext(stream)
+        await stream.aclose()
+        return await llm.ainvoke([h1, a1, h2])
+
+    again = asyncio.run(asyncio.wait_for(close_early_then_ask_again(), timeout=60))
+    assert conversation_of(again) == conversation_of(a1)  # extended, not forked

@@ -114,7 +114,8 @@ def test_a_bad_per_call_max_tokens_is_named_as_chatclm_spells_it(scripted_llm):
 
 def test_tokens_are_counted_with_the_models_own_tokenizer_and_chat_template(scripted_llm, tiny_tok):
     """``trim_messages(token_counter=llm)`` counts what the model would be shown for the
-    whole history; LangChain's default counter is GPT-2's tokenizer."""
+    whole history, its opening of the reply included; LangChain's default counter is
+    GPT-2's tokenizer."""
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, trim_messages
 
     llm, _ = scripted_llm("Fine.")
@@ -122,8 +123,10 @@ def test_tokens_are_counted_with_the_models_own_tokenizer_and_chat_template(scri
     history = [SystemMessage("Be brief."), HumanMessage("Hi."), AIMessage("Hello."), HumanMessage("Bye.")]
     roles = {"system": "system", "human": "user", "ai": "assistant"}
     plain = [{"role": roles[m.type], "content": m.content} for m in history]
-    expected = len(tiny_tok.apply_chat_template(plain, tokenize=True, return_dict=False))
+    expected = len(tiny_tok.apply_chat_template(plain, tokenize=True, add_generation_prompt=True, return_dict=False))
     assert llm.get_num_tokens_from_messages(history) == expected
+    # what a reply's usage says of the same history sent whole (it counted 4 fewer: a sweep)
+    assert llm.invoke(history).usage_metadata["input_tokens"] == expected
     kept = trim_messages(history, max_tokens=expected - 1, token_counter=llm, strategy="last", include_system=True)
     assert kept[0] == history[0] and len(kept) < len(history)
 
@@ -196,3 +199,32 @@ def test_a_tool_choice_that_names_no_tool_and_no_mode_is_an_error(choice):
 
     with pytest.raises(ConfigError, match=r"^tool_choice: "):
         ChatCLM(model="tiny", max_tokens=4).bind_tools([get_weather], tool_choice=choice)
+
+
+def test_the_api_key_stays_out_of_repr_and_dumps(scripted_llm):
+    from langchain_core.load import dumps
+
+    llm, _ = scripted_llm("Fine.", api_key="sk-SECRET123")
+    assert "SECRET" not in repr(llm) and "SECRET" not in str(llm) and "SECRET" not in dumps(llm)
+
+
+def test_a_copy_runs_its_own_settings_in_sessions_of_its_own(scripted_llm):
+    """A copy shared the original's sessions, whose conversations carry the original's
+    budget and tenant: model_copy(update={"budget": ...}) was ignored (a sweep)."""
+    import copy
+
+    llm, _ = scripted_llm("Fine.", "Fine too.")
+    llm.invoke("Hello")
+    clone = llm.model_copy(update={"budget": 512})
+    reply = clone.invoke("Hello")
+    held = clone.conversation(reply.response_metadata["conversation_id"])
+    assert held is not None and held.config.budget == 512
+    assert llm.conversation(reply.response_metadata["conversation_id"]) is None
+    assert copy.copy(llm)._routers is not llm._routers
+
+
+def test_settings_that_change_a_reply_key_langchains_cache():
+    from clm_middleware.adapters import ChatCLM
+
+    params = [ChatCLM(**s)._identifying_params for s in ({"seed": 1}, {"seed": 2}, {"tenant": "a"}, {"tenant": "b"})]
+    assert params[0] != params[1] and params[2] != params[3]
