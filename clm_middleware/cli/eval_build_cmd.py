@@ -8,11 +8,12 @@ dialogues used (or the generator and seed), so a held-out split can be checked.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import click
 
-from clm_middleware.cli.options import OutputPath
+from clm_middleware.cli.options import OutputPath, refuse_inputs_as_outputs
 from clm_middleware.evaluation.sessions import Session, default_probes_path, write_session
 
 _out_option = click.option("--out", type=OutputPath(), required=True, help="Transcript JSONL to write.")
@@ -32,19 +33,17 @@ _sources_option = click.option(
 )
 
 
-def _write(session: Session, out: Path, probes_path: Path | None, sources_path: Path | None = None) -> None:
+def _write(
+    session: Session,
+    out: Path,
+    probes_path: Path | None,
+    sources_path: Path | None = None,
+    inputs: Iterable[Path | None] = (),
+) -> None:
+    """Write the session, its probes and sources, each to a file of its own that is none of
+    ``inputs`` (a sweep had rewritten a dataset file given as --out)."""
     probes_path = probes_path or default_probes_path(out)
-    taken: dict[Path, str] = {}
-    for option, path in (("--out", out), ("--probes", probes_path), ("--sources", sources_path)):
-        if path is None:
-            continue
-        key = path.expanduser().resolve()
-        if key in taken:  # the later option is the one to change
-            raise click.BadParameter(
-                f"{path}: also the {taken[key]} file; the transcript, probes (and sources) need a file each",
-                param_hint=option,
-            )
-        taken[key] = option
+    refuse_inputs_as_outputs(inputs, {"--out": out, "--probes": probes_path, "--sources": sources_path})
     write_session(session, out, probes_path, sources_path)
     click.echo(f"{out}: {len(session.messages)} messages; {probes_path}: {len(session.probes)} probes")
 
@@ -119,7 +118,7 @@ def session_command(
 
         if split == "tuning":
             raise click.BadParameter("τ-bench has no tuning dialogues; all of it is held-out", param_hint="--split")
-        _write(build_tau_session(transcripts_path), out, probes_path, sources_path)
+        _write(build_tau_session(transcripts_path), out, probes_path, sources_path, [transcripts_path])
         return
     from clm_middleware.evaluation.public import build_session
 
@@ -131,7 +130,7 @@ def session_command(
         )
     except ValueError as error:
         raise click.BadParameter(str(error)) from None
-    _write(session, out, probes_path, sources_path)
+    _write(session, out, probes_path, sources_path, [index_path, transcripts_path])
 
 
 @click.command(name="generate")

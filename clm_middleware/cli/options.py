@@ -406,11 +406,21 @@ def on_error_option(command: Callable[..., Any]) -> Callable[..., Any]:
 def refuse_inputs_as_outputs(inputs: Iterable[Path | None], outputs: Mapping[str, Path | None]) -> None:
     """An output option naming a file the run reads (a transcript, a probes file, one
     beside a transcript that the run would read by default) is a usage error, before
-    anything is read or a stale output removed: the run would replace its own input."""
+    anything is read or a stale output removed: the run would replace its own input; so
+    are two output options naming one file (one would replace the other)."""
     read = {path.expanduser().resolve() for path in inputs if path is not None}
+    written: dict[Path, str] = {}
     for option, path in outputs.items():
-        if path is not None and path.expanduser().resolve() in read:
+        if path is None:
+            continue
+        resolved = path.expanduser().resolve()
+        if resolved in read:
             raise click.BadParameter(f"{path} is an input of this run; write the output elsewhere", param_hint=option)
+        if resolved in written:  # one would replace the other (a JSON report over the --db store)
+            raise click.BadParameter(
+                f"{path} is also the {written[resolved]} file; give each output its own", param_hint=option
+            )
+        written[resolved] = option
 
 
 def transcript_inputs(transcripts: Iterable[Path], probes: Iterable[Path | None]) -> list[Path]:

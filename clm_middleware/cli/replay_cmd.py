@@ -110,7 +110,8 @@ def replay(
     if mode == "truncate" and budget is None:  # before the model loads (seconds)
         raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")
     refuse_inputs_as_outputs(
-        transcript_inputs([transcript], [probes_path]), {"--report": report_path, "--plot": plot_path}
+        transcript_inputs([transcript], [probes_path]),
+        {"--report": report_path, "--plot": plot_path, "--db": db},
     )
     # the file first: a bad transcript is named before torch and the model load (seconds)
     skipped: list[TranscriptError] | None = [] if on_error == "skip" else None

@@ -33,7 +33,10 @@ class Session:
 
 
 def default_probes_path(transcript: Path) -> Path:
-    """``chat.jsonl`` → ``chat.probes.json``, next to it."""
+    """``chat.jsonl`` → ``chat.probes.json``, next to it (``./.probes.json`` for a path
+    with no name, ``.`` or ``/``: no such file, and the reader then names the directory)."""
+    if not transcript.name:
+        return transcript / PROBES_SUFFIX
     return transcript.with_name(transcript.stem + PROBES_SUFFIX)
 
 

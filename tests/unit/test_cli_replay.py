@@ -449,3 +449,17 @@ def test_a_transcript_of_user_messages_only_is_a_script_one_turn_each(tmp_path):
     assert result.exit_code == 0, result.output
     turns = json.loads(report_path.read_text())["turns"]
     assert len(turns) == 3 and all(turn["generated_tokens"] >= 1 for turn in turns)
+
+
+def test_two_outputs_on_one_path_and_a_nameless_transcript_are_clean_usage_errors(tmp_path):
+    """A JSON --report over the --db store, or the report under the plot, had replaced one
+    with the other; "clm replay ." had raised a traceback (a CLI sweep)."""
+    path = write_transcript(tmp_path / "chat.jsonl")
+    same, picture = str(tmp_path / "same.out"), str(tmp_path / "same.png")
+    base = ["replay", str(path), "--model", "tiny", "--mode", "clm", "--budget", "256"]
+    for outputs in (["--db", same, "--report", same], ["--report", picture, "--plot", picture]):
+        result = CliRunner().invoke(cli, [*base, *outputs])
+        assert result.exit_code == 2 and "give each output its own" in result.output, result.output
+    result = CliRunner().invoke(cli, ["replay", ".", "--model", "tiny"])
+    assert result.exit_code == 1 and "is a directory" in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # one clean line, no traceback

@@ -144,3 +144,16 @@ def test_an_answer_counts_as_retained_as_a_whole_word_and_next_to_chinese_or_jap
     assert Probe("date", "3月5日").retained_in("予約は3月5日です。")
     assert not Probe("code", "1234").retained_in("flight CA1234 tomorrow")
     assert not Probe("name", "Ana").retained_in("Banana bread")
+
+
+def test_a_built_session_never_replaces_the_dataset_it_reads(tmp_path):
+    """--out naming the --transcripts file rewrote the dataset (a CLI sweep)."""
+    import shutil
+
+    copied = tmp_path / "airline.json"
+    shutil.copy(TAU, copied)
+    before = copied.read_bytes()
+    args = ["eval", "session", "--dataset", "tau-airline", "--transcripts", str(copied)]
+    refused = CliRunner().invoke(cli, [*args, "--out", str(copied)])
+    assert refused.exit_code == 2 and "is an input of this run" in refused.output, refused.output
+    assert copied.read_bytes() == before
