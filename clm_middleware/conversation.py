@@ -166,7 +166,7 @@ class Conversation:
 
             engine = Engine.from_pretrained()
         self.engine = engine
-        _check_budget_fits_engine(self.config.budget, engine)
+        check_budget_fits_engine(self.config.budget, engine)
         self.id = conversation_id
         self.cache_salt = cache_salt
         self.chat_format = ChatFormat.from_tokenizer(self.engine.tokenizer)
@@ -1063,7 +1063,7 @@ _GENERATION_ARGUMENTS = (
 _GENERATION_BEYOND = ("end_after", "block_tokens", "logit_bias", "cut_repeats")
 
 
-def _check_budget_fits_engine(budget: int | None, engine: ServingEngine) -> None:
+def check_budget_fits_engine(budget: int | None, engine: ServingEngine) -> None:
     """A budget over the positions the engine serves per request is refused at once: a
     prompt would outgrow the engine turns before the budget folded anything (a remote
     llama-server with 256 positions a slot failed at turn 4 of a replay at budget 512)."""

@@ -21,6 +21,7 @@ from clm_middleware.cli.options import (
     refuse_inputs_as_outputs,
     remote_engine_options,
     transcript_inputs,
+    usage_error,
 )
 
 MODES = ("stateless", "prefix", "truncate", "clm")
@@ -161,6 +162,8 @@ def replay(
         tenant=tenant,
     )
     engine = build_engine(**engine_options)
+    if mode in ("clm", "truncate"):
+        _check_budget(budget, engine)
     if summarizer and mode == "clm":
         lifecycle.summarizer = build_engine(summarizer, device=engine_options["device"], dtype=engine_options["dtype"])
     settings = {**report_settings(transcript, options, engine, lifecycle), "on_error": on_error}
@@ -234,3 +237,15 @@ def replay(
         if replies is not None:
             stdout.print(replies)
     stdout.print(summary_table(report))
+
+
+def _check_budget(budget: int | None, engine: Any) -> None:
+    """A --budget over the positions the engine serves is a usage error naming it, before
+    the first turn (every turn had failed on it, and ``--on-error skip`` exited 0)."""
+    from clm_middleware.conversation import check_budget_fits_engine
+    from clm_middleware.errors import ConfigError
+
+    try:
+        check_budget_fits_engine(budget, engine)
+    except ConfigError as error:
+        raise usage_error(error, click.get_current_context()) from None

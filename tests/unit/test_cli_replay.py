@@ -463,3 +463,12 @@ def test_two_outputs_on_one_path_and_a_nameless_transcript_are_clean_usage_error
     result = CliRunner().invoke(cli, ["replay", ".", "--model", "tiny"])
     assert result.exit_code == 1 and "is a directory" in result.output, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)  # one clean line, no traceback
+
+
+@pytest.mark.parametrize("mode", ["clm", "truncate"])
+def test_a_budget_over_the_models_window_is_a_usage_error_naming_it(tmp_path, mode):
+    """Every turn had failed on it, and with --on-error skip the replay exited 0 (a CLI sweep)."""
+    path = write_transcript(tmp_path / "chat.jsonl")
+    arguments = ["replay", str(path), "--model", "tiny", "--mode", mode, "--budget", "1000000", "--on-error", "skip"]
+    result = CliRunner().invoke(cli, arguments)
+    assert result.exit_code == 2 and "--budget" in result.output and "positions" in result.output, result.output
