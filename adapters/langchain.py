@@ -138,7 +138,9 @@ class ChatCLM(BaseChatModel):
     """float32, bfloat16 or float16."""
     budget: int | None = None
     """Context budget in tokens (max_context_tokens); None lets the context grow, as the
-    messages were sent (only a model's own [LIFECYCLE] labels apply without a budget)."""
+    messages were sent (only a model's own [LIFECYCLE] labels apply without a budget), but
+    for a generated reply that loops or repeats an earlier one, which leaves the context at
+    once (docs/lifecycle.md): the model would copy it again."""
     k: int = 2
     """Rounds a removed segment's KV blocks wait before they return to the pool."""
     tagging: str = "auto"
