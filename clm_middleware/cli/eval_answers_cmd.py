@@ -66,6 +66,7 @@ def answers_command(
     refuse_inputs_as_outputs(
         transcript_inputs(transcripts, probes_paths), {"--report": report_path, "--markdown": markdown_path}
     )
+    remove_stale(report_path, markdown_path)  # a run whose input cannot be read leaves none of an older run's
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
     for item in inputs:  # retention needs only the answer; a question is what this command asks
         unasked = next((n for n, p in enumerate(item.probes) if not p.question.strip()), None)
@@ -81,7 +82,6 @@ def answers_command(
                 "conversation's final context: give each conversation its own file",
                 param_hint="TRANSCRIPTS",
             )
-    remove_stale(report_path, markdown_path)
     first = build_engine(**engine_options)
     per_file, failures = run_files(inputs, taggings, budget, compression, first, answered)
     for results in per_file:

@@ -55,8 +55,8 @@ def retention_command(
     refuse_inputs_as_outputs(
         transcript_inputs(transcripts, probes_paths), {"--report": report_path, "--markdown": markdown_path}
     )
+    remove_stale(report_path, markdown_path)  # a run whose input cannot be read leaves none of an older run's
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
-    remove_stale(report_path, markdown_path)
     first = build_engine(**engine_options)
     per_file, failures = run_files(
         inputs, taggings, budget, compression, first, lambda item, name, engine, lifecycle, kept: kept

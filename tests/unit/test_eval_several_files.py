@@ -268,3 +268,18 @@ def test_eval_answers_refuses_a_probe_it_cannot_ask(tmp_path, probe, said):
     args = ["eval", "answers", str(tmp_path / "b.jsonl"), "--probes", str(probes), "--budget", "160", "--model", "tiny"]
     result = run(*args)
     assert result.exit_code != 0 and said in result.output, result.output
+
+
+@pytest.mark.parametrize("command", ["retention", "answers"])
+def test_a_run_whose_file_cannot_be_read_leaves_no_earlier_runs_report(tmp_path, command):
+    """An unreadable second file failed the run before the old --report was removed, so it
+    stayed beside the failure, as if of these files (a CLI sweep)."""
+    write_file(tmp_path, "a", "My order number is 88412.", "88412", 1)
+    (tmp_path / "bad.jsonl").write_text('{"role": "user", "content": "hi"}\nnot json\n')
+    (tmp_path / "bad.probes.json").write_text(json.dumps([{"question": "q", "answer": "hi"}]))
+    report = tmp_path / "r.json"
+    report.write_text('{"an earlier run": true}')
+    files = [str(tmp_path / "a.jsonl"), str(tmp_path / "bad.jsonl")]
+    result = run("eval", command, *files, "--model", "tiny", "--budget", "160", "--report", str(report))
+    assert result.exit_code != 0 and "bad.jsonl" in result.output, result.output
+    assert not report.exists()
