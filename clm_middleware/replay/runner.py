@@ -14,6 +14,7 @@ are stored, so the next turn reuses them. Generated replies get ``reply_flags``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -169,7 +170,8 @@ def replay_interleaved(
         turn_index = 0
         for transcript in transcripts:
             drivers: dict[str, TurnDriver] = {}
-            carried: dict[str, list[Message]] = {mode: [] for mode in modes}  # system messages of failed turns
+            # system messages of failed turns: the next turn adds them first
+            carried: dict[str, list[Message]] = {mode: [] for mode in modes}
             unset: dict[str, ClmError] = {}  # modes whose conversation could not be set up (its every turn fails)
             try:
                 for mode in modes:
@@ -184,11 +186,12 @@ def replay_interleaved(
                         report = reports[mode]
                         turn = next_turn(report)
                         added: list[Message] = []
+                        pending, carried[mode] = carried[mode], []
                         try:
                             if mode in unset:
                                 raise unset[mode]
                             driver = drivers[mode]
-                            for message in context:
+                            for message in [*pending, *context]:
                                 driver.add(message)
                                 added.append(message)
                             record = driver.respond(kept_as_recorded(answer, teacher_force, context))
@@ -196,14 +199,13 @@ def replay_interleaved(
                             failure = Failure(str(error), turn, transcript.conversation_id)
                             report.failures.append(failure)  # stopping or not, the report says why
                             if mode in drivers:
-                                driver = drivers[mode]
-                                driver.discard_turn()  # the context is the last answered turn's, as reported
-                                # but for the system messages that came with the turn: they set up the
-                                # conversation (its first turn brings the system prompt), not this turn; they
-                                # stay unanswered until a turn succeeds, so a second failure keeps them too
-                                carried[mode] += [m for m in added if m.role == "system"]
-                                for message in carried[mode]:
-                                    driver.add(message)
+                                drivers[mode].discard_turn()  # the context is the last answered turn's, as reported
+                            # but for the system messages that came with the turn (or were carried to
+                            # it): they set up the conversation (its first turn brings the system
+                            # prompt), not this turn, so the next turn adds them first, and fails the same
+                            # way while one cannot be added (a system block over the budget had been left
+                            # out, and the turns after ran without the system prompt: a CLI sweep)
+                            carried[mode] = [m for m in [*pending, *context] if m.role == "system"]
                             if on_error == "stop":
                                 for other in modes:  # every report says why it stopped
                                     if other != mode:
@@ -216,7 +218,6 @@ def replay_interleaved(
                             if mode in drivers and added:
                                 drivers[mode].discard_turn()
                             raise
-                        carried[mode] = []
                         record.turn = turn
                         if teacher_force and answer is None:
                             # the transcript leaves it unanswered: its prompt is computed and one
@@ -231,6 +232,10 @@ def replay_interleaved(
                         if on_turn is not None:
                             on_turn(mode, record)
                     turn_index += 1
+                for mode, driver in drivers.items():  # what a failed last turn carried: the context holds it
+                    for message in carried[mode]:
+                        with contextlib.suppress(ClmError):  # one that cannot be added stays out, as reported
+                            driver.add(message)
                 for message in unanswerable_tail(transcript, plan):
                     for driver in drivers.values():  # no turn: the context holds them, as the transcript does
                         driver.add(message)

@@ -472,3 +472,17 @@ def test_a_budget_over_the_models_window_is_a_usage_error_naming_it(tmp_path, mo
     arguments = ["replay", str(path), "--model", "tiny", "--mode", mode, "--budget", "1000000", "--on-error", "skip"]
     result = CliRunner().invoke(cli, arguments)
     assert result.exit_code == 2 and "--budget" in result.output and "positions" in result.output, result.output
+
+
+def test_a_system_prompt_that_cannot_be_added_fails_every_turn_not_only_the_first(tmp_path):
+    """Left out after its first failure, the system prompt was gone for the turns after,
+    which then ran without it (a CLI sweep: budget 64, a 90-token system block)."""
+    system = {"role": "system", "content": "You are a careful travel agent. " * 12}
+    path = write_transcript(tmp_path / "sys.jsonl", [system, *TRANSCRIPT[1:]])
+    report_path = tmp_path / "sys.json"
+    arguments = ["replay", str(path), "--model", "tiny", "--mode", "clm", "--budget", "64", "--on-error", "skip"]
+    result = CliRunner().invoke(cli, [*arguments, "--teacher-force", "--report", str(report_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    assert [f["turn"] for f in report["failures"]] == [1, 2, 3] and report["turns"] == []
+    assert all("system block" in f["error"] for f in report["failures"])
