@@ -200,7 +200,7 @@ def repeats_earlier(text: str, earlier: Iterable[str], n: int = LOOP_NGRAM) -> b
     words = _words(text)
     if len(words) < LOOP_MIN_TOKENS:
         said = _said(words)
-        return len(said) >= SHORT_REPEAT_WORDS and any(_said(_words(other)) == said for other in earlier)
+        return len(said) >= SHORT_REPEAT_WORDS and any(_clause_words(other) == said for other in earlier)
     seen = {gram for other in earlier for gram in _grams(_words(other), n)}
     grams = _grams(words, n)
     return bool(grams) and sum(gram in seen for gram in grams) / len(grams) >= LOOP_SHARE
@@ -231,7 +231,7 @@ def reply_flags(answer: str, delivered: str, earlier: Iterable[str] = (), *, mac
 
 
 def _clause_words(sentence: str) -> list[str]:
-    return [w for w in _words(sentence) if w[0].isalnum()]  # "the total," repeats "the total."
+    return _said(_words(sentence))  # "the total," repeats "the total."
 
 
 # a clause that opens with one of these says the rest again when the rest repeats: "I can
@@ -412,7 +412,7 @@ class RepeatWatch:
         if self._open_fence is not None or has_code_block(tail):
             return 0  # code is never cut, so never held back
         held = [self._starts[start] for start, _, _ in self._pending]
-        said = [w for w in _words(tail) if w[0].isalnum()]  # compared as the cut compares: words only
+        said = _clause_words(tail)  # compared as the cut compares: words only
         tail_at = len(text) - len(tail.lstrip())
         if not said and 0 < len("".join(tail.split())) <= MARKUP_HELD:
             # markup with no word yet ("**", "|", "##" opening a line): the cut of a repeat
