@@ -176,6 +176,8 @@ class TurnRunner:
                     and cuts_a_repeat(raw_output, stops=settings.stop, machinery=machinery, given=given)
                 ):
                     stats.reply_flags.append("repetition_cut")
+                    if generation.finish_reason == "length":  # the reply ends before the cap:
+                        generation.finish_reason = "repetition"  # a client told "length" asks for more
             else:
                 stats.reply_nll = generation.forced_nll
                 yield answer_text  # a caller that stops reading here undoes the turn too

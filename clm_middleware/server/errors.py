@@ -135,7 +135,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, error: StarletteHTTPException) -> JSONResponse:
-        return APIError(error.status_code, str(error.detail)).response()
+        response = APIError(error.status_code, str(error.detail)).response()
+        response.headers.update(error.headers or {})  # a 405's Allow (RFC 9110), as Starlette sends it
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, error: Exception) -> JSONResponse:

@@ -184,6 +184,18 @@ def test_a_repeat_that_ends_with_the_generation_is_cut_and_flagged(converse, scr
     assert reply.stats.reply_flags == ["repetition_cut"] and reply.finish_reason == "stop"
 
 
+def test_a_repeat_cut_at_the_token_cap_finishes_as_a_repetition_not_length(converse, scripted):
+    """The model ran to max_new_tokens, but the user got a reply cut short of it at a
+    repeat: "length" would have an OpenAI client ask for more (a clm serve sweep)."""
+    looping = "Sure, the museum opens at nine. Sure, the museum opens at nine."
+    engine, _ = scripted(looping + " Sure")
+    cap = len(engine.tokenizer.encode(looping, add_special_tokens=False))
+    reply = converse(engine=engine, max_new_tokens=cap).send("When does it open?")
+    assert reply.stats.generated_tokens == cap
+    assert reply.text == "Sure, the museum opens at nine."
+    assert "repetition_cut" in reply.stats.reply_flags and reply.finish_reason == "repetition"
+
+
 def test_cut_repeats_can_be_turned_off(converse, scripted):
     looping = "You're welcome. I'm glad to help. I'm glad to help."
     engine, _ = scripted(looping)

@@ -192,6 +192,12 @@ def test_an_empty_body_is_a_400_saying_it_is_empty(server):
     assert "body is empty" in _error(_post(server.api, b""), 400)["message"]
 
 
+def test_a_method_a_route_does_not_serve_is_a_405_naming_the_allowed_ones(server):
+    response = httpx.post(server.api + "/models", timeout=TIMEOUT_S)
+    _error(response, 405)
+    assert response.headers["allow"] == "GET"  # RFC 9110: a 405 says what the route allows
+
+
 def test_an_unknown_model_is_a_404_of_openais_shape(server, model_id):
     error = _error(_post(server.api, _hello("gpt-5")), 404)
     assert error["param"] == "model" and error["code"] == "model_not_found"
