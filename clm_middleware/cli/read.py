@@ -23,7 +23,9 @@ def read_or_report(
         from clm_middleware.replay.report import Failure, ReplayReport
 
         for path, mode in reports.items():
-            failed = ReplayReport(mode=mode, model="", settings={"transcript": str(transcript)}, complete=False)
+            on_error = "stop" if skipped is None else "skip"
+            settings = {"transcript": str(transcript), "on_error": on_error}
+            failed = ReplayReport(mode=mode, model="", settings=settings, complete=False)
             failed.failures.append(Failure(str(error)))
             failed.write(path)
         raise

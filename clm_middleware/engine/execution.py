@@ -106,6 +106,7 @@ class RequestRunner:
             held = arena.token_ids  # what the arena held: a blend moves its K/V
         exact_after: int | None = None  # the arena's first approximate position after the call
         first_token_at: float | None = None
+        last_token_at = 0.0  # when the last token was chosen (decode_s: first to last)
         copied_until = 0
         stats.arena_s = time.perf_counter() - tick
         store = False
@@ -172,8 +173,9 @@ class RequestRunner:
                     result.token_logprobs.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
                     stats.observe_s += time.perf_counter() - tick
                 result.token_ids.append(token)
+                last_token_at = time.perf_counter()
                 if first_token_at is None:
-                    first_token_at = time.perf_counter()
+                    first_token_at = last_token_at
                     stats.ttft_s = first_token_at - started
                 stats.generated_tokens = len(result.token_ids)
                 yield token
@@ -193,7 +195,7 @@ class RequestRunner:
         finally:
             tick = time.perf_counter()
             if first_token_at is not None and request.forced is None:  # also on a stream closed early
-                stats.decode_s = tick - first_token_at
+                stats.decode_s = last_token_at - first_token_at  # one token: 0
             if store:
                 tokens = prompt + result.token_ids
                 measured = _measured_logprobs(request, result, len(tokens))

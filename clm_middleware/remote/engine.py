@@ -336,6 +336,7 @@ class RemoteEngine:
         got_ids = False
         logprobs_whole = True  # result.token_logprobs has one value per id so far
         first_at = None
+        last_at = 0.0
         events = self.client.stream("/v1/completions", body, cancelled=result.cancelled)
         try:
             for raw in events:
@@ -360,6 +361,7 @@ class RemoteEngine:
                     logprobs_whole = False  # the withheld tokens' are unknown: none from here on
                 if logprobs_whole and len(event.token_logprobs) == len(ids):
                     result.token_logprobs.extend(event.token_logprobs)
+                last_at = time.perf_counter()
                 for token in ids:
                     result.token_ids.append(token)
                     stats.generated_tokens = len(result.token_ids)
@@ -385,7 +387,10 @@ class RemoteEngine:
             if first_at is None:
                 stats.ttft_s = time.perf_counter() - started
             result.finish_reason = _finish_reason(last.finish_reason)
-            stats.decode_s = time.perf_counter() - (first_at or started)
+            if got_ids:  # from the reply's first token to its last (one token: 0)
+                stats.decode_s = last_at - (first_at or last_at)
+            elif not forced:  # no ids to time: the whole call
+                stats.decode_s = time.perf_counter() - started
             # after the reply, so the scorer's prefill never delays the first token
             self._observe_locally(request, result)
         finally:

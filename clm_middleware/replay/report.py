@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+# the disk tier's totals, as ``cache.disk.DiskStats.as_dict`` names them (that module loads torch)
+DISK_TOTALS = ("disk_hits", "disk_writes", "disk_skipped_writes", "disk_corrupt", "disk_evicted_files", "disk_errors")
 ON_ERROR = ("stop", "skip")  # what a failing turn does to a replay (``replay_interleaved``)
 
 
@@ -72,7 +74,8 @@ class ReplayReport:
     complete: bool = True  # False when the replay was interrupted
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
-    disk_stats: dict[str, int] = field(default_factory=dict)  # disk_hits, disk_writes, ... (see DiskStats)
+    # the engine's ``DiskStats.as_dict``; zeros until they are read (a run that loaded no engine)
+    disk_stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DISK_TOTALS, 0))
     # what --on-error skip went past, in order; ``turns`` holds only the answered turns, so
     # every total and percentile is over turns that ran (turn numbers count failed turns too)
     failures: list[Failure] = field(default_factory=list)
@@ -133,6 +136,7 @@ class ReplayReport:
             "failures": [failure.as_dict() for failure in self.failures],
             "totals": self.totals(),
         }
+        data["final_context"] = ""  # a run that set no conversation up: the model saw nothing
         data.update(self.extra)
         return data
 

@@ -342,6 +342,7 @@ def _replay(*args: str):
 def test_a_transcript_that_cannot_be_read_leaves_a_failed_report_not_an_old_one(tmp_path):
     report_path = tmp_path / "report.json"
     assert _replay(str(write_transcript(tmp_path / "good.jsonl")), "--report", str(report_path)).exit_code == 0
+    good = json.loads(report_path.read_text())
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"role": "user", "content": "hi"}\n{"role": \n')
     result = _replay(str(bad), "--report", str(report_path))
@@ -349,6 +350,10 @@ def test_a_transcript_that_cannot_be_read_leaves_a_failed_report_not_an_old_one(
     report = json.loads(report_path.read_text())
     assert report["complete"] is False and report["turns"] == []
     assert "bad.jsonl:2" in report["failures"][0]["error"]
+    # every field a reader of reports looks up is there (a KeyError only on this path before)
+    assert set(report) == set(good) and set(report["totals"]) == set(good["totals"])
+    assert report["final_context"] == "" and report["totals"]["disk_hits"] == 0
+    assert report["settings"]["on_error"] == "stop"
 
 
 def test_a_clm_report_has_its_lifecycle_totals_even_when_no_turn_ran(tmp_path):

@@ -301,6 +301,16 @@ def test_the_report_carries_the_decode_rate_of_generated_replies_and_none_when_f
     assert all(t["decode_s"] == 0.0 for t in forced["turns"])
 
 
+def test_a_teacher_forced_turn_left_unanswered_decodes_one_token_in_no_time(tmp_path):
+    """Its one token is the reply's first and last: decode_s is 0, as docs/report.md says
+    of every teacher-forced turn (it had held the time the caller took after it)."""
+    path = write_transcript(tmp_path / "open.jsonl", [*TRANSCRIPT, {"role": "user", "content": "And tomorrow?"}])
+    code, out, _ = replay(str(path), "--teacher-force", "--report", str(tmp_path / "tf.json"))
+    assert code == 0, out
+    last = json.loads((tmp_path / "tf.json").read_text())["turns"][-1]
+    assert last["unanswered"] is True and last["generated_tokens"] == 1 and last["decode_s"] == 0.0
+
+
 def test_the_report_settings_name_what_rounds_the_numbers_and_the_tenant(tmp_path):
     # a run whose pool stores bf16 (approximate cache hits) must not read as an exact one
     path = write_transcript(tmp_path / "chat.jsonl")
