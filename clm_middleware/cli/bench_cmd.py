@@ -16,6 +16,7 @@ from rich.text import Text
 from clm_middleware.cli.options import (
     OutputPath,
     PlotPath,
+    check_budget_option,
     format_option,
     generation_options,
     lifecycle_options,
@@ -140,6 +141,8 @@ def bench(
         Console(stderr=True).print(Text(f"warning: {note}", style="yellow"))
     probes = load_probes(transcript, probes_path)
     first = build_engine(**engine_options)
+    if {"clm", "truncate"} & set(chosen):  # prefix and stateless ignore --budget
+        check_budget_option(budget, first)
     factories, reports, lifecycles, engines = {}, {}, {}, {}
     for index, mode in enumerate(chosen):
         engine = first if index == 0 else sibling_engine(first)  # own pool, shared weights

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from clm_middleware.cli.eval_variants import eval_options, files_report, markdown_table, print_table, write_markdown
-from clm_middleware.cli.options import model_options, refuse_inputs_as_outputs, transcript_inputs
+from clm_middleware.cli.options import check_budget_option, model_options, refuse_inputs_as_outputs, transcript_inputs
 
 ANSWERS_EPILOG = """\b
 Several TRANSCRIPTs: one row per file and variant, then an OVERALL row per variant: the mean
@@ -83,6 +83,7 @@ def answers_command(
                 param_hint="TRANSCRIPTS",
             )
     first = build_engine(**engine_options)
+    check_budget_option(budget, first)
     per_file, failures = run_files(inputs, taggings, budget, compression, first, answered)
     for results in per_file:
         close_gaps(results, truncate=TRUNCATE, keep_all=KEEP_ALL)

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from clm_middleware.cli.eval_variants import eval_options, files_report, markdown_table, print_table, write_markdown
-from clm_middleware.cli.options import model_options, refuse_inputs_as_outputs, transcript_inputs
+from clm_middleware.cli.options import check_budget_option, model_options, refuse_inputs_as_outputs, transcript_inputs
 
 DEFAULT_TAGGINGS = "auto,signals,constrained,free,rules"
 
@@ -58,6 +58,7 @@ def retention_command(
     remove_stale(report_path, markdown_path)  # a run whose input cannot be read leaves none of an older run's
     inputs = read_inputs(transcripts, transcript_format, probes_paths)
     first = build_engine(**engine_options)
+    check_budget_option(budget, first)
     per_file, failures = run_files(
         inputs, taggings, budget, compression, first, lambda item, name, engine, lifecycle, kept: kept
     )

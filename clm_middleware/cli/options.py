@@ -442,6 +442,18 @@ def usage_error(error: ConfigError, ctx: click.Context) -> click.UsageError:
     raise error
 
 
+def check_budget_option(budget: int | None, engine: Any) -> None:
+    """A --budget over the positions the engine serves is a usage error naming it, before
+    the first turn (every turn had failed on it, and ``--on-error skip`` exited 0)."""
+    from clm_middleware.conversation import check_budget_fits_engine
+    from clm_middleware.errors import ConfigError
+
+    try:
+        check_budget_fits_engine(budget, engine)
+    except ConfigError as error:
+        raise usage_error(error, click.get_current_context()) from None
+
+
 def _checked_by(parser: str) -> Callable[[click.Context, click.Parameter, str], str]:
     """A callback checking an option with ``models.loading``'s ``parser`` as the options
     are parsed, for every model (the tiny one too); the default passes without loading

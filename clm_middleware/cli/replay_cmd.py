@@ -13,6 +13,7 @@ from rich.text import Text
 from clm_middleware.cli.options import (
     OutputPath,
     PlotPath,
+    check_budget_option,
     format_option,
     generation_options,
     lifecycle_options,
@@ -21,7 +22,6 @@ from clm_middleware.cli.options import (
     refuse_inputs_as_outputs,
     remote_engine_options,
     transcript_inputs,
-    usage_error,
 )
 
 MODES = ("stateless", "prefix", "truncate", "clm")
@@ -163,7 +163,7 @@ def replay(
     )
     engine = build_engine(**engine_options)
     if mode in ("clm", "truncate"):
-        _check_budget(budget, engine)
+        check_budget_option(budget, engine)
     if summarizer and mode == "clm":
         lifecycle.summarizer = build_engine(summarizer, device=engine_options["device"], dtype=engine_options["dtype"])
     settings = {**report_settings(transcript, options, engine, lifecycle), "on_error": on_error}
@@ -237,15 +237,3 @@ def replay(
         if replies is not None:
             stdout.print(replies)
     stdout.print(summary_table(report))
-
-
-def _check_budget(budget: int | None, engine: Any) -> None:
-    """A --budget over the positions the engine serves is a usage error naming it, before
-    the first turn (every turn had failed on it, and ``--on-error skip`` exited 0)."""
-    from clm_middleware.conversation import check_budget_fits_engine
-    from clm_middleware.errors import ConfigError
-
-    try:
-        check_budget_fits_engine(budget, engine)
-    except ConfigError as error:
-        raise usage_error(error, click.get_current_context()) from None

@@ -479,6 +479,14 @@ def test_a_budget_over_the_models_window_is_a_usage_error_naming_it(tmp_path, mo
     assert result.exit_code == 2 and "--budget" in result.output and "positions" in result.output, result.output
 
 
+def test_a_bench_budget_over_the_models_window_is_a_usage_error_where_a_mode_uses_it(tmp_path):
+    path = write_transcript(tmp_path / "chat.jsonl")
+    bench = ["bench", str(path), "--model", "tiny", "--teacher-force", "--budget", "1000000"]
+    result = CliRunner().invoke(cli, [*bench, "--modes", "prefix,clm", "--on-error", "skip"])
+    assert result.exit_code == 2 and "--budget" in result.output and "positions" in result.output, result.output
+    assert CliRunner().invoke(cli, [*bench, "--modes", "stateless,prefix"]).exit_code == 0  # they ignore it
+
+
 def test_a_system_prompt_that_cannot_be_added_fails_every_turn_not_only_the_first(tmp_path):
     """Left out after its first failure, the system prompt was gone for the turns after,
     which then ran without it (a CLI sweep: budget 64, a 90-token system block)."""

@@ -283,3 +283,11 @@ def test_a_run_whose_file_cannot_be_read_leaves_no_earlier_runs_report(tmp_path,
     result = run("eval", command, *files, "--model", "tiny", "--budget", "160", "--report", str(report))
     assert result.exit_code != 0 and "bad.jsonl" in result.output, result.output
     assert not report.exists()
+
+
+@pytest.mark.parametrize("command", ["retention", "answers"])
+def test_an_eval_budget_over_the_models_window_is_a_usage_error_naming_it(tmp_path, command):
+    """As in clm replay: each file had failed on it, turn by turn, instead."""
+    write_file(tmp_path, "a", "My order number is 88412.", "88412", 1)
+    result = run("eval", command, str(tmp_path / "a.jsonl"), "--budget", "1000000", "--model", "tiny")
+    assert result.exit_code == 2 and "--budget" in result.output and "positions" in result.output, result.output
