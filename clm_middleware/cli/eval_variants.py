@@ -136,7 +136,11 @@ def read_inputs(paths: Sequence[Path], transcript_format: str, probes_paths: Seq
         )
     inputs = []
     labels = file_labels(paths)
+    seen: set[Path] = set()
     for index, path in enumerate(paths):
+        if path.resolve() in seen:  # the overall row would count its probes twice
+            raise click.BadParameter(f"{path}: given twice", param_hint="TRANSCRIPTS")
+        seen.add(path.resolve())
         if path.is_dir():
             raise click.BadParameter(f"{path}: is a directory, not a transcript", param_hint="TRANSCRIPTS")
         if not path.exists():  # named as the transcript it is, not by the probes file beside it

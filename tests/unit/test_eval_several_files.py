@@ -291,3 +291,11 @@ def test_an_eval_budget_over_the_models_window_is_a_usage_error_naming_it(tmp_pa
     write_file(tmp_path, "a", "My order number is 88412.", "88412", 1)
     result = run("eval", command, str(tmp_path / "a.jsonl"), "--budget", "1000000", "--model", "tiny")
     assert result.exit_code == 2 and "--budget" in result.output and "positions" in result.output, result.output
+
+
+@pytest.mark.parametrize("command", ["retention", "answers"])
+def test_a_transcript_given_twice_is_a_usage_error_not_counted_twice(tmp_path, command):
+    write_file(tmp_path, "a", "My order number is 88412.", "88412", 1)
+    a = str(tmp_path / "a.jsonl")
+    result = run("eval", command, a, str(tmp_path / "." / "a.jsonl"), "--budget", "160", "--model", "tiny")
+    assert result.exit_code == 2 and "given twice" in result.output and "TRANSCRIPTS" in result.output, result.output
