@@ -10,27 +10,45 @@ from clm_middleware.replay.formats import read_transcripts
 
 
 def read_or_report(
-    transcript: Path, transcript_format: str, skipped: list[TranscriptError] | None, reports: dict[Path, str]
+    transcript: Path,
+    transcript_format: str,
+    skipped: list[TranscriptError] | None,
+    reports: dict[Path, str],
+    json_mode: str | None = None,
 ) -> list[Any]:
     """The transcript's conversations (``read_transcripts``); when it cannot be read, each
     of ``reports`` (path → mode) is written first, as a run that failed before its first
-    turn (``complete: false``, the error in ``failures``); when it can, an earlier run's
-    report at those paths is removed. Either way a report left from an earlier run never
-    stands for this one."""
+    turn (``complete: false``, the error in ``failures``), and with ``json_mode`` (the
+    mode of a ``--json`` run) the same is said on stdout: a ``skipped_record`` line and the
+    ``totals``, as a replay that stops says it. When it can, an earlier run's report at
+    those paths is removed. Either way a report left from an earlier run never stands
+    for this one."""
     try:
         transcripts = read_transcripts(transcript, transcript_format, skipped)
     except ClmError as error:
-        from clm_middleware.replay.report import Failure, ReplayReport
+        from clm_middleware.cli.json_lines import emit, failure_line, totals_line
 
         for path, mode in reports.items():
-            on_error = "stop" if skipped is None else "skip"
-            settings = {"transcript": str(transcript), "on_error": on_error}
-            failed = ReplayReport(mode=mode, model="", settings=settings, complete=False)
-            failed.failures.append(Failure(str(error)))
-            failed.write(path)
+            _failed_report(transcript, mode, error, skipped).write(path)
+        if json_mode is not None:
+            failed = _failed_report(transcript, json_mode, error, skipped)
+            for failure in failed.failures:
+                emit(failure_line(failure))
+            emit(totals_line(failed))
         raise
     remove_stale(*reports)  # until this run writes its own (Ctrl-C while the model loads leaves none)
     return transcripts
+
+
+def _failed_report(transcript: Path, mode: str, error: ClmError, skipped: list[TranscriptError] | None) -> Any:
+    """A run that failed before its first turn: no turn; in ``failures`` the records
+    ``--on-error skip`` went past, then the error."""
+    from clm_middleware.replay.report import Failure, ReplayReport
+
+    settings = {"transcript": str(transcript), "on_error": "stop" if skipped is None else "skip"}
+    failed = ReplayReport(mode=mode, model="", settings=settings, complete=False)
+    failed.failures += [*(Failure(str(record)) for record in skipped or ()), Failure(str(error))]
+    return failed
 
 
 def remove_stale(*paths: Path | None) -> None:

@@ -116,7 +116,8 @@ def replay(
     )
     # the file first: a bad transcript is named before torch and the model load (seconds)
     skipped: list[TranscriptError] | None = [] if on_error == "skip" else None
-    transcripts = read_or_report(transcript, transcript_format, skipped, {report_path: mode} if report_path else {})
+    reports = {report_path: mode} if report_path else {}
+    transcripts = read_or_report(transcript, transcript_format, skipped, reports, mode if json_lines else None)
     transcripts = transcripts[:limit]
     remove_stale(plot_path)
 

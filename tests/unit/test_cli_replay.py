@@ -373,6 +373,18 @@ def test_the_json_stream_tells_the_failed_turn_and_the_totals_when_a_replay_stop
     assert lines[-1]["complete"] is False
 
 
+@pytest.mark.parametrize("on_error", ["stop", "skip"])
+def test_the_json_stream_tells_why_a_transcript_could_not_be_read_and_the_totals(tmp_path, on_error):
+    """A script following --json had read nothing at all on stdout (the error went to stderr)."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"role": "user", "content": broken\n')
+    result = _replay(str(bad), "--json", "--on-error", on_error)
+    assert result.exit_code == 1
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines[0]["type"] == "skipped_record" and "bad.jsonl:1" in lines[0]["error"]
+    assert lines[-1]["type"] == "totals" and lines[-1]["complete"] is False and lines[-1]["turns"] == 0
+
+
 def test_an_empty_recorded_reply_is_not_counted_as_a_generated_one(tmp_path):
     report_path = tmp_path / "report.json"
     chat = [TRANSCRIPT[1], {"role": "assistant", "content": ""}, TRANSCRIPT[5], TRANSCRIPT[6]]
