@@ -6,7 +6,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -26,6 +26,9 @@ from clm_middleware.cli.options import (
     remote_engine_options,
     transcript_inputs,
 )
+
+if TYPE_CHECKING:
+    from clm_middleware.replay.report import ReplayReport
 
 BENCH_MODES = ("stateless", "prefix", "truncate", "clm")
 
@@ -182,7 +185,15 @@ def bench(
     stderr = Console(stderr=True)
     command = "clm " + " ".join(shlex.quote(arg) for arg in sys.argv[1:]) if sys.argv[1:] else "clm bench"
 
+    baseline = chosen[0]
+    turns = count_turns(transcripts)
+    notes = [
+        f"Model: {first.model_name}; {len(transcripts)} conversation(s), {turns} turns; "
+        f"teacher-forced: {teacher_force}; budget: {budget}; tagging: {tagging}."
+    ]
+
     def save() -> None:
+        """Every output asked for, of the turns that finished (also when stopped early)."""
         first.close()  # spill to the disk tier, if one is set
         for mode, report in reports.items():
             add_retention(report, lifecycles[mode].drivers, probes)
@@ -191,6 +202,14 @@ def bench(
         if report_dir:
             for mode, report in reports.items():
                 report.write(report_dir / f"{mode}.json")
+        notes.extend(failure_notes(reports))
+        if not all(report.complete for report in reports.values()):
+            notes.append("The run was stopped before its end: the figures are of the turns that finished.")
+        if markdown_path:
+            markdown_path.parent.mkdir(parents=True, exist_ok=True)
+            markdown_path.write_text(to_markdown(reports, baseline, command, notes), encoding="utf-8")
+        if plot_path:
+            plot_reports(reports, plot_path, f"{transcript.name} · {first.model_name}")
 
     def run() -> None:
         with turn_progress(count_turns(transcripts) * len(chosen), stderr, enabled=True) as advance:
@@ -208,20 +227,21 @@ def bench(
         advance()
         stderr.print(f"{mode}: {skipped_line(failure)}", markup=False, highlight=False)
 
-    finish_on_failure(run, save, stderr, reports=report_dir is not None)
+    finish_on_failure(run, save, stderr, reports=report_dir is not None or bool(markdown_path or plot_path))
     save()
-    baseline = chosen[0]
     table = Table(title=Text(f"{transcript.name} · {first.model_name}"), title_justify="left")
     for index, name in enumerate(header(reports, baseline)):
         table.add_column(name, justify="left" if index == 0 else "right")
     for row in comparison_rows(reports, baseline):
         table.add_row(*map(Text, row))
     print_whole(Console(emoji=False), table)
-    turns = count_turns(transcripts)
-    notes = [
-        f"Model: {first.model_name}; {len(transcripts)} conversation(s), {turns} turns; "
-        f"teacher-forced: {teacher_force}; budget: {budget}; tagging: {tagging}."
-    ]
+    for note in notes[1:]:
+        stderr.print(note, markup=False, highlight=False)
+
+
+def failure_notes(reports: dict[str, ReplayReport]) -> list[str]:
+    """What ``--on-error skip`` left out of each mode's figures."""
+    notes = []
     for mode, report in reports.items():
         if report.failures:  # --on-error skip: the figures leave those turns out, the others' do not
             turns_left_out = ", ".join(str(f.turn) for f in report.failures if f.turn is not None) or "none"
@@ -229,9 +249,4 @@ def bench(
                 f"{mode}: {len(report.failures)} failure(s) skipped (turns {turns_left_out}); "
                 "its figures leave those turns out."
             )
-            stderr.print(notes[-1], markup=False, highlight=False)
-    if markdown_path:
-        markdown_path.parent.mkdir(parents=True, exist_ok=True)
-        markdown_path.write_text(to_markdown(reports, baseline, command, notes), encoding="utf-8")
-    if plot_path:
-        plot_reports(reports, plot_path, f"{transcript.name} · {first.model_name}")
+    return notes

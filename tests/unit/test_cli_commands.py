@@ -256,7 +256,7 @@ def test_ctrl_c_writes_the_report_of_finished_turns(tmp_path, monkeypatch):
     assert data["complete"] is False and len(data["turns"]) == 1
 
 
-def test_an_interrupted_bench_leaves_no_earlier_runs_markdown_or_plot(tmp_path, monkeypatch):
+def test_an_interrupted_bench_writes_its_own_markdown_and_plot_over_an_earlier_runs(tmp_path, monkeypatch):
     from clm_middleware.replay import runner
 
     path = tmp_path / "chat.jsonl"
@@ -271,8 +271,8 @@ def test_an_interrupted_bench_leaves_no_earlier_runs_markdown_or_plot(tmp_path, 
     monkeypatch.setattr(runner.PlainChatDriver, "respond", interrupt)
     args = ["bench", str(path), "--model", "tiny", "--teacher-force", "--modes", "stateless,prefix"]
     result = run(*args, "--markdown", str(markdown), "--plot", str(plot))
-    assert result.exit_code == 130 and "no report was asked for" in result.output
-    assert not markdown.exists() and not plot.exists()
+    assert result.exit_code == 130 and "interrupted" in result.output
+    assert "stopped before its end" in markdown.read_text() and plot.read_bytes() != b"an earlier run's figure"
 
 
 def test_chat_shows_decisions_and_runs_every_command(tmp_path):

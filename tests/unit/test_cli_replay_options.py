@@ -101,8 +101,11 @@ def test_a_bench_stopped_by_one_modes_failing_turn_says_why_in_every_modes_repor
     messages = [*OVERSIZED[:2], {"role": "user", "content": "word " * 600}, *OVERSIZED[3:]]
     path = write_transcript(tmp_path / "budget.jsonl", messages)
     args = ("--modes", "prefix,truncate,clm", "--tagging", "rules", "--budget", "128")
-    code, _, err = bench(str(path), *args, "--report-dir", str(tmp_path / "out"))
+    outputs = ("--markdown", str(tmp_path / "bench.md"), "--plot", str(tmp_path / "bench.png"))
+    code, _, err = bench(str(path), *args, "--report-dir", str(tmp_path / "out"), *outputs)
     assert code == 1 and "budget" in err
+    # the table and plot of the turns that finished, as the reports (none had been written)
+    assert "stopped before its end" in (tmp_path / "bench.md").read_text() and (tmp_path / "bench.png").stat().st_size
     for mode in ("prefix", "truncate"):  # they answered turn 2; clm did not, and the bench stopped there
         report = json.loads((tmp_path / "out" / f"{mode}.json").read_text())
         [failure] = report["failures"]
