@@ -201,3 +201,19 @@ def number_loops(text: str) -> bool:
     then): the turn asks after every token."""
     found = _TRAILING_NUMBER.search(text, max(0, len(text) - 2 * LONGEST_NUMBER))
     return found is not None and len(found.group()) > LONGEST_NUMBER and not inside_string(text)
+
+
+_TRAILING_DIGITS = re.compile(r"[0-9]+\Z")
+
+
+def digits_loop_in_string(text: str) -> bool:
+    """Whether JSON ``text`` (a prefix of a document) ends inside a string with a run of
+    more than ``LONGEST_NUMBER`` digits that repeats itself (some period of at most half
+    of it: ``"user_id": "12345678901234567890123456..."``, SmolLM2 on a required tool
+    call until ``max_tokens``): a loop, not an id. An id, a card or an account number is
+    shorter, and no longer one repeats itself. Reads only the tail, as ``number_loops``."""
+    found = _TRAILING_DIGITS.search(text, max(0, len(text) - 4 * LONGEST_NUMBER))
+    if found is None or len(found.group()) <= LONGEST_NUMBER:
+        return False
+    run = found.group()
+    return any(run[period:] == run[:-period] for period in range(1, len(run) // 2 + 1)) and inside_string(text)

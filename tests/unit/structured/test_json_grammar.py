@@ -210,6 +210,30 @@ def test_a_digit_loop_is_closed_and_the_document_finishes(scripted):
     assert reply.stats.reply_flags.count("number_loop_closed") == 1
 
 
+def test_a_digit_cycle_inside_a_string_is_closed_and_the_document_finishes(scripted):
+    """SmolLM2 on a required tool call: "user_id": "1234567890123..." until max_tokens."""
+    schema = {
+        "type": "object",
+        "properties": {"user_id": {"type": "string"}, "a": {"type": "string", "maxLength": 4}},
+        "required": ["user_id", "a"],
+    }
+    reply = scripted_document(scripted, '{"user_id": "' + "1234567890" * 8, schema)
+    document = json.loads(reply.text)
+    assert reply.finish_reason == "stop" and set(document) == {"user_id", "a"}
+    assert len(document["user_id"]) <= LONGEST_NUMBER + 4  # closed at the bound, give or take a token
+    assert reply.stats.reply_flags.count("string_loop_closed") == 1
+
+
+def test_digits_loop_in_string_needs_a_long_run_that_repeats_itself_inside_a_string():
+    from clm_middleware.structured.format import digits_loop_in_string
+
+    assert digits_loop_in_string('{"id": "' + "1234567890" * 3)
+    assert digits_loop_in_string('{"id": "ab-' + "7" * (LONGEST_NUMBER + 1))
+    assert not digits_loop_in_string('{"id": "' + "1234567890" * 2)  # 20 digits: an id may be that long
+    assert not digits_loop_in_string('{"id": "' + "31415926535897932384626433832795")  # long, no repeat
+    assert not digits_loop_in_string('{"id": ' + "1234567890" * 3)  # a number literal: number_loops's
+
+
 def test_number_loops_reads_a_long_literal_outside_strings_only():
     from clm_middleware.structured.format import number_loops
 
