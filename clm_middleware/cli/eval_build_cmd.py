@@ -46,6 +46,14 @@ def _write(
     refuse_inputs_as_outputs(inputs, {"--out": out, "--probes": probes_path, "--sources": sources_path})
     write_session(session, out, probes_path, sources_path)
     click.echo(f"{out}: {len(session.messages)} messages; {probes_path}: {len(session.probes)} probes")
+    beside = default_probes_path(out)
+    if beside.exists() and beside.resolve() != probes_path.resolve():
+        # clm eval retention / answers OUT read it by default: the probes of another session
+        click.echo(
+            f"warning: {beside} is not this session's probes (they are in {probes_path}); "
+            f"clm eval reads it for {out} unless given --probes {probes_path}",
+            err=True,
+        )
 
 
 @click.command(name="planted")

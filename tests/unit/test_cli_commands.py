@@ -679,3 +679,15 @@ def test_serve_refuses_a_db_that_is_not_a_store_before_it_serves(monkeypatch, tm
     not_a_store.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
     result = run("serve", "--model", "tiny", "--port", "0", "--db", str(not_a_store))
     assert result.exit_code == 1 and "not a usable SQLite store" in result.output
+
+
+def test_eval_planted_warns_of_probes_beside_its_output_that_are_not_its_own(tmp_path):
+    """clm eval retention OUT reads OUT.probes.json by default: left from an earlier run,
+    it would judge this session by another's probes."""
+    out = tmp_path / "p.jsonl"
+    first = run("eval", "planted", "--out", str(out), "--turns", "20", "--facts", "2")
+    assert first.exit_code == 0 and "warning" not in first.output
+    elsewhere = tmp_path / "mine.probes.json"
+    second = run("eval", "planted", "--out", str(out), "--probes", str(elsewhere), "--turns", "20", "--facts", "3")
+    assert second.exit_code == 0 and elsewhere.exists()
+    assert "warning" in second.output and "p.probes.json is not this session's probes" in second.output
