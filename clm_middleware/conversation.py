@@ -438,6 +438,8 @@ class Conversation:
         del self.messages[messages:]
         self._live.truncate(messages)
         self.fold = min(self.fold, messages)
+        # their numbers are free again: the next message gets the one it would have had
+        self._next_index = max((s.index for s in self._segments.values()), default=-1) + 1
 
     def _check_length(self, role: str, content: str) -> None:
         """Refuse, before segmenting or tokenizing it, a message too long to ever be sent:
@@ -974,7 +976,7 @@ class Conversation:
         forced_id: SegmentId | None = None,
     ) -> Segment:
         """A new segment of ``message`` (appended to it), with the next free id or
-        ``forced_id``; ids only grow. System segments are pinned."""
+        ``forced_id``; ids only grow (but over the messages ``discard`` takes back). System segments are pinned."""
         identifier = forced_id or segment_id(self._next_index)
         index = int(identifier.split("_")[1])
         self._next_index = max(self._next_index, index + 1)

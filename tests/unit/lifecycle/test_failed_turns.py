@@ -77,6 +77,21 @@ def test_a_stream_closed_before_its_end_takes_its_message_back(converse, scripte
     assert conversation.send("again").turn == 2
 
 
+def test_a_taken_back_message_gives_its_segment_numbers_back(converse, scripted):
+    """The next message is numbered as if the taken-back one had never been sent (it had
+    kept using up numbers, which a protocol model sees)."""
+    engine, _ = scripted("Hi there, friend.", "A long answer that goes on and on for a while.", "Again.")
+    conversation = converse(engine=engine, max_new_tokens=32)
+    conversation.send("hello there")
+    expected = conversation.next_segment_id()
+    stream = conversation.stream("tell me more. It is a long message, in two sentences.")
+    assert next(stream)
+    stream.close()
+    assert conversation.next_segment_id() == expected
+    conversation.send("again")
+    assert conversation.history[-2].segment_ids[0] == expected
+
+
 def test_a_forced_reply_stream_closed_after_its_piece_is_undone_and_gives_its_blocks_back(converse):
     conversation = converse(max_new_tokens=8)
     conversation.add("user", "hello there")
