@@ -205,6 +205,7 @@ class Conversation:
         self._last_used = time.monotonic()  # the end of the last turn: who gives blocks back first
         self._last_render: RenderedContext | None = None
         self._turn_log: list[TurnStats] = []
+        self._unsaved_turns: list[TurnStats] = []  # a fork's copied turns, for its first save
         self.journal = ChangeJournal()  # what the next save writes
         self.last_reply: Reply | None = None
         self._open_stream: Generator[str, None, None] | None = None  # a stream not finished or closed yet
@@ -557,6 +558,9 @@ class Conversation:
         twin._segments = {s: copy.deepcopy(self._segments[s]) for m in copied for s in m.segment_ids}
         twin._next_index = self._next_index
         twin.turn = max((m.turn for m in copied if m.role == "assistant"), default=0)
+        # the turns of the history it shares are its own too (clm stats, a store's turn rows)
+        twin._turn_log = [copy.deepcopy(t) for t in self._turn_log if t.turn <= twin.turn]
+        twin._unsaved_turns = list(twin._turn_log)
         twin.fold = min(self.fold, messages)
         twin.protocol_context = self.protocol_context
         twin.tools_prompt = self.tools_prompt
@@ -868,6 +872,7 @@ class Conversation:
         store.register(self.record())  # refuses an id the store holds: nothing is attached then
         self.store, self._stored_turn = store, self.turn
         self.journal.everything(self.messages)
+        self._unsaved_turns = []  # among the turn log's
         self.persist(self._turn_log)
 
     def segment_map(self) -> Mapping[SegmentId, Segment]:
@@ -913,6 +918,18 @@ class Conversation:
             preamble="\n\n".join(s for s in sections if s) or None,
             markers=self.protocol_context,
         )
+
+    @property
+    def last_render(self) -> RenderedContext | None:
+        """The last prompt rendered for generation: ``blocks_of`` maps segments to the held
+        chain's blocks through its spans."""
+        return self._last_render
+
+    def restore_render(self, rendered: RenderedContext | None) -> None:
+        """Put back the render a cancelled or failed turn replaced, with the chain it
+        describes (a compacted prompt's spans had been left: the segments it dropped
+        then mapped to no block, and were held for no reclamation round)."""
+        self._last_render = rendered
 
     def render_prompt(self, reply_id: SegmentId | None, *, for_generation: bool = True) -> RenderedContext:
         """The context as the model sees it next; ``for_generation`` adds the reply glue
@@ -1027,9 +1044,10 @@ class Conversation:
         if self.store is not None:
             record = self.record()
             changes = self.journal.pending(self.messages, self._segments)
+            turns = [*self._unsaved_turns, *turns]
             self.store.save(record, changes, turns, expected_turn=self._stored_turn)
             self.journal.saved()
-            self._saved, self._stored_turn = True, record.turn
+            self._saved, self._stored_turn, self._unsaved_turns = True, record.turn, []
 
 
 TOOLS_PROMPT_SETTING = "tools_prompt"  # in a stored conversation's settings: the tools section it showed

@@ -88,6 +88,7 @@ class TurnRunner:
         turn = c.turn
         c.refresh_live()
         checkpoint = TurnCheckpoint.take(self._changeable_segments(), c.fold)
+        last_render = c.last_render  # the held chain's, which an undone turn keeps
         stats = TurnStats(turn=turn)
         decisions: list[Decision] = []
         generation: Generation | None = None
@@ -189,6 +190,7 @@ class TurnRunner:
                 generation.block_ids = []
             # what restoring and compacting changed goes back: the older turns read as before
             c.fold = checkpoint.fold
+            c.restore_render(last_render)
             for segment in checkpoint.restore(c.segment_map()):
                 c.journal.segment(segment)
             raise

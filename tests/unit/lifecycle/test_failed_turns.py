@@ -172,6 +172,23 @@ def test_a_turn_cancelled_after_its_compaction_undoes_it(converse, engine):
     assert engine.pool.stats().blocks_in_use == held
 
 
+def test_a_turn_cancelled_after_its_compaction_leaves_the_render_of_the_held_chain(converse, engine):
+    """The undone turn's compacted prompt had stayed the remembered render: the segments it
+    had dropped then mapped to no block of the held chain, and the next real turn held
+    them for no reclamation round (a Conversation sweep)."""
+    conversation = converse(budget=256, max_new_tokens=32)
+    for text in ("My order number is 48213-KX.", "It ships to Porto.", "Please hurry."):
+        conversation.send(text)
+    before = conversation.last_render
+    blocks = {s.id: conversation.blocks_of(s.id) for s in conversation.segments}
+    conversation.add("user", "The quick brown fox jumps over the lazy dog near the riverbank. " * 10)
+    with pytest.raises(TurnCancelled):
+        for _ in conversation.respond_stream(cancelled=lambda: True):
+            pass
+    assert conversation.last_render is before
+    assert {s.id: conversation.blocks_of(s.id) for s in conversation.segments if s.id in blocks} == blocks
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["send", "stream"])
 def test_a_turn_interrupted_by_ctrl_c_takes_its_message_back(converse, engine, monkeypatch, streamed):
     conversation = converse(max_new_tokens=16)

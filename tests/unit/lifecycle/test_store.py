@@ -558,3 +558,21 @@ def test_a_store_in_a_read_only_directory_is_read_as_immutable_unless_unmerged_w
     (tmp_path / "kept.db-wal").write_bytes(b"unmerged")
     with pytest.raises(StoreError, match="writes not merged yet"):
         Store(tmp_path / "kept.db", read_only=True)
+
+
+def test_a_fork_is_stored_with_the_turns_of_the_history_it_shares(converse, engine, tmp_path):
+    """clm stats on a fork (clm serve's edited histories, ChatCLM's) had shown none of the
+    turns its history came from: it was stored without their rows."""
+    path = tmp_path / "chats.db"
+    original = converse(store=path, conversation_id="ana")
+    original.send("My order is 48213-KX.")
+    original.send("When does it arrive?")
+    twin = original.fork(len(original.history), conversation_id="ana-2")
+    assert [t.turn for t in twin.turn_log] == [1, 2] and twin.stats()["turns"] == 2
+    twin.send("Thanks!")
+    twin.close()
+    original.close()
+    loaded = Conversation.load(path, "ana-2", engine)
+    assert [t.turn for t in loaded.turn_log] == [1, 2, 3]
+    assert [t.prompt_tokens for t in loaded.turn_log[:2]] == [t.prompt_tokens for t in original.turn_log]
+    loaded.close()
