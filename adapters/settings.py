@@ -134,6 +134,8 @@ def check_settings(model: Any) -> None:
         from clm_middleware.cli.setup import LOCAL_ENGINE_SETTINGS, refuse_local_settings
 
         refuse_local_settings(**{name: getattr(model, name) for name in LOCAL_ENGINE_SETTINGS})
+    if model.engine is None and not model.engine_url:
+        _check_local_engine_settings(model)
     if model.engine is None:
         from clm_middleware.cli.setup import TINY_MODEL
         from clm_middleware.models.loading import resolve_model_source
@@ -142,6 +144,29 @@ def check_settings(model: Any) -> None:
             value = getattr(model, name)
             if value is not None and value != TINY_MODEL:
                 resolve_model_source(value)  # ModelNotFoundError names the path
+
+
+def _check_local_engine_settings(model: Any) -> None:
+    """The engine's settings, checked as the engine will check them when the first call
+    builds it: a bad ``kv_dtype`` or ``device`` is refused at construction, not after
+    the model has loaded."""
+    from clm_middleware.cache.layout import PoolConfig
+    from clm_middleware.engine.blend import BlendConfig
+    from clm_middleware.errors import ConfigError
+    from clm_middleware.models.loading import parse_device, parse_dtype
+
+    PoolConfig(block_size=model.block_size, max_kv_bytes=model.max_kv_bytes, kv_dtype=model.kv_dtype)
+    parse_dtype(model.dtype)
+    parse_device(model.device)
+    if model.approximate_reuse is not None:
+        try:
+            BlendConfig(recompute_share=model.approximate_reuse)
+        except ConfigError as error:
+            raise ConfigError("approximate_reuse", error.problem) from None
+        if model.paged_kv:
+            raise ConfigError(
+                "paged_kv", "approximate reuse moves K/V inside a working arena; it cannot run with paged_kv"
+            )
 
 
 def stop_list(stop: str | Sequence[str] | None) -> list[str]:

@@ -20,6 +20,14 @@ from clm_middleware.errors import ModelNotFoundError
         ({"seed": 2**70}, "seed: must be an integer in"),
         ({"max_tokens": 0}, "max_tokens: "),  # ChatCLM's name, not the library's max_new_tokens
         ({"quantization": "int3"}, "quantization"),
+        # the engine's settings, refused before the first call loads the model
+        ({"kv_dtype": "fp8"}, "kv_dtype: must be one of"),
+        ({"block_size": 0}, "block_size: must be ≥ 1"),
+        ({"max_kv_bytes": -5}, "max_kv_bytes: must be ≥ 1"),
+        ({"dtype": "int7"}, "dtype: unknown dtype"),
+        ({"device": "tpu"}, "device: unknown device"),
+        ({"approximate_reuse": 2.0}, "approximate_reuse: must be in"),
+        ({"approximate_reuse": 0.15, "paged_kv": True}, "paged_kv: approximate reuse"),
     ],
 )
 def test_an_unknown_argument_or_a_bad_setting_fails_at_construction(arguments, message):
