@@ -105,8 +105,10 @@ def _turns_table(store, conversation_id: str) -> Table:
         "by",
         "compaction",
         "summaries",
+        "by user",
     ):
-        table.add_column(column, justify="right" if column not in ("by", "compaction") else "left")
+        table.add_column(column, justify="right" if column not in ("by", "compaction", "by user") else "left")
+    by_user = _user_decisions(store, conversation_id)
     for row in store.rows("turns", conversation_id, "turn"):
         stats = _turn_stats(row, conversation_id)
         decisions = stats["decisions"]
@@ -120,5 +122,19 @@ def _turns_table(store, conversation_id: str) -> Table:
             stats.get("tagging_mode") or "-",
             Text(stats.get("compaction") or ""),
             str(len(stats["summaries"])),
+            by_user.get(stats["turn"], ""),
         )
     return table
+
+
+def _user_decisions(store, conversation_id: str) -> dict[int, str]:
+    """Per turn, the pins and forgets made after it (``Conversation.pin`` / ``forget``,
+    clm chat's /pin and /forget, recorded at the turn they follow): "pinned 1, forgotten 2"."""
+    counts: dict[int, dict[str, int]] = {}
+    for row in store.db.query(
+        "select turn, reason, count(*) n from decisions where conversation_id = ? and reason like '% by user' "
+        "group by turn, reason",
+        [conversation_id],
+    ):
+        counts.setdefault(row["turn"], {})[row["reason"].removesuffix(" by user")] = row["n"]
+    return {turn: ", ".join(f"{what} {n}" for what, n in sorted(kinds.items())) for turn, kinds in counts.items()}

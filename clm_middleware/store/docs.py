@@ -46,7 +46,10 @@ that is gone): a conversation is loaded whole or not at all. A read (`clm stats`
 archive, another user's; SQLite cannot make the `-shm` file there, so the file is read
 as immutable), unless a `-wal` file of writes not merged yet lies beside it: copy both
 to a writable directory then. A conversation attached to a store after its first turns
-(`attach_store`, `clm chat`'s `/save`) writes every turn's stats, not only the ones after.
+(`attach_store`, `clm chat`'s `/save`) writes every turn's stats, not only the ones after;
+a fork is stored with the turns of the history it shares. `clm stats --conversation ID`
+shows a row per turn, its `by user` column the pins and forgets made after that turn
+(decisions whose reason ends "by user", recorded at the turn they follow).
 
 Generated from the schema by `python -m clm_middleware.store.docs docs/store.md`;
 do not edit by hand.

@@ -332,6 +332,17 @@ def test_stats_lists_conversations_and_turns(tmp_path):
     assert missing.exit_code == 1 and "no conversation 'nope'" in missing.output
 
 
+def test_stats_turn_by_turn_shows_the_pins_and_forgets_made_after_a_turn(tmp_path):
+    db = tmp_path / "s.db"
+    script = "My order is 88412.\nok\n/pin 0\n/forget 1\nthanks\n/quit\n"
+    chat = ["chat", "--model", "tiny", "--max-new-tokens", "4", "--tagging", "signals", "--db", str(db)]
+    assert run(*chat, "--session", "c1", input=script).exit_code == 0
+    turns = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["stats", "--db", str(db), "--conversation", "c1"])
+    assert turns.exit_code == 0 and "by user" in turns.output, turns.output
+    [second] = [line for line in turns.output.splitlines() if line.startswith("│    2 ")]
+    assert "forgotten 1, pinned 1" in second
+
+
 def test_stats_piped_at_80_columns_shows_every_id_whole(tmp_path, monkeypatch):
     """An id cut to "sgd-test…" cannot be passed to --conversation."""
     monkeypatch.setenv("COLUMNS", "80")
