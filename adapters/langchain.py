@@ -211,7 +211,10 @@ class ChatCLM(BaseChatModel):
     """Bans tokens that would repeat an n-gram of the reply; 0 is off; None uses the model's
     generation config. Small sizes can also block tool-call JSON."""
     streaming: bool = False
-    """Accepted for compatibility: stream() always streams, invoke() never does."""
+    """As LangChain's chat models: True has ``invoke`` report each token to the callbacks
+    (``on_llm_new_token``; the reply is the same); False, given, turns streaming off
+    (``stream()`` yields the reply whole); unset, ``stream()`` streams and ``invoke``
+    reports no token."""
     timeout: float | None = None
     """Accepted for compatibility (a LangChain standard parameter): the model runs in this
     process, so there is no request to time out."""
@@ -499,8 +502,10 @@ class ChatCLM(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        """Built from ``_stream``: one code path for invoke and stream."""
-        return _merged(list(self._stream(messages, stop=stop, run_manager=run_manager, **kwargs)))
+        """Built from ``_stream``: one code path for invoke and stream. No token reaches the
+        callbacks: an invoke does not stream (LangChain routes one through ``_stream`` where
+        it should: ``streaming=True``, a streaming handler)."""
+        return _merged(list(self._stream(messages, stop=stop, run_manager=None, **kwargs)))
 
     async def _astream(
         self,
@@ -545,8 +550,9 @@ class ChatCLM(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        """Built from ``_astream``, so that a cancelled ``ainvoke`` stops its turn."""
-        return _merged([chunk async for chunk in self._astream(messages, stop=stop, run_manager=run_manager, **kwargs)])
+        """Built from ``_astream``, so that a cancelled ``ainvoke`` stops its turn; no token
+        reaches the callbacks, as in ``_generate``."""
+        return _merged([chunk async for chunk in self._astream(messages, stop=stop, run_manager=None, **kwargs)])
 
     def _chunks(
         self,

@@ -1,6 +1,7 @@
 """LangChain re-sends whole histories: they extend, fork or name a managed conversation."""
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import HumanMessage
 
 from clm_middleware.lifecycle.tagging import TaggingConfig
@@ -250,3 +251,31 @@ def test_an_async_stream_closed_early_is_undone_before_the_next_call_which_exten
 
     again = asyncio.run(asyncio.wait_for(close_early_then_ask_again(), timeout=60))
     assert conversation_of(again) == conversation_of(a1)  # extended, not forked
+
+
+class _TokenCounter(BaseCallbackHandler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens: list[str] = []
+
+    def on_llm_new_token(self, token: str, **kwargs) -> None:
+        self.tokens.append(token)
+
+
+@pytest.mark.parametrize("streaming", [None, True, False], ids=["unset", "true", "false"])
+def test_invoke_reports_tokens_to_callbacks_only_when_streaming_is_asked(scripted_llm, streaming):
+    """As LangChain's chat models: an invoke had fired on_llm_new_token for every token,
+    so a handler printing tokens printed an invoke's reply as if streamed."""
+    settings = {} if streaming is None else {"streaming": streaming}
+    llm, _ = scripted_llm("Hi there, friend.", "Hi there, friend.", **settings)
+    counter = _TokenCounter()
+    reply = llm.invoke("hello", config={"callbacks": [counter]})
+    assert reply.content == "Hi there, friend."
+    assert "".join(counter.tokens) == (reply.content if streaming else "")
+    streamed = _TokenCounter()
+    chunks = [str(c.content) for c in llm.stream("hello", config={"callbacks": [streamed]})]
+    assert "".join(chunks) == reply.content
+    if streaming is False:  # LangChain's switch: streaming off, stream() yields the reply whole
+        assert chunks == [reply.content] and streamed.tokens == []
+    else:
+        assert len(chunks) > 1 and "".join(streamed.tokens) == reply.content
