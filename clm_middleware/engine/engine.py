@@ -168,7 +168,7 @@ class Engine:
         self.close()
 
     def disk_stats(self) -> dict[str, int]:
-        """``disk_hits``, ``disk_writes``, ``disk_skipped_writes``, ``disk_corrupt`` (zeros without a disk tier)."""
+        """``DiskStats.as_dict``: ``disk_hits``, ``disk_writes``, ... (zeros without a disk tier)."""
         return (self.disk.stats if self.disk is not None else DiskStats()).as_dict()
 
     @property

@@ -34,6 +34,7 @@ from typing import Any
 
 import xxhash
 
+from clm_middleware.cache.disk import DiskStats
 from clm_middleware.engine.generation import Generation, LogitsProcessor, Request, request_ids
 from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.penalties import GenerationDefaults
@@ -178,7 +179,8 @@ class RemoteEngine:
         """Nothing to spill: the server keeps its cache (the HTTP connections stay open for reuse)."""
 
     def disk_stats(self) -> dict[str, int]:
-        return {"disk_hits": 0, "disk_writes": 0, "disk_skipped_writes": 0, "disk_corrupt": 0}
+        """Every disk total at zero: the server keeps its own cache, this side has no disk tier."""
+        return DiskStats().as_dict()
 
     # ------------------------------------------------------------ generation
 

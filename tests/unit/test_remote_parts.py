@@ -293,3 +293,12 @@ def test_a_web_server_that_is_no_engine_is_refused_at_start_naming_its_url():
         info = read_server_info(client, None)
         assert (info.dialect, info.model_id) == ("openai", "smol")
         client.close()
+
+
+def test_every_engine_reports_the_disk_totals_a_report_names(engine):
+    """A replay report's totals hold every disk total (zeros without a disk tier); the
+    remote engine had returned four of the six, so its reports lacked the other two."""
+    from clm_middleware.replay.report import DISK_TOTALS
+
+    assert tuple(engine.disk_stats()) == DISK_TOTALS
+    assert tuple(RemoteEngine.disk_stats(None)) == DISK_TOTALS  # no server needed: this side has no disk tier
