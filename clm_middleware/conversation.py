@@ -57,6 +57,7 @@ from clm_middleware.lifecycle.reclaimer import Reclaimer
 from clm_middleware.lifecycle.renderer import ContextRenderer, RenderedContext
 from clm_middleware.lifecycle.segmenter import Segmenter
 from clm_middleware.lifecycle.segments import (
+    BY_USER,
     LOOP_KIND,
     DecidedBy,
     Decision,
@@ -659,7 +660,7 @@ class Conversation:
         target.pinned, target.label, target.decided_by = True, Label.KEEP, DecidedBy.RULES
         if target.status is not Status.ACTIVE:
             self.restore(target)
-        self._record_user_decision(target, Label.KEEP, "pinned by user")
+        self._record_user_decision(target, Label.KEEP, "pinned")
         return target
 
     @_one_caller
@@ -677,7 +678,7 @@ class Conversation:
             if target.id in spans:
                 self.reclaimer.hold(target.id, self.blocks_of(target.id), self.turn)
             target.status, target.removed_round = Status.DROPPED, self.turn
-        self._record_user_decision(target, Label.DROP, "forgotten by user")
+        self._record_user_decision(target, Label.DROP, "forgotten")
         return target
 
     def stats(self) -> dict[str, Any]:
@@ -1034,9 +1035,9 @@ class Conversation:
         segment.removed_round = None
         self.journal.segment(segment.id)
 
-    def _record_user_decision(self, segment: Segment, label: Label, reason: str) -> None:
+    def _record_user_decision(self, segment: Segment, label: Label, what: str) -> None:
         self.journal.segment(segment.id)
-        self.journal.decisions([Decision(self.turn, segment.id, label, DecidedBy.RULES, reason)])
+        self.journal.decisions([Decision(self.turn, segment.id, label, DecidedBy.RULES, what + BY_USER)])
         self.persist()
 
     def persist(self, turns: Sequence[TurnStats] = ()) -> None:

@@ -130,11 +130,13 @@ def _turns_table(store, conversation_id: str) -> Table:
 def _user_decisions(store, conversation_id: str) -> dict[int, str]:
     """Per turn, the pins and forgets made after it (``Conversation.pin`` / ``forget``,
     clm chat's /pin and /forget, recorded at the turn they follow): "pinned 1, forgotten 2"."""
+    from clm_middleware.lifecycle.segments import BY_USER
+
     counts: dict[int, dict[str, int]] = {}
     for row in store.db.query(
-        "select turn, reason, count(*) n from decisions where conversation_id = ? and reason like '% by user' "
+        "select turn, reason, count(*) n from decisions where conversation_id = ? and reason like ? "
         "group by turn, reason",
-        [conversation_id],
+        [conversation_id, "%" + BY_USER],
     ):
-        counts.setdefault(row["turn"], {})[row["reason"].removesuffix(" by user")] = row["n"]
+        counts.setdefault(row["turn"], {})[row["reason"].removesuffix(BY_USER)] = row["n"]
     return {turn: ", ".join(f"{what} {n}" for what, n in sorted(kinds.items())) for turn, kinds in counts.items()}

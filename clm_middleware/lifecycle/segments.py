@@ -121,6 +121,10 @@ class MessageRecord:
     raw_output: str | None = None  # the model's full output, lifecycle block included
 
 
+# how the reason of a user's own decision ends ("pinned by user", "forgotten by user"): clm stats reads it
+BY_USER = " by user"
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     turn: int
