@@ -40,10 +40,15 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
         raise APIError(400, "logprobs: not supported by this server", param="logprobs")
     if body.top_logprobs:
         raise APIError(400, "top_logprobs: needs logprobs, which this server does not support", param="top_logprobs")
+    _refuse_continuation(body)
     bias = _logit_bias(body.logit_bias)
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if len(stops) > MAX_STOPS or any(not s for s in stops):
-        raise APIError(400, f"stop: give at most {MAX_STOPS} non-empty strings", param="stop")
+    if any(not s for s in stops):
+        raise APIError(
+            400, "stop: an empty string would stop before the first token; give non-empty strings", param="stop"
+        )
+    if len(stops) > MAX_STOPS:
+        raise APIError(400, f"stop: give at most {MAX_STOPS} strings, got {len(stops)}", param="stop")
     for legacy, use in (("functions", "tools"), ("function_call", "tool_choice")):
         if getattr(body, legacy) is not None:  # answering as if it were absent would drop the functions
             message = f"{legacy}: the legacy function-calling API is not supported; send {use} (OpenAI's current form)"
@@ -76,6 +81,22 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
         session_id=session_id,
         invalid_calls_as_text=True,
     )
+
+
+def _refuse_continuation(body: ChatCompletionRequest) -> None:
+    """vLLM's ``continue_final_message`` (or ``add_generation_prompt: false``) asks that the
+    last assistant message be continued; here a history ending with an assistant message
+    is a finished turn and the reply a new one, so answering would not be what was asked."""
+    for name, asks in (
+        ("continue_final_message", body.continue_final_message),
+        ("add_generation_prompt", not body.add_generation_prompt),
+    ):
+        if asks:
+            message = (
+                f"{name}: continuing the last assistant message is not supported; the reply is always"
+                " a new assistant turn (drop the field to get one)"
+            )
+            raise APIError(400, message, param=name)
 
 
 def to_turn(message: ChatMessage, index: int) -> Turn:

@@ -2,8 +2,9 @@
 
 Fields we do not use (``service_tier``, ``user`` beyond tenancy, ...) are accepted and
 ignored, as vLLM and llama.cpp's server do, except where ignoring one would return
-something other than what was asked: ``n`` above 1, ``logprobs`` and ``top_logprobs``
-are refused by name (see ``convert.py``).
+something other than what was asked: ``n`` above 1, ``logprobs`` and ``top_logprobs``,
+and vLLM's ``continue_final_message`` / ``add_generation_prompt: false`` (continue the
+last assistant message) are refused by name (see ``convert.py``).
 
 Beyond OpenAI's fields, the sampling filters vLLM and llama.cpp's server take as extra
 body fields are honoured under their names there: ``top_k`` (vLLM's ``-1``, like ``0``,
@@ -120,3 +121,7 @@ class ChatCompletionRequest(_Lenient):
     logit_bias: dict[str, float] | None = None  # token id (as a string) → bias in [-100, 100]
     user: str | None = None
     metadata: dict[str, str] | None = None
+    # vLLM's extra fields for continuing the last assistant message (a chat UI's "Continue"):
+    # refused when they ask for it (convert.py), never ignored
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True

@@ -97,6 +97,10 @@ def _hello(model_id: str, **extra) -> dict:
         ({"stream": "yes"}, "stream"),  # a type is checked, not guessed
         ({"max_tokens": True}, "max_tokens"),
         ({"top_logprobs": 2}, "top_logprobs"),
+        ({"continue_final_message": True}, "continue_final_message"),  # vLLM's "Continue"
+        ({"add_generation_prompt": False}, "add_generation_prompt"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"logit_bias": {"hello": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 500}}, "logit_bias"),
         ({"logit_bias": {"999999": 1}}, "logit_bias"),  # outside the vocabulary
