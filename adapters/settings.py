@@ -131,7 +131,7 @@ def check_settings(model: Any) -> None:
         seed=model.seed,
     )
     if model.engine_url:
-        from clm_middleware.cli.setup import LOCAL_ENGINE_SETTINGS, refuse_local_settings
+        from clm_middleware.engine_settings import LOCAL_ENGINE_SETTINGS, refuse_local_settings
 
         refuse_local_settings(**{name: getattr(model, name) for name in LOCAL_ENGINE_SETTINGS})
     if model.engine is None and not model.engine_url:
@@ -152,6 +152,7 @@ def _check_local_engine_settings(model: Any) -> None:
     the model has loaded."""
     from clm_middleware.cache.layout import PoolConfig
     from clm_middleware.engine.blend import BlendConfig
+    from clm_middleware.engine_settings import refuse_paged_approximate_reuse
     from clm_middleware.errors import ConfigError
     from clm_middleware.models.loading import parse_device, parse_dtype
 
@@ -163,10 +164,7 @@ def _check_local_engine_settings(model: Any) -> None:
             BlendConfig(recompute_share=model.approximate_reuse)
         except ConfigError as error:
             raise ConfigError("approximate_reuse", error.problem) from None
-        if model.paged_kv:
-            raise ConfigError(
-                "paged_kv", "approximate reuse moves K/V inside a working arena; it cannot run with paged_kv"
-            )
+    refuse_paged_approximate_reuse(model.paged_kv, model.approximate_reuse is not None)
 
 
 def stop_list(stop: str | Sequence[str] | None) -> list[str]:

@@ -17,6 +17,7 @@ from clm_middleware.cli.options import (
     OutputPath,
     PlotPath,
     check_budget_option,
+    check_engine_options,
     format_option,
     generation_options,
     lifecycle_options,
@@ -25,6 +26,7 @@ from clm_middleware.cli.options import (
     refuse_inputs_as_outputs,
     remote_engine_options,
     transcript_inputs,
+    unused_lifecycle_options,
 )
 
 if TYPE_CHECKING:
@@ -101,6 +103,7 @@ def bench(
     Each mode has its own pool over the same weights; ratios from one run are
     comparable on a noisy machine, single times are not.
     """
+    check_engine_options(engine_options)  # a clash of engine options, before any model loads
     from clm_middleware.cli.output import print_whole, skipped_line, turn_progress
     from clm_middleware.cli.plot import plot_reports
     from clm_middleware.cli.read import read_or_report, remove_stale
@@ -127,6 +130,8 @@ def bench(
         raise click.BadParameter(f"give two or more distinct modes from {', '.join(BENCH_MODES)}", param_hint="--modes")
     if "truncate" in chosen and budget is None:
         raise click.BadParameter("the truncate mode needs --budget", param_hint="--budget")
+    for warning in unused_lifecycle_options(click.get_current_context(), chosen):
+        Console(stderr=True).print(Text(warning, style="yellow"))
     refuse_inputs_as_outputs(
         transcript_inputs([transcript], [probes_path]), {"--markdown": markdown_path, "--plot": plot_path}
     )

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from clm_middleware.cli.options import (
     OutputPath,
+    check_engine_options,
     model_options,
     penalty_options,
     remote_engine_options,
@@ -99,6 +100,7 @@ def chat(
     **engine_options: Any,
 ) -> None:
     """Chat with a managed model. After each reply it shows what was cached and decided."""
+    check_engine_options(engine_options)  # a clash of engine options, before any model loads
     from clm_middleware.cli import json_lines as lines
     from clm_middleware.cli.setup import build_engine
     from clm_middleware.conversation import Conversation

@@ -8,7 +8,13 @@ from typing import Any
 import click
 
 from clm_middleware.cli.eval_variants import eval_options, files_report, markdown_table, print_table, write_markdown
-from clm_middleware.cli.options import check_budget_option, model_options, refuse_inputs_as_outputs, transcript_inputs
+from clm_middleware.cli.options import (
+    check_budget_option,
+    check_engine_options,
+    model_options,
+    refuse_inputs_as_outputs,
+    transcript_inputs,
+)
 
 ANSWERS_EPILOG = """\b
 Several TRANSCRIPTs: one row per file and variant, then an OVERALL row per variant: the mean
@@ -52,6 +58,7 @@ def answers_command(
 ) -> None:
     """Replay each TRANSCRIPT as `eval retention` does, then ask each probe question of every variant's
     final context: the gold answer's mean log-likelihood, and whether a greedy answer contains it."""
+    check_engine_options(engine_options)  # a clash of engine options, before any model loads
     from clm_middleware.cli.eval_variants import failures_error, read_inputs, run_files, table_rows, variants
     from clm_middleware.cli.read import remove_stale
     from clm_middleware.cli.setup import build_engine

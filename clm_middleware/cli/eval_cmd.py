@@ -8,7 +8,13 @@ from typing import Any
 import click
 
 from clm_middleware.cli.eval_variants import eval_options, files_report, markdown_table, print_table, write_markdown
-from clm_middleware.cli.options import check_budget_option, model_options, refuse_inputs_as_outputs, transcript_inputs
+from clm_middleware.cli.options import (
+    check_budget_option,
+    check_engine_options,
+    model_options,
+    refuse_inputs_as_outputs,
+    transcript_inputs,
+)
 
 DEFAULT_TAGGINGS = "auto,signals,constrained,free,rules"
 
@@ -46,6 +52,7 @@ def retention_command(
 ) -> None:
     """Replay each TRANSCRIPT teacher-forced under clm (each tagging mode), truncation and keep-all,
     and report the share of probes whose answer is still in the final context."""
+    check_engine_options(engine_options)  # a clash of engine options, before any model loads
     from clm_middleware.cli.eval_variants import failures_error, read_inputs, run_files, table_rows, variants
     from clm_middleware.cli.read import remove_stale
     from clm_middleware.cli.setup import build_engine

@@ -374,6 +374,28 @@ def lifecycle_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+# the modes each of lifecycle_options' options changes; any other mode ignores it
+LIFECYCLE_OPTION_MODES = {"budget": ("clm", "truncate")}
+LIFECYCLE_OPTIONS = ("budget", "k", "tagging", "compression", "compact_ahead", "db", "tenant", "summarizer")
+
+
+def unused_lifecycle_options(ctx: click.Context, modes: Iterable[str]) -> list[str]:
+    """A warning for each of :func:`lifecycle_options`' options given on the command line
+    (or from the environment) that none of ``modes`` uses: ``--compact-ahead`` with
+    ``--mode prefix`` had run without a word, as if it applied."""
+    from click.core import ParameterSource
+
+    modes = set(modes)
+    warnings = []
+    for name in LIFECYCLE_OPTIONS:
+        source = ctx.get_parameter_source(name)
+        using = LIFECYCLE_OPTION_MODES.get(name, ("clm",))
+        if source not in (None, ParameterSource.DEFAULT) and not modes & set(using):
+            flag = "--" + name.replace("_", "-")
+            warnings.append(f"warning: {flag} only applies to --mode {' or '.join(using)}")
+    return warnings
+
+
 def format_option(command: Callable[..., Any]) -> Callable[..., Any]:
     """--format: how to read the transcript file."""
     from clm_middleware.replay.formats import FORMATS
@@ -440,6 +462,20 @@ def usage_error(error: ConfigError, ctx: click.Context) -> click.UsageError:
     if any(option in parameter.opts for parameter in ctx.command.params):
         return click.BadParameter(error.problem, ctx=ctx, param_hint=option)
     raise error
+
+
+def check_engine_options(engine_options: Mapping[str, Any]) -> None:
+    """The clashes among the engine options (``--engine`` with a local engine's setting,
+    ``--paged-kv`` with ``--approximate-reuse``) as a usage error naming the option,
+    before the model stack is imported or a model loads (it had come after the load)."""
+    from clm_middleware.engine_settings import LOCAL_ENGINE_SETTINGS, check_engine_settings
+    from clm_middleware.errors import ConfigError
+
+    local = {name: engine_options.get(name) for name in LOCAL_ENGINE_SETTINGS}
+    try:
+        check_engine_settings(engine_options.get("engine_url"), **local)
+    except ConfigError as error:
+        raise usage_error(error, click.get_current_context()) from None
 
 
 def check_budget_option(budget: int | None, engine: Any) -> None:

@@ -14,6 +14,7 @@ from clm_middleware.cli.options import (
     OutputPath,
     PlotPath,
     check_budget_option,
+    check_engine_options,
     format_option,
     generation_options,
     lifecycle_options,
@@ -22,12 +23,10 @@ from clm_middleware.cli.options import (
     refuse_inputs_as_outputs,
     remote_engine_options,
     transcript_inputs,
+    unused_lifecycle_options,
 )
 
 MODES = ("stateless", "prefix", "truncate", "clm")
-
-
-_MODES_USING = {"--budget": ("clm", "truncate"), "--db": ("clm",), "--summarizer": ("clm",)}
 
 
 @click.command()
@@ -105,6 +104,7 @@ def replay(
     prefixes they share (a system prompt, a document) are cache hits. TRANSCRIPT "-"
     reads standard input.
     """
+    check_engine_options(engine_options)  # a clash of engine options, before any model loads
     from clm_middleware.cli.read import read_or_report, remove_stale
     from clm_middleware.errors import TranscriptError
 
@@ -135,9 +135,8 @@ def replay(
 
     if (note := declared_tools_note(transcripts)) is not None:
         stderr.print(Text(f"warning: {note}", style="yellow"))
-    for name, value in (("--budget", budget), ("--db", db), ("--summarizer", summarizer)):
-        if value and mode not in _MODES_USING[name]:  # e.g. stateless and prefix keep the whole history
-            stderr.print(f"[yellow]warning: {name} only applies to --mode {' or '.join(_MODES_USING[name])}[/yellow]")
+    for warning in unused_lifecycle_options(click.get_current_context(), [mode]):
+        stderr.print(Text(warning, style="yellow"))  # e.g. stateless and prefix keep the whole history
     probes = load_probes(transcript, probes_path)
     options = ReplayOptions(
         mode=mode,

@@ -12,6 +12,7 @@ import click
 
 from clm_middleware.cli.options import (
     OutputPath,
+    check_engine_options,
     model_options,
     penalty_options,
     remote_engine_options,
@@ -114,6 +115,7 @@ def serve(
     **engine_options: Any,
 ) -> None:
     """Serve the OpenAI chat-completions API with managed context (docs/serve.md)."""
+    check_engine_options(engine_options)  # a clash of engine options, before any model loads
     import uvicorn
 
     from clm_middleware.cli.setup import build_engine

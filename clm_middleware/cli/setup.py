@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from clm_middleware.cache import PoolConfig
 from clm_middleware.engine import Engine
 from clm_middleware.engine.protocol import ServingEngine, signals_source
+from clm_middleware.engine_settings import refuse_local_settings
 from clm_middleware.errors import ConfigError
 from clm_middleware.models.quantization import model_quantization
 from clm_middleware.render import ChatFormat
@@ -83,19 +84,6 @@ def build_engine(
 
     loaded = load_model(model, device=device, dtype=dtype, quantization=quantization)
     return Engine(loaded, load_tokenizer(model), pool_config=pool_config, **extra)
-
-
-LOCAL_ENGINE_SETTINGS = ("approximate_reuse", "paged_kv", "quantization", "compile_decode")
-"""Settings of the local engine's KV cache and weights, which a serving engine refuses."""
-
-
-def refuse_local_settings(**settings: Any) -> None:
-    """``ConfigError`` naming the first of :data:`LOCAL_ENGINE_SETTINGS` that is set (not
-    None or False) in ``settings``: with a serving engine it would do nothing."""
-    for name in LOCAL_ENGINE_SETTINGS:
-        value = settings.get(name)
-        if value is not None and value is not False:
-            raise ConfigError(name, "applies to the local engine; a serving engine keeps its own KV cache")
 
 
 def build_remote_engine(

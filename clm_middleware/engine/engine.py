@@ -48,6 +48,7 @@ from clm_middleware.engine.observe import Observe, default_probe_layers
 from clm_middleware.engine.penalties import GenerationDefaults
 from clm_middleware.engine.sampling import SamplingParams, check_sampling_filters, check_stop_strings
 from clm_middleware.engine.stats import EngineStats
+from clm_middleware.engine_settings import refuse_paged_approximate_reuse
 from clm_middleware.errors import ConfigError, ContextWindowError, PoolTooSmallError
 from clm_middleware.models.fingerprint import model_fingerprint
 from clm_middleware.models.quantization import parameter_count
@@ -75,10 +76,7 @@ class Engine:
         compile_decode: bool = False,
         compile_cache_dir: str | Path | None = None,
     ) -> None:
-        if paged_kv and blend is not None:
-            raise ConfigError(
-                "paged_kv", "approximate reuse moves K/V inside a working arena; it cannot run with paged_kv"
-            )
+        refuse_paged_approximate_reuse(paged_kv, blend is not None)
         self.model = model.eval()
         # attend over the pool's blocks in place (cache/paged.py): the context is held once,
         # read a tile of one layer at a time (attends_in_place); False: a working arena copy

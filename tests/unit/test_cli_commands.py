@@ -275,6 +275,15 @@ def test_an_interrupted_bench_writes_its_own_markdown_and_plot_over_an_earlier_r
     assert "stopped before its end" in markdown.read_text() and plot.read_bytes() != b"an earlier run's figure"
 
 
+def test_bench_flags_a_lifecycle_option_that_none_of_its_modes_uses(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(m) + "\n" for m in CHAT))
+    args = ["bench", str(path), "--model", "tiny", "--teacher-force", "--modes", "stateless,prefix"]
+    result = run(*args, "--compact-ahead")
+    assert result.exit_code == 0, result.output
+    assert "--compact-ahead only applies to --mode clm" in result.output
+
+
 def test_chat_shows_decisions_and_runs_every_command(tmp_path):
     db = tmp_path / "chat.db"
     script = "My order is 88412.\n/segments\n/pin 0\n/forget 99\n/stats\nok thanks\n/quit\n"

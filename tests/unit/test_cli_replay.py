@@ -406,6 +406,22 @@ def test_a_run_that_fails_before_its_first_turn_leaves_no_earlier_report_behind(
     assert not report_path.exists()  # the earlier run's report does not stand for this one
 
 
+def test_every_lifecycle_option_given_to_a_mode_that_ignores_it_is_flagged(tmp_path):
+    """--compact-ahead with --mode prefix had run without a word; an option left at its
+    default says nothing, and one the mode uses says nothing either."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(m) for m in TRANSCRIPT[:3]) + "\n")
+    args = ["replay", str(path), "--model", "tiny", "--teacher-force", "--mode", "prefix"]
+    result = CliRunner().invoke(cli, [*args, "--compact-ahead", "--tagging", "rules", "--k", "3", "--tenant", "t"])
+    assert result.exit_code == 0, result.output
+    for flag in ("--compact-ahead", "--tagging", "--k", "--tenant"):
+        assert f"{flag} only applies to --mode clm" in result.output
+    assert "--compression" not in result.output and "--summarizer" not in result.output
+    clm = CliRunner().invoke(cli, [*args[:-1], "clm", "--compact-ahead", "--tagging", "rules"])
+    assert clm.exit_code == 0, clm.output
+    assert "only applies" not in clm.output
+
+
 def test_db_in_truncate_mode_is_flagged_as_ignored(tmp_path):
     """Only clm stores its conversations; the warning had said --db applies to truncate too."""
     path = tmp_path / "t.jsonl"

@@ -244,6 +244,27 @@ def test_bad_choices_are_refused_before_the_model_loads(tmp_path, monkeypatch):
         assert result.exit_code == 2 and named in result.output, (args, result.output)
 
 
+def test_clashing_engine_options_are_refused_naming_the_option_before_the_model_loads(tmp_path, monkeypatch):
+    """--paged-kv with --approximate-reuse, or a local engine's setting with --engine, had
+    failed only once the model had loaded (seconds), naming the field (paged_kv)."""
+    from clm_middleware.cli import setup
+
+    monkeypatch.setattr(setup, "build_engine", lambda **_: pytest.fail("the engine was built first"))
+    transcript = str(write_transcript(tmp_path / "t.jsonl"))
+    remote = ["--engine", "openai:http://127.0.0.1:9/v1"]
+    cases = [
+        (["replay", transcript, "--paged-kv", "--approximate-reuse", "0.15"], "--paged-kv"),
+        (["bench", transcript, "--modes", "prefix,clm", "--paged-kv", "--approximate-reuse", "0.15"], "--paged-kv"),
+        (["replay", transcript, *remote, "--paged-kv"], "--paged-kv"),
+        (["chat", *remote, "--quantization", "int4"], "--quantization"),
+        (["serve", *remote, "--compile-decode"], "--compile-decode"),
+    ]
+    for args, named in cases:
+        result = CliRunner().invoke(cli, [*args, "--model", "tiny"])
+        assert result.exit_code == 2 and named in result.output, (args, result.output)
+        assert "paged_kv:" not in result.output
+
+
 def test_a_replay_stopped_by_a_failing_turn_says_why_in_its_report(tmp_path):
     path = write_transcript(tmp_path / "t.jsonl", [*TRANSCRIPT[:3], {"role": "user", "content": "word " * 400}])
     code, _, err = replay(str(path), "--mode", "clm", "--budget", "128", "--report", str(tmp_path / "r.json"))
