@@ -225,13 +225,18 @@ class Conversation:
         # one dropped without close() gives its blocks back all the same
         weakref.finalize(self, _give_back_when_collected, self.engine.pool, self._held, self.reclaimer)
         self.store = _open_store(store)
-        self._saved = False  # whether a save reached the store (abandon removes a row never saved to)
+        self._saved = False  # whether a turn, a user decision or close() saved (abandon removes a row never saved to)
         self._stored_turn: int | None = None  # the turn the store's row says, as this object last wrote or read it
         if self.store is not None:
             self.store.register(self.record())
             self._stored_turn = self.turn
         if system_prompt:
             self.add("system", system_prompt)
+            if self.store is not None:
+                # saved with its row: a process killed in the first turn left a row with no
+                # system prompt, which a resume then continued without one
+                self.persist()
+                self._saved = False  # no turn yet: abandon still removes the row
         else:
             self._check_system_block_fits()
 

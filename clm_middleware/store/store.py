@@ -163,15 +163,17 @@ class Store:
             self.db["conversations"].insert(_conversation_row(record, created=True))
 
     def unregister(self, conversation_id: str) -> None:
-        """Remove the row of a conversation that never saved a message or turn (one whose
-        first call failed); a conversation with anything stored is left as it is."""
+        """Remove a conversation that never saved a turn (one whose first call failed): its
+        row and what was saved with it (the system prompt it was created with); one with a
+        turn stored is left as it is."""
         with self._writing():
-            saved = any(
-                self.db[table].exists() and self.db[table].count_where("conversation_id = ?", [conversation_id])
-                for table in ("messages", "turns")
-            )
-            if not saved:
-                self.db["conversations"].delete_where("id = ?", [conversation_id])
+            turns = self.db["turns"]
+            if turns.exists() and turns.count_where("conversation_id = ?", [conversation_id]):
+                return
+            for table in ("messages", "segments", "decisions", "summaries"):
+                if self.db[table].exists():
+                    self.db[table].delete_where("conversation_id = ?", [conversation_id])
+            self.db["conversations"].delete_where("id = ?", [conversation_id])
 
     def save(
         self,
