@@ -70,10 +70,17 @@ class APIError(Exception):
 def clm_error_to_api(error: ClmError) -> APIError:
     if isinstance(error, ConfigError):
         return APIError(400, str(error), param=error.field)
-    if isinstance(error, ContextWindowError | ContextBudgetError | PoolTooSmallError):
+    if isinstance(error, PoolTooSmallError):
+        hint = "lower max_tokens or shorten the messages; the server's --max-kv-bytes sizes the pool"
+        message = f"{_for_a_client(error)} ({hint})"
+        return APIError(400, message, param="messages", code="context_length_exceeded")
+    if isinstance(error, ContextWindowError | ContextBudgetError):
         return APIError(400, str(error), param="messages", code="context_length_exceeded")
     if isinstance(error, PoolExhaustedError):
-        return APIError(503, str(error), code="pool_exhausted", retry_after=RETRY_AFTER_S)
+        message = (
+            f"{_for_a_client(error)} (retry after Retry-After seconds; the server's --max-kv-bytes sizes the pool)"
+        )
+        return APIError(503, message, code="pool_exhausted", retry_after=RETRY_AFTER_S)
     if isinstance(error, RemoteEngineError):
         log.error("the serving engine failed a request: %s", error)
         code = {503: "engine_unavailable", 400: "engine_rejected"}.get(error.status, "engine_error")
@@ -83,6 +90,13 @@ def clm_error_to_api(error: ClmError) -> APIError:
         return APIError(400, str(error))
     log.error("request failed: %s", error)
     return APIError(500, str(error), code="internal_error")
+
+
+def _for_a_client(error: ClmError) -> str:
+    """A pool error's message in the request's terms: the library's ``max_new_tokens`` is
+    the request's ``max_tokens``, and its hint (``max_kv_bytes``, ``max_blocks``, Python
+    arguments) is the operator's, replaced by the caller with one a client can act on."""
+    return error.message.replace("max_new_tokens", "max_tokens")
 
 
 def unexpected_error(error: BaseException) -> APIError:

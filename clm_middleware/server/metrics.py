@@ -28,7 +28,11 @@ class _Live(Collector):
         stats = self._pool_stats()
         gauges = [
             ("clm_pool_blocks_in_use", "KV blocks held by conversations or requests", stats.blocks_in_use),
-            ("clm_pool_blocks_free", "KV blocks free (cached-free included)", stats.blocks_free),
+            (
+                "clm_pool_blocks_free",
+                "KV blocks never written or freed (no key; cached-free not included)",
+                stats.blocks_free,
+            ),
             (
                 "clm_pool_blocks_cached_free",
                 "free blocks still holding a prefix",

@@ -11,6 +11,7 @@ import urllib.parse
 import httpx
 import pytest
 
+from clm_middleware.cache.block_pool import POOL_HINT
 from clm_middleware.errors import PoolExhaustedError
 from clm_middleware.server.errors import clm_error_to_api
 
@@ -312,6 +313,9 @@ def test_a_request_larger_than_the_whole_pool_is_a_400_context_length_exceeded_a
     error = _error(response, 400)  # no wait makes it fit: a client that retried a 503 would retry in vain
     assert error["code"] == "context_length_exceeded" and "Retry-After" not in response.headers
     assert "the pool has 24 in all" in error["message"]
+    # in the request's terms and the server's flags, not the library's arguments
+    assert "max_tokens" in error["message"] and "--max-kv-bytes" in error["message"]
+    assert "max_new_tokens" not in error["message"] and "max_blocks" not in error["message"]
     assert guarded.metric("clm_pool_blocks_in_use") == held
     streamed = _post(guarded.api, {**body, "stream": True}, auth)  # fails before its first token:
     assert _error(streamed, 400)["code"] == "context_length_exceeded"  # a real status, not a 200 stream
@@ -330,8 +334,9 @@ def test_idle_sessions_holding_the_pool_never_turn_a_new_chat_away(guarded):
 
 
 def test_a_busy_pool_is_a_503_with_retry_after():
-    api = clm_error_to_api(PoolExhaustedError("the KV pool cannot supply 3 blocks"))
+    api = clm_error_to_api(PoolExhaustedError("the KV pool cannot supply 3 blocks", hint=POOL_HINT))
     assert (api.status, api.code, api.retry_after) == (503, "pool_exhausted", 1)
+    assert "Retry-After" in api.message and "--max-kv-bytes" in api.message and "max_blocks" not in api.message
     assert api.body()["error"]["type"] == "service_unavailable_error"  # OpenAI's type for a 503
 
 
