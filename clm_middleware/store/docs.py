@@ -13,9 +13,12 @@ from clm_middleware.store.migrations import MIGRATIONS, MIGRATIONS_TABLE, migrat
 INTRO = """# The conversation store (SQLite)
 
 `Conversation(..., store="chats.db")`, `clm replay --mode clm --db`, `clm chat --db`.
-WAL mode; one transaction per turn (what was added before a turn, a system prompt, a
-seeded history or a fork's copy, is saved with it, or by `close()` if no turn comes:
-closed before its first reply, a conversation had loaded back empty); the file is
+WAL mode; one transaction per turn (what was added before a turn, a seeded history or a
+fork's copy, is saved with it, or by `close()` if no turn comes: closed before its first
+reply, a conversation had loaded back empty; a system prompt given to the constructor is
+saved with the conversation's row at once: a process killed in the first turn had left a
+row without it, which a resume continued with no system prompt; a conversation whose
+first call failed leaves neither, `abandon`); the file is
 created owner-only (0600). Schema
 changes are ordered migrations recorded in `{table}`
 (`clm_middleware/store/migrations.py`): {names}.
