@@ -47,6 +47,7 @@ import os
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,7 @@ STEP_VERSION = 1  # bump when DecodeStep's computation changes: cached libraries
 # biases (Qwen2) and per-head q/k norms (Qwen3) are the layers' own modules
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _CHECK_PROMPT = 8  # positions before the self-check's decode step
+_TORCH_LEAFSPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 
 class CompileError(ClmError, RuntimeError):
@@ -310,7 +312,10 @@ class CompiledDecoder:
             ) from problem
         os.close(descriptor)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), warnings.catch_warnings():
+                # torch's own export copies its tree specs through a class it has deprecated:
+                # a FutureWarning printed to the user on every first compile, about torch's code
+                warnings.filterwarnings("ignore", message=_TORCH_LEAFSPEC_WARNING, category=FutureWarning)
                 exported = torch.export.export(self.module, example, dynamic_shapes=dynamic, strict=False)
                 torch._inductor.aoti_compile_and_package(
                     exported,

@@ -1,6 +1,7 @@
 """compile_decode: a decode step compiled ahead of time computes what the model's forward does."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -77,6 +78,15 @@ def test_a_corrupt_library_is_compiled_again_never_used(tiny_model, tmp_path):
     again = CompiledDecoder(tiny_model, cache_dir=tmp_path)
     assert again.report.source == "compiled"
     assert again.report.max_logit_error <= 1e-4
+
+
+def test_compiling_prints_no_warning_about_torchs_own_code(tiny_model, tmp_path):
+    """torch's export copies its tree specs through a class it deprecated: every first
+    --compile-decode printed a FutureWarning the user can do nothing about."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        CompiledDecoder(tiny_model, cache_dir=tmp_path)
+    assert not [w for w in caught if issubclass(w.category, FutureWarning) and "LeafSpec" in str(w.message)]
 
 
 def test_a_library_of_another_structure_is_never_loaded(tiny_model, int4_model, int4_decoder, tmp_path):
