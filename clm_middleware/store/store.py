@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlite_utils import Database
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random
 
 from clm_middleware.errors import ConversationExistsError, StoreError
 from clm_middleware.lifecycle.segments import DecidedBy, Label, MessageRecord, Segment, SegmentId, Status
@@ -34,6 +35,17 @@ from clm_middleware.store.records import ConversationChanges, ConversationRecord
 
 if TYPE_CHECKING:
     from clm_middleware.lifecycle.turn import TurnStats
+
+
+# A fresh file is in rollback mode: two processes opening it at once may both hold a read
+# lock while each asks for the exclusive one WAL mode needs, and SQLite then answers
+# "database is locked" at once rather than wait (the busy timeout is not consulted in a
+# deadlock); one of them tries again (a two-process test had failed on it, rarely)
+OPEN_TRIES = 20
+
+
+def _locked(error: BaseException) -> bool:
+    return isinstance(error, sqlite3.OperationalError) and "locked" in str(error)
 
 
 class Store:
@@ -54,7 +66,14 @@ class Store:
             connection = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
             self.db = Database(connection)
             self._check_ours(writing=True)
-            self.db.enable_wal()
+            for attempt in Retrying(
+                retry=retry_if_exception(_locked),
+                stop=stop_after_attempt(OPEN_TRIES),
+                wait=wait_random(0.02, 0.2),
+                reraise=True,
+            ):
+                with attempt:
+                    self.db.enable_wal()
             self._lock = threading.RLock()
             with self._writing():
                 migrate(self.db)

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 from sqlite_utils import Database
 
 from clm_middleware.conversation import Conversation
+from clm_middleware.errors import StoreError
 from clm_middleware.store import MIGRATIONS, Store, migrate
 from clm_middleware.store.migrations import MIGRATIONS_TABLE
 
@@ -211,6 +213,31 @@ def test_three_processes_writing_one_store_all_finish(tmp_path):
     store = Store(db)
     counts = [row["n"] for row in store.db.query("select count(*) as n from messages group by conversation_id")]
     assert sorted(counts) == [60, 60, 60]
+
+
+def test_a_fresh_store_whose_switch_to_wal_finds_it_locked_tries_again(tmp_path, monkeypatch):
+    """Two processes opening one new file can deadlock on the switch to WAL mode, and
+    SQLite answers "database is locked" at once (no busy wait): a clean-clone run of the
+    two-process test below failed on it. The opening tries again, a bounded number of times."""
+    real, calls = Database.enable_wal, []
+
+    def locked_once(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise sqlite3.OperationalError("database is locked")
+        return real(self)
+
+    monkeypatch.setattr(Database, "enable_wal", locked_once)
+    store = Store(tmp_path / "fresh.db")
+    assert len(calls) == 2 and store.db.execute("pragma journal_mode").fetchone()[0] == "wal"
+    store.close()
+
+    def always_locked(self):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(Database, "enable_wal", always_locked)
+    with pytest.raises(StoreError, match="database is locked"):  # still locked: named, not a hang
+        Store(tmp_path / "other.db")
 
 
 def test_two_processes_replaying_one_file_into_one_store_each_take_free_ids(tmp_path):
