@@ -71,15 +71,12 @@ def clm_error_to_api(error: ClmError) -> APIError:
     if isinstance(error, ConfigError):
         return APIError(400, str(error), param=error.field)
     if isinstance(error, PoolTooSmallError):
-        hint = "lower max_tokens or shorten the messages; the server's --max-kv-bytes sizes the pool"
-        message = f"{_for_a_client(error)} ({hint})"
+        message = _for_a_client(error, "lower max_tokens or shorten the messages")
         return APIError(400, message, param="messages", code="context_length_exceeded")
     if isinstance(error, ContextWindowError | ContextBudgetError):
         return APIError(400, str(error), param="messages", code="context_length_exceeded")
     if isinstance(error, PoolExhaustedError):
-        message = (
-            f"{_for_a_client(error)} (retry after Retry-After seconds; the server's --max-kv-bytes sizes the pool)"
-        )
+        message = _for_a_client(error, "retry after Retry-After seconds")
         return APIError(503, message, code="pool_exhausted", retry_after=RETRY_AFTER_S)
     if isinstance(error, RemoteEngineError):
         log.error("the serving engine failed a request: %s", error)
@@ -92,11 +89,13 @@ def clm_error_to_api(error: ClmError) -> APIError:
     return APIError(500, str(error), code="internal_error")
 
 
-def _for_a_client(error: ClmError) -> str:
+def _for_a_client(error: ClmError, what_to_do: str) -> str:
     """A pool error's message in the request's terms: the library's ``max_new_tokens`` is
-    the request's ``max_tokens``, and its hint (``max_kv_bytes``, ``max_blocks``, Python
-    arguments) is the operator's, replaced by the caller with one a client can act on."""
-    return error.message.replace("max_new_tokens", "max_tokens")
+    the request's ``max_tokens``, and its hint (``max_kv_bytes``, ``max_blocks``: Python
+    arguments, the operator's) gives way to ``what_to_do`` for the client and the server's
+    flag that sizes the pool."""
+    message = error.message.replace("max_new_tokens", "max_tokens")
+    return f"{message} ({what_to_do}; the server's --max-kv-bytes sizes the pool)"
 
 
 def unexpected_error(error: BaseException) -> APIError:
