@@ -170,7 +170,10 @@ class ChatCLM(BaseChatModel):
     quantization: Literal["int4", "int4-bf16"] | None = None
     """``"int4"``: 4-bit linear layers and an 8-bit LM head for CPU decode speed;
     ``"int4-bf16"`` also keeps them in bf16 for prefill chunks (faster prefill, ~210 MB
-    more). Approximate, their own cache keys; None keeps the weights as loaded."""
+    more). Approximate, their own cache keys; None keeps the weights as loaded. Faster on
+    a CPU with native bf16 (AVX-512 or AMX); on an AVX2-only CPU prefill is 1.5-2x
+    slower than the weights as loaded, ``"int4-bf16"`` keeps no bf16 copy, and a
+    ``RuntimeWarning`` says so."""
     compile_decode: bool = False
     """Decode through a step compiled ahead of time (torch.export + AOTInductor; CPU,
     Llama-family models): the same computation, fused; the first engine compiles (~45 s

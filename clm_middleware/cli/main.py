@@ -2,10 +2,16 @@
 
 User errors (``ClmError``: a bad file, a missing model, a setting out of range)
 print one clean line and exit 1, never a traceback. Ctrl-C exits 130 and SIGTERM
-143 after the report of finished turns is written.
+143 after the report of finished turns is written. A ``RuntimeWarning`` the library
+raises (quantizing on a CPU without native bf16, a damaged disk-cache entry) prints
+as one ``warning: ...`` line on stderr, as the CLI's own warnings do; any other
+warning keeps Python's format.
 """
 
 from __future__ import annotations
+
+import warnings
+from pathlib import Path
 
 import click
 
@@ -17,13 +23,31 @@ from clm_middleware.cli.serve_cmd import serve
 from clm_middleware.cli.stats_cmd import stats
 from clm_middleware.errors import ClmError
 
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def _one_line_warnings(fallback):
+    """A ``warnings.showwarning`` that prints the library's runtime warnings as one
+    ``warning: ...`` line and hands any other warning to ``fallback``."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, RuntimeWarning) and Path(filename).resolve().is_relative_to(_PACKAGE):
+            click.echo(f"warning: {message}", err=True)
+        else:
+            fallback(message, category, filename, lineno, file, line)
+
+    return show
+
 
 class ClmGroup(click.Group):
-    """Turns library errors into one-line CLI errors."""
+    """Turns library errors into one-line CLI errors, and its runtime warnings into
+    one-line CLI warnings."""
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                warnings.showwarning = _one_line_warnings(warnings.showwarning)
+                return super().invoke(ctx)
         except ClmError as error:
             raise click.ClickException(str(error)) from None
         except KeyboardInterrupt:  # before a command's own handling (loading the model): 130, not click's 1

@@ -12,6 +12,15 @@ them for inputs of ``DENSE_FROM_ROWS`` rows or more (prefill chunks), where a de
 product is 2-3x faster than the quantized kernels: faster prefill for ~210 MB more
 (still less than the fp32 weights); decode reads the 4-bit codes as with ``int4``.
 
+All of that holds on a CPU that multiplies bf16 natively (oneDNN's bf16 support:
+AVX-512 or AMX). On one that does not (an AVX2-only CPU) bf16 products are emulated:
+there, on an AVX2 EPYC, a 1,024-token prefill from scratch took 30.2 s with the dense
+bf16 copy, 9.0-10.6 s with the 4-bit kernels and 5.1-6.0 s with fp32 weights, while
+decode still gained (81-101 against 146-160 ms a token, uncompiled;
+``docs/bench_cpu_formats.py``). So on such a CPU ``int4-bf16``
+keeps no dense copy (it computes as ``int4``), and both formats warn once that
+prefill will be slower than with the weights as loaded (:func:`native_bf16_matmul`).
+
 Invariants:
 
 - Only ``torch.nn.Linear`` modules whose shapes the kernels take are replaced (4-bit:
@@ -27,6 +36,9 @@ Invariants:
   recompute with the same weights (≤ 1e-4). With ``int4-bf16`` a position's K/V depend on
   whether its chunk had ``DENSE_FROM_ROWS`` rows: a hit is close to a recompute, not
   equal (as with a bf16 pool, ``kv_dtype``).
+- Whether ``int4-bf16`` keeps its dense copy depends on the CPU alone
+  (:func:`native_bf16_matmul`), never on a timing: the same machine always computes
+  the same K/V. ``QuantizationReport.dense_prefill`` says which.
 - The model gets its own fingerprint (the exact one plus the format): K/V computed
   with quantized weights never serve an exact engine, in memory or on disk, nor the
   other way round.
@@ -36,6 +48,8 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -149,6 +163,38 @@ class QuantizationReport:
     max_weight_error: float
     bytes_before: int
     bytes_after: int
+    dense_prefill: bool = False  # int4-bf16 kept its dense bf16 copy for prefill chunks
+
+
+@functools.cache
+def native_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (oneDNN's bf16 support:
+    AVX-512 or AMX), where the bf16 kernels and the dense bf16 copy are fast; on an
+    AVX2-only CPU they are emulated and slower than fp32 (module docstring). True where
+    PyTorch cannot tell (another build or architecture): the behaviour as documented."""
+    probe = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    if probe is None:
+        return True
+    try:
+        return bool(probe())
+    except RuntimeError:
+        return True
+
+
+def _warn_emulated_bf16(quantization: str) -> None:
+    dense = (
+        " int4-bf16 keeps no dense bf16 copy here (it would prefill slower still) and computes as int4."
+        if quantization == "int4-bf16"
+        else ""
+    )
+    warnings.warn(
+        f"quantization={quantization!r}: this CPU has no native bf16 matrix multiply (no AVX-512 or AMX), "
+        "so the 4-bit kernels emulate bf16: decode reads fewer bytes and stays faster than with fp32 "
+        "weights, but prefill is 1.5-2x slower (1,024 tokens: 9.0-10.6 s against 5.1-6.0 s on an AVX2 EPYC)."
+        f"{dense} Leave quantization out where prefill time matters more than decode speed and memory.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def quantize_model(model: torch.nn.Module, quantization: str) -> QuantizationReport:
@@ -162,6 +208,10 @@ def quantize_model(model: torch.nn.Module, quantization: str) -> QuantizationRep
     device = next(model.parameters()).device
     if device.type != "cpu":
         raise ConfigError("quantization", f"{quantization} runs on the CPU only; the model is on {device}")
+    native = native_bf16_matmul()
+    if not native:
+        _warn_emulated_bf16(quantization)
+    dense = quantization == "int4-bf16" and native
     exact_fingerprint = model_fingerprint(model)
     parameters = parameter_count(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -181,7 +231,7 @@ def quantize_model(model: torch.nn.Module, quantization: str) -> QuantizationRep
         if not replacement.fits(child):
             counts["kept"] += 1
             continue
-        quantized = replacement(child, dense_prefill=quantization == "int4-bf16")
+        quantized = replacement(child, dense_prefill=dense)
         before += child.weight.numel() * child.weight.element_size()
         after += sum(buffer.numel() * buffer.element_size() for buffer in quantized.buffers())
         error = max(error, quantized.max_weight_error)
@@ -196,7 +246,9 @@ def quantize_model(model: torch.nn.Module, quantization: str) -> QuantizationRep
     object.__setattr__(model, _ATTR_FORMAT, quantization)
     object.__setattr__(model, _ATTR_PARAMETERS, parameters)
     set_fingerprint(model, xxhash.xxh3_128(f"{exact_fingerprint}|weights={quantization}".encode()).hexdigest())
-    return QuantizationReport(quantization, counts["int4"], counts["int8"], counts["kept"], error, before, after)
+    return QuantizationReport(
+        quantization, counts["int4"], counts["int8"], counts["kept"], error, before, after, dense_prefill=dense
+    )
 
 
 def model_quantization(model: torch.nn.Module) -> str | None:

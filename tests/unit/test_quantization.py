@@ -1,13 +1,17 @@
 """quantization="int4": 4-bit layers and an 8-bit head, approximate, never mixed with exact blocks."""
 
 import copy
+import json
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from clm_middleware.cli.main import cli
 from clm_middleware.cli.setup import build_engine, engine_description
 from clm_middleware.engine import Engine
 from clm_middleware.errors import ConfigError
+from clm_middleware.models import quantization
 from clm_middleware.models.quantization import (
     DENSE_FROM_ROWS,
     GROUP_SIZE,
@@ -111,11 +115,12 @@ def test_int4_bf16_computes_prefill_chunks_densely_and_decode_from_the_codes():
     assert torch.equal(layer(step), plain(step))  # one row: the 4-bit kernel, as int4
 
 
-def test_int4_bf16_hits_are_close_to_a_recompute_and_prefill_is_dense(tiny_model, tiny_tok):
+def test_int4_bf16_hits_are_close_to_a_recompute_and_prefill_is_dense(tiny_model, tiny_tok, monkeypatch):
+    monkeypatch.setattr(quantization, "native_bf16_matmul", lambda: True)  # a CPU with AVX-512 or AMX
     model = copy.deepcopy(tiny_model)
     report = quantize_model(model, "int4-bf16")
     assert report.int4_layers == 7 * tiny_model.config.num_hidden_layers and model_quantization(model) == "int4-bf16"
-    assert model.lm_head.dense_weight is not None
+    assert report.dense_prefill and model.lm_head.dense_weight is not None
     engine = Engine(model, tiny_tok)
     prompt, tail = prompt_of(70), prompt_of(9, offset=3)
     fresh = engine.generate(prompt + tail, max_new_tokens=1, use_pool=False, return_logits=True).result()
@@ -125,6 +130,37 @@ def test_int4_bf16_hits_are_close_to_a_recompute_and_prefill_is_dense(tiny_model
     # the tail's 9 rows take the 4-bit kernel here, the dense product in the fresh run
     spread = float(fresh.logits[0].abs().max())
     assert torch.allclose(hit.logits[0], fresh.logits[0], atol=0.05 * spread)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int4-bf16"])
+def test_on_a_cpu_that_emulates_bf16_quantizing_warns_and_int4_bf16_keeps_no_dense_copy(tiny_model, fmt, monkeypatch):
+    monkeypatch.setattr(quantization, "native_bf16_matmul", lambda: False)  # an AVX2-only CPU
+    model = copy.deepcopy(tiny_model)
+    with pytest.warns(RuntimeWarning, match="no native bf16 matrix multiply") as caught:
+        report = quantize_model(model, fmt)
+    message = str(caught[0].message)
+    assert f"quantization={fmt!r}" in message and "prefill is 1.5-2x slower" in message
+    assert ("keeps no dense bf16 copy" in message) == (fmt == "int4-bf16")
+    assert not report.dense_prefill and model_quantization(model) == fmt
+    assert all(layer.dense_weight is None for layer in model.modules() if isinstance(layer, (Int4Linear, Int8Linear)))
+
+
+def test_the_cli_prints_the_emulated_bf16_warning_as_one_warning_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(quantization, "native_bf16_matmul", lambda: False)
+    transcript = tmp_path / "chat.jsonl"
+    lines = [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi."}]
+    transcript.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    args = ["replay", str(transcript), "--model", "tiny", "--max-new-tokens", "2", "--quantization", "int4-bf16"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.stderr.splitlines() if "no native bf16" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: quantization='int4-bf16': this CPU")
+    assert "RuntimeWarning" not in result.stderr and ".py:" not in result.stderr
+
+
+def test_the_bf16_probe_answers_a_bool_and_the_same_every_time():
+    assert quantization.native_bf16_matmul() in (True, False)
+    assert quantization.native_bf16_matmul() is quantization.native_bf16_matmul()
 
 
 def test_quantized_and_exact_weights_never_share_blocks_in_memory_or_on_disk(tiny_model, tiny_tok, quantized, tmp_path):
