@@ -73,6 +73,14 @@ API_KEY_ENV = "CLM_API_KEY"
     help="Turns generating at once; further requests wait for a free slot.",
 )
 @click.option(
+    "--pool-wait",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds a request the KV pool has no room for waits, in line, for running turns to end "
+    "before it is answered 503 (0: at once).",
+)
+@click.option(
     "--max-tokens",
     type=click.IntRange(min=1),
     default=256,
@@ -104,6 +112,7 @@ def serve(
     allowed_origins: tuple[str, ...],
     max_sessions: int,
     max_concurrent_turns: int,
+    pool_wait: float,
     max_tokens: int,
     temperature: float,
     top_k: int | None,
@@ -151,6 +160,7 @@ def serve(
             allowed_origins=allowed_origins,
             max_sessions=max_sessions,
             max_concurrent_turns=max_concurrent_turns,
+            pool_wait_s=pool_wait,
             generation=generation,
         )
         if db is not None:

@@ -7,6 +7,7 @@ closes it: its blocks go back to the pool; with a store it resumes by name), ``G
 ``Authorization: Bearer KEY``.
 
 Generation runs in worker threads, never on the event loop (streaming.py for streams).
+A request the KV pool has no room for waits in line for running turns (pool_room.py).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from clm_middleware.adapters.chat_call import ChatAnswer, ChatRequest
 from clm_middleware.adapters.sessions import Session
-from clm_middleware.errors import ClmError
+from clm_middleware.errors import ClmError, PoolExhaustedError
 
 from . import convert
 from .accounting import RequestAccounting
 from .errors import APIError, clm_error_to_api, install_error_handlers, unexpected_error
 from .metrics import CONTENT_TYPE
+from .pool_room import PoolRoom
 from .schemas import ChatCompletionRequest
 from .service import ChatService, detail, summary
 from .streaming import Event, TurnEvents, sse
@@ -50,6 +52,7 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
     # a turn is CPU- or GPU-bound: past a few at once they only slow each other down, so
     # more requests wait here (without blocking the event loop) for a free slot
     slots = asyncio.Semaphore(service.config.max_concurrent_turns)  # released by whoever ends the turn
+    room = PoolRoom(service.config.pool_wait_s)  # requests the pool refused, waiting for a turn to end
     install_error_handlers(app)
     model_id = service.config.model_id
     created = int(time.time())
@@ -137,13 +140,54 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
     async def start_turn(chat: ChatRequest, tenant: str | None) -> TurnEvents:
         """The turn running in a worker once a slot is free; the worker gives the slot back."""
         await slots.acquire()
+
+        def finished() -> None:
+            slots.release()
+            room.turn_ended()
+
+        room.turn_started()
         try:
-            events = TurnEvents(on_finished=slots.release)
+            events = TurnEvents(on_finished=finished)
             events.start_call(service.call(chat, tenant, events))
         except BaseException:
-            slots.release()
+            finished()
             raise
         return events
+
+    async def admitted_turn(
+        chat: ChatRequest, tenant: str | None, watch: _ClientWatch
+    ) -> tuple[TurnEvents | None, Event | None]:
+        """The turn and its first event; no event once the client left (the turn undone,
+        or never started). A turn the pool refused while others run waits in line for one
+        of them to end and tries again (pool_room.py), up to ``pool_wait_s`` from its
+        arrival; then its last refusal stands."""
+        deadline = time.monotonic() + room.wait_s
+        ticket = room.join(tried=False) if room.waiting else None
+        last: tuple[TurnEvents | None, Event | None] | None = None
+        try:
+            while True:
+                if ticket is not None:
+                    turn = await room.my_turn(ticket, deadline, watch.gone, DISCONNECT_POLL_S)
+                    if turn == "gone":
+                        return None, None
+                    if turn == "timeout" and last is not None:
+                        return last
+                events = await start_turn(chat, tenant)
+                first = await _next_unless_gone(events, watch)
+                last = (events, first)
+                refused = first is not None and first[0] == "error" and isinstance(first[1], PoolExhaustedError)
+                if not refused or time.monotonic() >= deadline:
+                    return last
+                await events.finished()
+                if room.running == 0:  # nothing runs: no room will come back
+                    return last
+                if ticket is None:
+                    ticket = room.join(tried=True)
+                else:
+                    room.refused(ticket)
+        finally:
+            if ticket is not None:
+                room.leave(ticket)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request, key: str | None = Depends(api_key)):
@@ -158,19 +202,19 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
         chat = convert.chat_request(body, service.config.generation, session_id)
         tenant = service.tenant(key, body.user)
         completion_id = convert.completion_id()
-        events = await start_turn(chat, tenant)
+        watch = _ClientWatch(request)
+        events, first = await admitted_turn(chat, tenant, watch)
+        if events is None or first is None:  # the client left before the first text; the turn was undone
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        if first[0] == "error":  # failed before its first token: a real status, not a 200 stream
+            await events.finished()
+            error = first[1]
+            raise clm_error_to_api(error) if isinstance(error, ClmError) else unexpected_error(error)
         if body.stream:
-            first = await _next_unless_gone(events, _ClientWatch(request))
-            if first is None:  # the client left before the first text; the turn was undone
-                return Response(status_code=CLIENT_CLOSED_REQUEST)
-            if first[0] == "error":  # failed before its first token: a real status, not a 200 stream
-                await events.finished()
-                error = first[1]
-                raise clm_error_to_api(error) if isinstance(error, ClmError) else unexpected_error(error)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             stream = sse(service, events, first, completion_id, model_id, session_id, include_usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        answer = await _answer_unless_gone(events, _ClientWatch(request))
+        answer = first[1] if first[0] == "done" else await _answer_unless_gone(events, watch)
         if answer is None:  # nobody reads a response; the turn was undone
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         service.metrics.turn(answer.reply.stats)

@@ -43,6 +43,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     max_sessions: int = MAX_SESSIONS
     max_concurrent_turns: int = 4  # turns generating at once; more requests wait their turn
+    pool_wait_s: float = 60.0  # a request the pool has no room for waits this long for turns to end (pool_room.py)
     generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(max_new_tokens=256))
     # browser origins allowed to call the API (CORS; "*" for any); none: same-origin only
     allowed_origins: tuple[str, ...] = ()
@@ -54,6 +55,8 @@ class ServerConfig:
             raise ConfigError("max_sessions", f"must be ≥ 1, got {self.max_sessions}")
         if self.max_concurrent_turns < 1:
             raise ConfigError("max_concurrent_turns", f"must be ≥ 1, got {self.max_concurrent_turns}")
+        if not self.pool_wait_s >= 0:  # NaN too
+            raise ConfigError("pool_wait_s", f"must be ≥ 0 seconds, got {self.pool_wait_s}")
         if any(not key for key in self.api_keys):
             raise ConfigError("api_key", "must not be empty")
         bad = next((o for o in self.allowed_origins if o != "*" and "://" not in o), None)
