@@ -3,9 +3,12 @@
     python examples/langchain_agent.py
 
 SmolLM2-135M rarely decides to call a tool on its own, so the first step requires a
-call (tool_choice="any": the reply opens with a tool call and the model fills it in);
-later steps let the model decide. Each step re-sends the whole history, as LangChain
-agents do; ChatCLM recognises it and prefills only the new messages.
+call (tool_choice="any": the reply opens with a tool call and the model fills it in).
+Left to decide after the result, it calls the same tool again and again (four times in
+four steps, never answering), so a repeated call is not run again: that step asks for
+the answer instead (tool_choice="none": no tools offered), as an agent caps a loop. A
+stronger model answers with tool_choice="auto" on its own. Each step re-sends the whole
+history, as LangChain agents do; ChatCLM recognises it and prefills only the new messages.
 """
 
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
@@ -41,14 +44,23 @@ def run_tool(call: dict) -> ToolMessage:
         return ToolMessage(f"Error: {error.errors()[0]['msg']}", tool_call_id=call["id"], status="error")
 
 
+def repeats(reply, done: list[tuple[str, dict]]) -> bool:
+    """Whether every call of ``reply`` was made before with the same arguments."""
+    return bool(reply.tool_calls) and all((call["name"], call["args"]) in done for call in reply.tool_calls)
+
+
 llm = ChatCLM(max_tokens=48, tagging="signals")
 history = [
     SystemMessage("You are a travel assistant. Use the tools to answer."),
     HumanMessage("What's the weather like in Lisbon right now?"),
 ]
+done: list[tuple[str, dict]] = []  # (tool, arguments) already run
 for step in range(4):
     model = llm.bind_tools(list(TOOLS.values()), tool_choice="any" if step == 0 else "auto")
     reply = model.invoke(history)
+    if repeats(reply, done):  # the same call again: ask for the answer from the results instead
+        print(f"step {step}: the model repeated {reply.tool_calls[0]['name']}; asking for the answer")
+        reply = llm.bind_tools(list(TOOLS.values()), tool_choice="none").invoke(history)
     history.append(reply)
     usage = reply.usage_metadata
     cached = usage["input_token_details"]["cache_read"]
@@ -57,6 +69,7 @@ for step in range(4):
         print("answer:", reply.content)
         break
     for call in reply.tool_calls:
+        done.append((call["name"], call["args"]))
         result = run_tool(call)
         print(f"  {call['name']}({call['args']}) -> {result.content}")
         history.append(result)

@@ -59,7 +59,7 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
 
     if service.config.allowed_origins:  # preflights answered here; accounting, added after, counts them
         app.add_middleware(
-            CORSMiddleware,
+            _CORSWithErrorObjects,
             allow_origins=list(service.config.allowed_origins),
             allow_methods=["*"],
             allow_headers=["*"],
@@ -221,6 +221,26 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
         return JSONResponse(convert.completion_body(answer, model_id, completion_id, session_id))
 
     return app
+
+
+class _CORSWithErrorObjects(CORSMiddleware):
+    """Starlette's CORS middleware, but a refused preflight (an origin, method or header
+    not allowed) answers an OpenAI-style error object, as every other error here does,
+    instead of the plain text ``Disallowed CORS origin``."""
+
+    def preflight_response(self, request_headers):
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        refused = bytes(response.body).decode().removeprefix("Disallowed CORS ")
+        error = APIError(
+            400,
+            f"CORS preflight refused: {refused} not allowed (the server's --allowed-origins lists the origins)",
+            param=refused.split(", ")[0],
+            code="cors_not_allowed",
+        )
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+        return JSONResponse(error.body(), status_code=400, headers=headers)
 
 
 class _ClientWatch:

@@ -360,7 +360,9 @@ def test_an_assistant_refusal_part_in_the_history_reaches_the_model_as_its_text(
     assert "I cannot share secrets." in context
 
 
-def test_cors_is_off_by_default_and_allowed_origins_answer_preflights(server, launch, tmp_path):
+def test_cors_is_off_by_default_allowed_origins_answer_preflights_and_others_get_an_error_object(
+    server, launch, tmp_path
+):
     preflight = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"}
     closed = httpx.options(server.api + "/chat/completions", headers=preflight, timeout=TIMEOUT_S)
     assert "access-control-allow-origin" not in closed.headers  # same-origin only unless asked
@@ -375,6 +377,9 @@ def test_cors_is_off_by_default_and_allowed_origins_answer_preflights(server, la
             live.api + "/chat/completions", headers={**asked, "Origin": "http://evil.example"}, timeout=TIMEOUT_S
         )
         assert other.headers.get("access-control-allow-origin") != "http://evil.example"
+        error = _error(other, 400)  # an error object like every other, not starlette's plain text
+        assert error["code"] == "cors_not_allowed" and error["param"] == "origin"
+        assert "--allowed-origins" in error["message"]
     finally:
         live.stop()
 
