@@ -52,7 +52,8 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
     # a turn is CPU- or GPU-bound: past a few at once they only slow each other down, so
     # more requests wait here (without blocking the event loop) for a free slot
     slots = asyncio.Semaphore(service.config.max_concurrent_turns)  # released by whoever ends the turn
-    room = PoolRoom(service.config.pool_wait_s)  # requests the pool refused, waiting for a turn to end
+    # requests the pool refused, waiting for a turn to end
+    room = PoolRoom(service.config.pool_wait_s, on_line_change=service.metrics.waiting_for_pool.set)
     install_error_handlers(app)
     model_id = service.config.model_id
     created = int(time.time())

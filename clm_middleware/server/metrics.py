@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -61,6 +61,11 @@ class ServerMetrics:
         )
         self.ttft_seconds = Histogram(
             "clm_ttft_seconds", "time to the first token", buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
+        self.waiting_for_pool = Gauge(
+            "clm_requests_waiting_for_pool",
+            "requests the KV pool has no room for, waiting in line for running turns (--pool-wait)",
+            registry=registry,
         )
         self.registry.register(_Live(pool_stats, sessions))
 

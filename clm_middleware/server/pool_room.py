@@ -31,8 +31,9 @@ from collections.abc import Awaitable, Callable
 class PoolRoom:
     """Turn counts and the line of requests waiting for pool room (see the module docstring)."""
 
-    def __init__(self, wait_s: float) -> None:
+    def __init__(self, wait_s: float, on_line_change: Callable[[int], None] | None = None) -> None:
         self.wait_s = wait_s
+        self._on_line_change = on_line_change  # called with the line's length after each join and leave
         self.running = 0  # turns admitted or being admitted, not yet ended
         self._ended = 0  # turns ended so far: a waiter tries again once this has moved
         self._line: deque[_Ticket] = deque()
@@ -55,12 +56,14 @@ class PoolRoom:
         (it tries again after the next turn ends), else it tries once it is first."""
         ticket = _Ticket(self._ended if tried else None)
         self._line.append(ticket)
+        self._line_changed()
         return ticket
 
     def leave(self, ticket: _Ticket) -> None:
         if ticket in self._line:
             first = self._line[0] is ticket
             self._line.remove(ticket)
+            self._line_changed()
             if first:
                 self._wake()
 
@@ -85,6 +88,10 @@ class PoolRoom:
                 await asyncio.wait_for(self._changed.wait(), min(left, poll_s))
             if await gone():
                 return "gone"
+
+    def _line_changed(self) -> None:
+        if self._on_line_change is not None:
+            self._on_line_change(len(self._line))
 
     def _wake(self) -> None:
         self._changed.set()

@@ -22,7 +22,8 @@ async def never_gone() -> bool:
 
 
 async def test_the_first_in_line_tries_once_per_ended_turn_and_the_next_only_after_it_leaves():
-    room = PoolRoom(wait_s=10)
+    lengths: list[int] = []
+    room = PoolRoom(wait_s=10, on_line_change=lengths.append)
     room.turn_started()
     first, second = room.join(tried=True), room.join(tried=False)
     deadline = time.monotonic() + 5
@@ -37,6 +38,8 @@ async def test_the_first_in_line_tries_once_per_ended_turn_and_the_next_only_aft
     assert not waiting_second.done()  # ...and the second never overtakes it while it is in line
     room.leave(first)
     assert await asyncio.wait_for(waiting_second, 1) == "try"  # first in line, not tried yet: at once
+    room.leave(second)
+    assert lengths == [1, 2, 1, 0]  # the metric clm_requests_waiting_for_pool follows the line
 
 
 async def test_a_refused_first_in_line_waits_for_the_next_end_and_gives_up_at_its_deadline():
@@ -96,5 +99,6 @@ def test_a_burst_the_pool_cannot_hold_at_once_is_served_in_line_without_a_503(tm
             thread.join(timeout=TIMEOUT_S)
         assert statuses == {0: 200, 1: 200, 2: 200, 3: 200}
         assert server.metric("clm_pool_blocks_in_use") <= 24
+        assert server.metric("clm_requests_waiting_for_pool") == 0
     finally:
         server.stop()
