@@ -172,6 +172,8 @@ class LifecycleConfig:
             raise ConfigError("compact_ahead", f"must be true or false, got {self.compact_ahead!r}")
         if self.protect_turns < 1:
             raise ConfigError("protect_turns", f"must be ≥ 1, got {self.protect_turns}")
+        if self.min_reclaim_tokens < 0:
+            raise ConfigError("min_reclaim_tokens", f"must be ≥ 0, got {self.min_reclaim_tokens}")
 
 
 def tagging_config(mode: str, compress_min_tokens: int) -> TaggingConfig:

@@ -114,3 +114,13 @@ def test_the_mark_never_goes_below_min_low_water(make_engine):
 def test_pace_and_share_settings_out_of_range_are_refused_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
         LifecycleConfig(budget=BUDGET, **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("min_reclaim_tokens", -1), ("room_turns", -1), ("protect_turns", 0), ("low_water", 0.1), ("recent_share", 1.0)],
+)
+def test_a_lifecycle_setting_out_of_range_is_refused_naming_it(field, value):
+    with pytest.raises(ConfigError) as raised:
+        LifecycleConfig(**{field: value})
+    assert raised.value.field == field
