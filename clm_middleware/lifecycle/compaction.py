@@ -57,7 +57,8 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    that does not fit after all is undone before it is folded (``_Snapshot``): what it
    dropped to make room for itself comes back;
 3. if the newest exchange alone still outgrows the budget, its own long segments are
-   condensed (faithfully) as a last resort, and then a tool's result in it that
+   cut by what is needed, fillers first, or condensed (faithfully) where a cut would
+   keep less (``_cut_to_fit``), as a last resort, and then a tool's result in it that
    condensing cannot shorten enough is trimmed to what fits (an agent cannot send a
    shorter result): JSON to its leading items, plain text to its leading whole lines
    or sentences (a tool's records, never condensed word by word: ``record_text``); if
@@ -80,6 +81,7 @@ from clm_middleware.lifecycle.compressor import (
     TIGHTENED,
     CompressionResult,
     Compressor,
+    check_faithful,
     content_words,
     has_content_words,
 )
@@ -738,10 +740,37 @@ class Compactor:
         ]
         self.compressor.score_in_order(newest)
         for segment in sorted(newest, key=lambda s: (asks(s), -len(s.token_ids))):
-            if self.prompt_length() <= budget:
+            excess = self.prompt_length() - budget
+            if excess <= 0:
                 return
-            if len(segment.token_ids) >= MIN_CONDENSE_TOKENS:
+            if len(segment.token_ids) >= MIN_CONDENSE_TOKENS and not self._cut_to_fit(segment, excess, result, turn):
                 self._compress(segment, result, turn)
+
+    def _cut_to_fit(self, segment: Segment, excess: int, result: CompactionResult, turn: int) -> bool:
+        """Cut a new message's ``segment`` by ``excess`` tokens, its least informative words
+        first (``Compressor.trim``: facts, and the words that bound them, last), where that
+        keeps more of it than condensing would, and every fact: a message one token over
+        the budget loses a filler, not "after" from "leaving after 19:30" or "one child
+        aged seven"."""
+        room = len(segment.visible_ids) - excess
+        if room <= 0:
+            return False
+        tick = time.perf_counter()
+        cut = self.compressor.trim(segment, room)
+        if cut.ok and len(cut.token_ids) > room:  # words counted alone tokenize a little differently
+            cut = self.compressor.trim(segment, 2 * room - len(cut.token_ids))
+        condensed = self.compressor.compress(segment)
+        result.compression_s += time.perf_counter() - tick
+        if (
+            not cut.ok
+            or len(cut.token_ids) > room
+            or (condensed.ok and len(cut.token_ids) <= len(condensed.token_ids))
+            or not check_faithful(segment.text, cut.text).faithful  # every fact, as condensing keeps them
+        ):
+            return False
+        result.compressions.append((segment, cut))
+        self._apply_compression(segment, cut, result, turn)
+        return True
 
     def _trim_newest_tool_results(
         self,

@@ -86,6 +86,12 @@ _FUNCTION_WORDS_TEXT = """a about above after again all also am an and any are a
     there's it'll we'll we're they're don't can't won't didn't isn't what's anything
     something everything nothing done moment yeah yep yup hmm"""
 _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
+# function words that bound a fact ("after 19:30", "under 100 euros", "from X to Y"): a cut
+# that keeps the fact without them says something else, so ``trim`` ranks them with the
+# content words, not with the fillers it lets go first
+_CONSTRAINT_TEXT = """after before until since between under over above below more most less least fewer than
+    only without except each every per within from to no not nor never"""
+_CONSTRAINT_WORDS = frozenset(_CONSTRAINT_TEXT.split())
 
 
 def content_words(text: str) -> set[str]:
@@ -402,9 +408,10 @@ class Compressor:
         repeats = _in_repeats(segment.visible_text, shown)
         bares = [folded_word(word) for word in visible]
         counts = [max(1, len(self.format.encode(" " + word))) for word in visible]
+        filler = [bare in _FUNCTION_WORDS and bare.casefold() not in _CONSTRAINT_WORDS for bare in bares]
         order = sorted(
             range(len(visible)),
-            key=lambda i: (bares[i] not in facts, bares[i] in _FUNCTION_WORDS, -surprise.get(bares[i], 0.0), i),
+            key=lambda i: (bares[i] not in facts, filler[i], -surprise.get(bares[i], 0.0), i),
         )
         keep: set[int] = set()
         used = 0

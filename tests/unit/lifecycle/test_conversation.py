@@ -418,6 +418,27 @@ def test_a_new_message_over_the_budget_is_condensed_faithfully_when_that_fits(co
     assert any(s["ok"] for s in reply.stats.summaries)
 
 
+@pytest.mark.parametrize("over", [1, 4])
+def test_a_new_message_just_over_the_budget_loses_fillers_not_what_bounds_its_facts(converse, over):
+    """A message a few tokens over the budget is cut by about what is needed, fillers
+    first: until 2026-12-07 it was condensed whole ("leaving after 19:30" → "19:30", "one
+    child aged seven" → "aged", "in the south" → "south" lost on SmolLM2, 10-14 tokens cut
+    where 1 was needed)."""
+    message = (
+        "We are two adults and one child aged seven, leaving after 19:30 on Friday, "
+        "and we would rather stay in the south near the station."
+    )
+    measured = converse()
+    full = measured.send(message).stats.prompt_tokens
+    conversation = converse(budget=full - over)
+    reply = conversation.send(message)
+    assert full - over - 3 * over <= reply.stats.prompt_tokens <= full - over
+    shown = conversation.context
+    for kept in ("two adults", "one child aged seven", "after 19:30", "Friday", "south", "station"):
+        assert kept in shown
+    assert [s["method"] for s in reply.stats.summaries if s["ok"]] == ["trimmed"]
+
+
 def test_a_long_new_message_is_scored_in_one_call_and_its_question_is_condensed_last(converse, engine, monkeypatch):
     """Condensing a paste scores its pieces in one forward, not one forward per piece, and
     the question the user asks about it stays as asked while other pieces can shrink."""
@@ -677,8 +698,10 @@ def test_a_long_segment_of_facts_is_trimmed_to_what_fits_rather_than_dropped_who
     """Budget pressure on a pasted list (one long segment of facts): dropping it whole would
     free far more than needed, so it keeps what fits, facts first, and says nothing it did
     not say."""
+    # 16 entries: the paste fits the budget when it is sent (over it, the newest message
+    # is cut first to fit, a path of its own), and later turns bring the pressure
     entries = ", ".join(
-        f"bin {c}{n} holds item X{n * 37}" for c, n in zip("ABCDEFGHJKLMNPQRSTUV", range(10, 30), strict=True)
+        f"bin {c}{n} holds item X{n * 37}" for c, n in zip("ABCDEFGHJKLMNPQR", range(10, 26), strict=True)
     )
     pasted = "inventory " + entries
     config = LifecycleConfig(tagging=TaggingConfig(mode="rules"), budget=450)
