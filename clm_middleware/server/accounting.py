@@ -85,8 +85,12 @@ class RequestAccounting:
 
     def _count(self, scope: Scope, status: int) -> None:
         route: Any = scope.get("route")  # set by the router on the shared scope once it matched
-        if route is None:  # refused before routing (a body over the limit by its Content-Length)
-            route = next((r for r in self.routes if r.matches(scope)[0] is Match.FULL), None)
+        if route is None:  # answered before routing: a body over the limit by its Content-Length,
+            # a CORS preflight (OPTIONS, which no route takes: its path matches only partly)
+            matched = [(r.matches(scope)[0], r) for r in self.routes]
+            route = next((r for m, r in matched if m is Match.FULL), None) or next(
+                (r for m, r in matched if m is Match.PARTIAL), None
+            )
         # the template without converters ("/v1/sessions/{session_id}", not "{session_id:path}")
         endpoint = getattr(route, "path_format", None) or getattr(route, "path", None) or "unmatched"
         self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()

@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from clm_middleware.cache.block_pool import PoolStats
 from clm_middleware.server.accounting import RequestAccounting
@@ -97,3 +98,32 @@ def test_a_body_over_the_limit_by_its_content_length_is_counted_under_its_endpoi
 
     assert asyncio.run(run()).status_code == 413
     assert metrics.registry.get_sample_value("clm_requests_total", {"endpoint": "/echo", "status": "413"}) == 1.0
+
+
+def test_a_cors_preflight_and_a_wrong_method_are_counted_under_their_endpoint_not_unmatched():
+    """Both are answered before a route takes them (the CORS middleware; the router's 405):
+    a path that exists is named, so an operator sees which endpoint browsers ask about."""
+    app = FastAPI()
+    metrics = ServerMetrics(lambda: EMPTY_POOL, lambda: 0)
+    install_error_handlers(app)
+    app.add_middleware(CORSMiddleware, allow_origins=["http://ui.example"], allow_methods=["*"])
+    app.add_middleware(RequestAccounting, metrics=metrics, max_body_bytes=1024, routes=app.router.routes)
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> dict:
+        return {"ok": True}
+
+    async def run() -> list[httpx.Response]:
+        preflight = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return [
+                await client.options("/v1/chat/completions", headers=preflight),
+                await client.get("/v1/chat/completions"),
+                await client.get("/nowhere"),
+            ]
+
+    assert [r.status_code for r in asyncio.run(run())] == [200, 405, 404]
+    sample = metrics.registry.get_sample_value
+    assert sample("clm_requests_total", {"endpoint": "/v1/chat/completions", "status": "200"}) == 1.0
+    assert sample("clm_requests_total", {"endpoint": "/v1/chat/completions", "status": "405"}) == 1.0
+    assert sample("clm_requests_total", {"endpoint": "unmatched", "status": "404"}) == 1.0
