@@ -38,7 +38,7 @@ empty turn, header and footer, as the chat template renders it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from clm_middleware.lifecycle.segmenter import has_code_block, unclosed_fence
@@ -129,8 +129,7 @@ class ContextRenderer:
     def _digest(
         self, ids: list[int], rendered: RenderedContext, folded: list[MessageRecord], segments: dict[SegmentId, Segment]
     ) -> None:
-        lines = [[segments[s] for s in m.segment_ids if segments[s].visible] for m in folded]
-        lines = [line for line in lines if line]
+        lines = _digest_segments(folded, segments)
         if not lines:
             return
         glue = self.format.glue["system"]
@@ -199,3 +198,17 @@ class ContextRenderer:
         if cached is None:
             cached = self._ids_cache[text] = self.format.encode(text)
         return cached
+
+
+def _digest_segments(folded: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment]) -> list[list[Segment]]:
+    """The digest's lines: per folded message, its visible segments (none: no line)."""
+    lines = [[segments[s] for s in m.segment_ids if segments[s].visible] for m in folded]
+    return [line for line in lines if line]
+
+
+def digest_lines(messages: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment], fold: int) -> list[str]:
+    """The text of the digest's lines (``ContextRenderer.render`` with ``fold``): what a
+    reply that reads the notes back copies."""
+    body = messages[1:] if messages and messages[0].role == "system" else messages
+    folded = [m for m in body if m.index < fold]
+    return [" ".join(s.visible_text.strip() for s in line) for line in _digest_segments(folded, segments)]

@@ -18,6 +18,12 @@ Flags (``reply_flags``), one list per generated reply, in the report:
   gave before (and can still see), or a shorter reply of ``SHORT_REPEAT_WORDS`` words or
   more is word for word one of them: the same loop across turns, where a small model
   copies its last answer instead of answering the new message;
+- ``reads_back_notes``: the answer is the digest read back (``reads_back_notes``): each
+  of its lines is, word for word, a line of the "Notes from earlier turns" the model was
+  shown, or, long enough for n-grams, ``LOOP_SHARE`` of them stand in those lines. A
+  small model at a small budget answered "Alec's Hotel,\narrive Friday." to "Something
+  cheap in the north, please." and then to every message after it: the notes' clipped
+  wording is machinery, not an answer;
 - ``empty``: nothing visible was delivered.
 
 Cut (``first_repeated_sentence``): a reply is cut where it starts to repeat itself, and
@@ -61,7 +67,7 @@ holds back a suffix that may still turn into a marker instead of showing half of
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import regex
 
@@ -206,6 +212,20 @@ def repeats_earlier(text: str, earlier: Iterable[str], n: int = LOOP_NGRAM) -> b
     return bool(grams) and sum(gram in seen for gram in grams) / len(grams) >= LOOP_SHARE
 
 
+def reads_back_notes(text: str, notes: Sequence[str]) -> bool:
+    """Whether ``text`` is ``notes`` (the digest's lines) read back: every line of it,
+    and at least ``SHORT_REPEAT_WORDS`` words in all, is word for word one of them; or,
+    ``LOOP_MIN_TOKENS`` words or more, ``LOOP_SHARE`` of its word n-grams stand in them."""
+    if not notes:
+        return False
+    words = _words(text)
+    if len(words) >= LOOP_MIN_TOKENS:
+        return repeats_earlier(text, ["\n".join(notes)])  # n-grams run on from one line to the next
+    lines = [said for line in text.splitlines() if (said := _clause_words(line))]
+    noted = {tuple(_clause_words(note)) for note in notes}
+    return sum(map(len, lines)) >= SHORT_REPEAT_WORDS and all(tuple(line) in noted for line in lines)
+
+
 def shows_machinery(protocol: bool, context_texts: Iterable[str]) -> bool:
     """Whether markers, tags and block lines in a reply are machinery, to cut and flag:
     the context shows the protocol, or none of its texts holds such a thing (a model
@@ -213,11 +233,18 @@ def shows_machinery(protocol: bool, context_texts: Iterable[str]) -> bool:
     return protocol or not any(has_artifact(text) for text in context_texts)
 
 
-def reply_flags(answer: str, delivered: str, earlier: Iterable[str] = (), *, machinery: bool = True) -> list[str]:
+def reply_flags(
+    answer: str,
+    delivered: str,
+    earlier: Iterable[str] = (),
+    *,
+    machinery: bool = True,
+    notes: Sequence[str] = (),
+) -> list[str]:
     """Flags of one generated reply: ``answer`` as the model wrote it (block cut off),
     ``delivered`` what the user got, ``earlier`` the replies before it that the model saw;
     ``machinery``: the context showed the protocol (elsewhere a marker in a reply quotes
-    what the user wrote, and is no artifact)."""
+    what the user wrote, and is no artifact); ``notes``: the digest's lines it saw."""
     flags = []
     if machinery and has_artifact(answer):
         flags.append("protocol_artifact")
@@ -225,6 +252,8 @@ def reply_flags(answer: str, delivered: str, earlier: Iterable[str] = (), *, mac
         flags.append("repetition_loop")
     elif repeats_earlier(delivered, earlier):
         flags.append("repeats_earlier_reply")
+    elif reads_back_notes(delivered, notes):
+        flags.append("reads_back_notes")
     if not delivered.strip():
         flags.append("empty")
     return flags

@@ -23,7 +23,7 @@ from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from
 from clm_middleware.lifecycle.observation import record_observation
 from clm_middleware.lifecycle.protocol import CLOSE_TAG, block_may_follow, could_open_block
-from clm_middleware.lifecycle.renderer import RenderedContext
+from clm_middleware.lifecycle.renderer import RenderedContext, digest_lines
 from clm_middleware.lifecycle.reply import IncrementalText, cut_at_stop
 from clm_middleware.lifecycle.reply_filter import ReplyFilter, cuts_a_repeat, model_answer, visible_answer
 from clm_middleware.lifecycle.reply_quality import first_repeated_sentence, reply_flags, shows_machinery
@@ -165,9 +165,14 @@ class TurnRunner:
                 if tail:
                     yield tail
                 earlier = [s.visible_text for s in c.live_segments() if s.role == "assistant" and s.visible]
+                notes = digest_lines(c.live_messages(), c.segment_map(), c.fold)
                 stats.reply_flags = [
                     *reply_flags(
-                        model_answer(raw_output, settings.stop, given), answer_text, earlier, machinery=machinery
+                        model_answer(raw_output, settings.stop, given),
+                        answer_text,
+                        earlier,
+                        machinery=machinery,
+                        notes=notes,
                     ),
                     *stats.reply_flags,  # string_loop_closed, raised while generating
                 ]
@@ -213,7 +218,10 @@ class TurnRunner:
             and not calls
             and (
                 "repetition_loop" in stats.reply_flags
-                or ("repeats_earlier_reply" in stats.reply_flags and not self._adds_facts(answer_text))
+                or (
+                    {"repeats_earlier_reply", "reads_back_notes"} & set(stats.reply_flags)
+                    and not self._adds_facts(answer_text)
+                )
             )
         ):
             kind = LOOP_KIND

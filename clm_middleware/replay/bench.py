@@ -82,7 +82,12 @@ def extra_metrics(
     if any(t["reply_nll"] is not None for t in totals):
         extras.append(("reply NLL, teacher-forced (nats/token)", _reply_nll))
     if any(t["generated_replies"] for t in totals):
-        extras.append(("flagged replies (artifact / loop / repeats earlier / cut at a repeat / empty)", _flagged))
+        extras.append(
+            (
+                "flagged replies (artifact / loop / repeats earlier / reads notes back / cut at a repeat / empty)",
+                _flagged,
+            )
+        )
     return extras
 
 
@@ -96,7 +101,14 @@ def _flagged(report: ReplayReport) -> str:
     flags = totals["reply_flags"]
     counts = "/".join(
         str(flags.get(f, 0))
-        for f in ("protocol_artifact", "repetition_loop", "repeats_earlier_reply", "repetition_cut", "empty")
+        for f in (
+            "protocol_artifact",
+            "repetition_loop",
+            "repeats_earlier_reply",
+            "reads_back_notes",
+            "repetition_cut",
+            "empty",
+        )
     )
     return f"{totals['flagged_replies']} of {totals['generated_replies']} ({counts})"
 

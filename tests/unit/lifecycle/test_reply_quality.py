@@ -11,10 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clm_middleware.lifecycle.config import GenerationSettings
+from clm_middleware.lifecycle.renderer import digest_lines
 from clm_middleware.lifecycle.reply_filter import ReplyFilter, visible_answer
 from clm_middleware.lifecycle.reply_quality import (
     first_repeated_sentence,
     is_repetition_loop,
+    reads_back_notes,
     repeat_in_progress,
     repeated_ngram_share,
     reply_flags,
@@ -715,3 +717,53 @@ def test_a_short_reply_said_word_for_word_before_is_flagged_and_leaves_the_conte
     assert flags == [[], [], [], ["repeats_earlier_reply"]]
     assert conversation.context.count(sorry) == 1 and conversation.context.count("Sure.") == 2
     assert [m.content for m in conversation.history if m.role == "assistant"][-1] == sorry  # the user got it
+
+
+NOTES = ["Cambridge.", "Alec's Hotel,", "arrive Friday", "cheap north,"]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "Alec's Hotel,\narrive Friday.",  # SmolLM2 at budget 128, to "Something cheap in the north, please."
+        "Cambridge.\narrive Friday",
+        "Cambridge. Alec's Hotel, arrive Friday cheap north, Cambridge. Alec's Hotel, arrive Friday",
+    ],
+)
+def test_a_reply_that_reads_the_digest_back_is_flagged(reply):
+    assert reads_back_notes(reply, NOTES)
+    assert reply_flags(reply, reply, [], notes=NOTES) == ["reads_back_notes"]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "You arrive on Friday.",  # an answer that uses a note's fact in its own words
+        "Alec's Hotel, in the north of Cambridge, is cheap and you arrive on Friday.",
+        "arrive Friday",  # too short to judge
+        "Alec's Hotel,\nIt has free parking.",  # one line is not a note
+    ],
+)
+def test_an_answer_that_states_what_the_notes_hold_is_not_a_read_back(reply):
+    assert not reads_back_notes(reply, NOTES) and reply_flags(reply, reply, [], notes=NOTES) == []
+
+
+def test_a_reply_reading_the_notes_back_leaves_the_context_and_the_user_gets_it(converse, scripted):
+    """The read-back says nothing the digest does not (it stays there); kept, a small
+    model copies it again at every turn (SmolLM2 at budget 128: four turns in a row)."""
+    engine, script = scripted()
+    conversation = converse(engine=engine, budget=320, tagging="rules", max_new_tokens=60)
+    for n in range(7):  # the 7th compacts: the next message fits, and the notes stay as they are
+        conversation.add("user", f"Message {n}: order QX7-48{n}1 ships to Leeds.")
+        conversation.respond(f"Noted order QX7-48{n}1.")
+    notes = digest_lines(conversation.live_messages(), conversation.segment_map(), conversation.fold)
+    assert len(notes) >= 2, "the budget must fold the oldest turns into the digest"
+    read_back = "\n".join(notes[:2])
+    script.add([*engine.tokenizer.encode(read_back, add_special_tokens=False), engine.tokenizer.eos_token_id])
+    reply = conversation.send("Something cheap in the north, please.")
+    assert not reply.stats.compaction
+    assert reply.text == read_back and reply.stats.reply_flags == ["reads_back_notes"]
+    assert conversation.history[-1].content == read_back  # the user got it as generated
+    assert any(d.reason == "repetition loop" for d in reply.decisions)  # it left the context at once
+    after = conversation.context.split("Something cheap in the north, please.")[-1]
+    assert notes[0] not in after and notes[1] not in after
