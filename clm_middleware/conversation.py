@@ -35,6 +35,7 @@ import inspect
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -44,7 +45,7 @@ from typing import Any
 
 from clm_middleware.engine.protocol import ServingEngine, signals_source
 from clm_middleware.errors import ClmError, ConfigError, ContextWindowError, ConversationBusyError
-from clm_middleware.lifecycle.calibration import ProtocolVerdict, protocol_verdict
+from clm_middleware.lifecycle.calibration import ProtocolVerdict, known_verdict, protocol_verdict
 from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
 from clm_middleware.lifecycle.compaction import Compactor, ContextBudgetError, condensable_tokens, too_long_to_condense
 from clm_middleware.lifecycle.compressor import Compressor
@@ -77,6 +78,29 @@ from clm_middleware.store import ConversationRecord, Store, StoreError
 from clm_middleware.structured import ResponseFormat
 
 _LONGEST_TOKEN = "render.longest_token_chars"  # its slot in Engine.memo
+
+
+_WARNED_MODES = "protocol_mode_warnings"  # Engine.memo: the modes warned about, once per engine
+
+
+def _warn_if_known_to_fail(engine: ServingEngine, protocol_text: str, mode: str) -> None:
+    """A RuntimeWarning, once per engine and mode, when ``free`` or ``constrained`` is
+    chosen for a model a calibration found not to follow the protocol: it is shown the
+    protocol prompt and segment markers all the same, and a model that cannot follow
+    them copies them (SmolLM2 under ``constrained``: "1234567890\n1234567890" for every
+    reply). Nothing is measured here."""
+    verdict = known_verdict(engine, protocol_text)
+    warned = engine.memo.setdefault(_WARNED_MODES, set())
+    if verdict is None or verdict.follows or mode in warned:
+        return
+    warned.add(mode)
+    warnings.warn(
+        f"tagging={mode!r}: this model failed the protocol calibration ({verdict.passed}/{verdict.probes} "
+        "probes held a parseable block), yet this mode shows it the protocol prompt and segment markers, "
+        "which such a model copies into its replies; tagging='auto' or 'signals' never shows them",
+        RuntimeWarning,
+        stacklevel=3,  # the caller of Conversation(...)
+    )
 
 
 def _one_caller(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -181,6 +205,8 @@ class Conversation:
             )
             if not self.calibration.follows:
                 self.tagger.assume_protocol_failed()
+        elif self.config.tagging.uses_protocol:
+            _warn_if_known_to_fail(self.engine, self.protocol_text, self.config.tagging.mode)
         self.protocol_context = self.config.tagging.uses_protocol and not self.tagger.model_failed_protocol
         self.tools_prompt: str | None = None
         self._format_changed = False  # the system block changed since the last prompt

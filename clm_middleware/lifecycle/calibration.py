@@ -116,6 +116,21 @@ def protocol_verdict(
     return verdict
 
 
+def known_verdict(
+    engine: ServingEngine, protocol_text: str, *, cache_dir: Path | None = None
+) -> ProtocolVerdict | None:
+    """The verdict for ``protocol_text`` if one was measured already (in memory or on
+    disk); None otherwise. Never measures: an explicit ``free`` or ``constrained`` mode
+    runs no calibration, but may be told what one found."""
+    key = prompt_hash(protocol_text)
+    memo = engine.memo.get(_MEMO, {})
+    if key in memo:
+        return memo[key]
+    if engine.logits_processors:
+        return None
+    return _read((cache_dir or calibration_dir()) / f"{engine.fingerprint}-{key}.json", engine.fingerprint, key)
+
+
 def record_runtime_failure(engine: ServingEngine, protocol_text: str) -> None:
     """``auto`` saw the model fail its probes in a conversation: later conversations on
     this engine start without the protocol (in memory only: a calibration stays the

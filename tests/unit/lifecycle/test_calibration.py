@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import stat
+import warnings
 
+import pytest
+
+from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
 from clm_middleware.lifecycle.calibration import CALIBRATION_CHATS, protocol_verdict
 
@@ -77,3 +81,30 @@ def test_an_unwritable_cache_dir_keeps_the_verdict_in_memory(tiny_model, tiny_to
     verdict = protocol_verdict(engine, PROMPT, threshold=0.9, cache_dir=blocker / "cal")
     assert verdict.source == "measured"
     assert protocol_verdict(engine, PROMPT, threshold=0.9, cache_dir=blocker / "cal").source == "memory"
+
+
+def test_an_explicit_protocol_mode_warns_once_when_a_calibration_found_the_model_fails(scripted):
+    """``free`` and ``constrained`` show the protocol whatever the verdict (the user chose
+    them); a verdict already measured is read, never measured for them, and said once."""
+    engine, script = scripted(*["No block at all."] * len(CALIBRATION_CHATS))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no verdict yet: nothing to say, and nothing is measured
+        Conversation(engine, tagging="constrained", protocol_prompt=PROMPT)
+    assert script.started == 0
+    assert not protocol_verdict(engine, PROMPT, threshold=0.9).follows
+    with pytest.warns(RuntimeWarning, match=r"tagging='constrained': this model failed the protocol calibration \(0/1"):
+        Conversation(engine, tagging="constrained", protocol_prompt=PROMPT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Conversation(engine, tagging="constrained", protocol_prompt=PROMPT)  # once per engine and mode
+        Conversation(engine, tagging="signals", protocol_prompt=PROMPT)  # shows no protocol
+    with pytest.warns(RuntimeWarning, match="tagging='free'"):
+        Conversation(engine, tagging="free", protocol_prompt=PROMPT)
+
+
+def test_an_explicit_protocol_mode_on_a_model_that_follows_says_nothing(scripted):
+    engine, _ = scripted(*[BLOCK] * len(CALIBRATION_CHATS))
+    assert protocol_verdict(engine, PROMPT, threshold=0.9).follows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Conversation(engine, tagging="free", protocol_prompt=PROMPT)
