@@ -530,6 +530,16 @@ class Conversation:
         fixed = self.system_block_tokens()
         if fixed < budget:
             return
+        hint = "raise the budget or shorten the system prompt"
+        if self.protocol_context:
+            hint += "; tagging='signals' does not show the protocol prompt"
+        raise ContextBudgetError(
+            f"the system block ({self._system_block_parts()}) takes {fixed} tokens, "
+            f"which leaves no room for a message in a budget of {budget}",
+            hint=hint,
+        )
+
+    def _system_block_parts(self) -> str:
         parts = [
             name
             for name, present in (
@@ -539,13 +549,22 @@ class Conversation:
             )
             if present
         ]
-        hint = "raise the budget or shorten the system prompt"
+        return ", ".join(parts) or "chat glue"
+
+    def budget_refusal(self, error: ContextBudgetError) -> ContextBudgetError:
+        """``error`` (a turn refused for the budget) saying what the system block takes of
+        the budget, where that is a quarter of it or more: at budget 256 the protocol
+        prompt alone is ~220 tokens, and "the prompt needs 300 tokens" did not say why."""
+        budget = self.config.budget
+        fixed = self.system_block_tokens()
+        if budget is None or fixed * 4 < budget:
+            return error
+        hint = error.hint or ""
         if self.protocol_context:
-            hint += "; tagging='signals' does not show the protocol prompt"
-        raise ContextBudgetError(
-            f"the system block ({', '.join(parts) or 'chat glue'}) takes {fixed} tokens, "
-            f"which leaves no room for a message in a budget of {budget}",
-            hint=hint,
+            hint += ("; " if hint else "") + "tagging='signals' does not show the protocol prompt"
+        return ContextBudgetError(
+            f"{error.message}; the system block ({self._system_block_parts()}) takes {fixed} of the {budget}",
+            hint=hint or None,
         )
 
     def score_continuations(self, prefix: str, candidates: Sequence[str]) -> list[float]:

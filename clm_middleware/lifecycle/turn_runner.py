@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from clm_middleware.engine import CallStats, Engine, Generation, penalty_processors
 from clm_middleware.engine.penalties import LogitBias, check_logit_bias
-from clm_middleware.errors import ConfigError, ContextWindowError, TurnCancelled
+from clm_middleware.errors import ConfigError, ContextBudgetError, ContextWindowError, TurnCancelled
 from clm_middleware.lifecycle.calibration import record_runtime_failure
 from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
 from clm_middleware.lifecycle.compaction import CompactionResult, calls_a_tool
@@ -97,7 +97,10 @@ class TurnRunner:
             decisions += self._restore_referenced(turn, stats)
             stats.phases["restore_s"] = time.perf_counter() - tick
             tick = time.perf_counter()
-            compaction = c.compactor.run(c.live_messages(), c.segment_map(), turn, c.fold, history=c.messages)
+            try:
+                compaction = c.compactor.run(c.live_messages(), c.segment_map(), turn, c.fold, history=c.messages)
+            except ContextBudgetError as error:
+                raise c.budget_refusal(error) from error
             c.fold = compaction.fold
             self._after_compaction(compaction, turn, stats, decisions)
             # protocol left or tools changed: the start of a prompt this conversation ran moved

@@ -399,6 +399,21 @@ def test_a_budget_the_system_block_alone_fills_fails_at_once_and_names_it(conver
     assert conversation.send("and again").turn == 2
 
 
+def test_a_turn_refused_for_the_budget_says_what_the_system_block_takes_of_it(converse):
+    """At budget 256 SmolLM2's protocol prompt alone takes ~220 tokens; the refusal said
+    only "the prompt needs N tokens", not why so little room was left."""
+    system = "Answer in the style of a ship's log, with the date and the weather first."
+    conversation = converse(budget=256, system_prompt=system)
+    fixed = conversation.system_block_tokens()
+    assert 256 > fixed >= 256 // 4
+    with pytest.raises(ContextBudgetError, match=rf"the system block \(system messages\) takes {fixed} of the 256"):
+        conversation.send("Order QX7-4821 ships on April 22 to 14 Elm Street, Leeds, code 9931-AZ. " * 4)
+    small = converse(budget=512)
+    with pytest.raises(ContextBudgetError) as refused:
+        small.send("Order QX7-4821 ships on April 22 to 14 Elm Street, Leeds, code 9931-AZ. " * 12)
+    assert "system block" not in str(refused.value)  # a few tokens of chat glue are no news
+
+
 def test_close_gives_every_block_back(converse, engine):
     with converse(k=3) as conversation:
         for text in FILLER[:4]:
