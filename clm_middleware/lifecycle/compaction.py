@@ -58,7 +58,7 @@ changed segment on, so it runs only when needed (see ``LifecycleConfig``):
    dropped to make room for itself comes back;
 3. if the newest exchange alone still outgrows the budget, its own long segments are
    cut by what is needed, fillers first, or condensed (faithfully) where a cut would
-   keep less (``_cut_to_fit``), as a last resort, and then a tool's result in it that
+   keep less (``_shorten_newest``), as a last resort, and then a tool's result in it that
    condensing cannot shorten enough is trimmed to what fits (an agent cannot send a
    shorter result): JSON to its leading items, plain text to its leading whole lines
    or sentences (a tool's records, never condensed word by word: ``record_text``); if
@@ -743,34 +743,35 @@ class Compactor:
             excess = self.prompt_length() - budget
             if excess <= 0:
                 return
-            if len(segment.token_ids) >= MIN_CONDENSE_TOKENS and not self._cut_to_fit(segment, excess, result, turn):
-                self._compress(segment, result, turn)
+            if len(segment.token_ids) >= MIN_CONDENSE_TOKENS:
+                self._shorten_newest(segment, excess, result, turn)
 
-    def _cut_to_fit(self, segment: Segment, excess: int, result: CompactionResult, turn: int) -> bool:
+    def _shorten_newest(self, segment: Segment, excess: int, result: CompactionResult, turn: int) -> None:
         """Cut a new message's ``segment`` by ``excess`` tokens, its least informative words
         first (``Compressor.trim``: facts, and the words that bound them, last), where that
-        keeps more of it than condensing would, and every fact: a message one token over
-        the budget loses a filler, not "after" from "leaving after 19:30" or "one child
-        aged seven"."""
+        keeps more of it than condensing would, and every fact; else condense it. A
+        message one token over the budget loses a filler, not "after" from "leaving after
+        19:30" or "one child aged seven". Like ``_compress``, a failure keeps the original."""
         room = len(segment.visible_ids) - excess
-        if room <= 0:
-            return False
         tick = time.perf_counter()
-        cut = self.compressor.trim(segment, room)
-        if cut.ok and len(cut.token_ids) > room:  # words counted alone tokenize a little differently
+        cut = self.compressor.trim(segment, room) if room > 0 else None
+        if cut is not None and cut.ok and len(cut.token_ids) > room:  # words counted alone tokenize a little apart
             cut = self.compressor.trim(segment, 2 * room - len(cut.token_ids))
         condensed = self.compressor.compress(segment)
         result.compression_s += time.perf_counter() - tick
-        if (
-            not cut.ok
-            or len(cut.token_ids) > room
-            or (condensed.ok and len(cut.token_ids) <= len(condensed.token_ids))
-            or not check_faithful(segment.text, cut.text).faithful  # every fact, as condensing keeps them
-        ):
-            return False
-        result.compressions.append((segment, cut))
-        self._apply_compression(segment, cut, result, turn)
-        return True
+        usable = (
+            cut is not None
+            and cut.ok
+            and len(cut.token_ids) <= room
+            and not (condensed.ok and len(cut.token_ids) <= len(condensed.token_ids))
+            and check_faithful(segment.text, cut.text).faithful  # every fact, as condensing keeps them
+        )
+        chosen = cut if usable and cut is not None else condensed
+        result.compressions.append((segment, chosen))
+        if not chosen.ok:
+            segment.label = Label.KEEP  # nothing is lost: the original stays in the context
+            return
+        self._apply_compression(segment, chosen, result, turn)
 
     def _trim_newest_tool_results(
         self,
