@@ -89,9 +89,11 @@ def _warn_if_known_to_fail(engine: ServingEngine, protocol_text: str, mode: str)
     protocol prompt and segment markers all the same, and a model that cannot follow
     them copies them (SmolLM2 under ``constrained``: "1234567890\n1234567890" for every
     reply). Nothing is measured here."""
-    verdict = known_verdict(engine, protocol_text)
     warned = engine.memo.setdefault(_WARNED_MODES, set())
-    if verdict is None or verdict.follows or mode in warned:
+    if mode in warned:  # said already: no verdict to read (a server makes a conversation per session)
+        return
+    verdict = known_verdict(engine, protocol_text)
+    if verdict is None or verdict.follows:
         return
     warned.add(mode)
     warnings.warn(
