@@ -106,7 +106,7 @@ def protocol_verdict(
     if key in memo:
         return replace(memo[key], source="memory") if memo[key].source != "runtime" else memo[key]
     on_disk = not engine.logits_processors
-    path = (cache_dir or calibration_dir()) / f"{engine.fingerprint}-{key}.json"
+    path = _verdict_path(engine, key, cache_dir)
     verdict = _read(path, engine.fingerprint, key) if on_disk else None
     if verdict is None:
         verdict = measure(engine, protocol_text, threshold=threshold)
@@ -128,7 +128,11 @@ def known_verdict(
         return memo[key]
     if engine.logits_processors:
         return None
-    return _read((cache_dir or calibration_dir()) / f"{engine.fingerprint}-{key}.json", engine.fingerprint, key)
+    return _read(_verdict_path(engine, key, cache_dir), engine.fingerprint, key)
+
+
+def _verdict_path(engine: ServingEngine, key: str, cache_dir: Path | None) -> Path:
+    return (cache_dir or calibration_dir()) / f"{engine.fingerprint}-{key}.json"
 
 
 def record_runtime_failure(engine: ServingEngine, protocol_text: str) -> None:

@@ -104,7 +104,7 @@ class ContextRenderer:
         else:
             ids.extend(self.format.start_ids(None))
         body = messages[1:] if system_first else messages
-        folded = [m for m in body if m.index < fold]
+        folded = _folded(messages, fold)
         self._digest(ids, rendered, folded, segments)
         for message in body[len(folded) :]:
             visible = [segments[s] for s in message.segment_ids if segments[s].visible]
@@ -209,6 +209,11 @@ def _digest_segments(folded: Sequence[MessageRecord], segments: Mapping[SegmentI
 def digest_lines(messages: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment], fold: int) -> list[str]:
     """The text of the digest's lines (``ContextRenderer.render`` with ``fold``): what a
     reply that reads the notes back copies."""
+    lines = _digest_segments(_folded(messages, fold), segments)
+    return [" ".join(s.visible_text.strip() for s in line) for line in lines]
+
+
+def _folded(messages: Sequence[MessageRecord], fold: int) -> list[MessageRecord]:
+    """The messages the digest holds: those before ``fold``, but a leading system message."""
     body = messages[1:] if messages and messages[0].role == "system" else messages
-    folded = [m for m in body if m.index < fold]
-    return [" ".join(s.visible_text.strip() for s in line) for line in _digest_segments(folded, segments)]
+    return [m for m in body if m.index < fold]
