@@ -279,7 +279,7 @@ async def _next_unless_gone(events: TurnEvents, watch: _ClientWatch) -> Event | 
     while True:
         try:
             event = await asyncio.wait_for(events.next(), DISCONNECT_POLL_S)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not TimeoutError before Python 3.11
             event = None
         if event is not None and event[0] != "delta":
             return event  # the turn has ended: its answer is stored, nothing is left to undo

@@ -84,7 +84,7 @@ class PoolRoom:
             left = deadline - time.monotonic()
             if left <= 0:
                 return "timeout"
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):  # not TimeoutError before Python 3.11
                 await asyncio.wait_for(self._changed.wait(), min(left, poll_s))
             if await gone():
                 return "gone"
