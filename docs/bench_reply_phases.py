@@ -51,9 +51,9 @@ def phase_name(since: int | None) -> str:
 def side_by_side(clm: dict[str, Any], truncate: dict[str, Any], keep_all: dict[str, Any]) -> list[TurnNats]:
     """The three reports' scored turns, matched in order; they must be replays of one
     transcript (the same forced replies, token for token), else ``ValueError``."""
-    rows = list(zip(scored_turns(clm), scored_turns(truncate), scored_turns(keep_all), strict=False))
-    counts = {len(scored_turns(r)) for r in (clm, truncate, keep_all)}
-    if len(counts) != 1 or any(
+    scored = [scored_turns(report) for report in (clm, truncate, keep_all)]
+    rows = list(zip(*scored, strict=False))
+    if len({len(turns) for turns in scored}) != 1 or any(
         len({a["forced_tokens"], b["forced_tokens"], c["forced_tokens"]}) > 1 for a, b, c in rows
     ):
         raise ValueError("the reports do not score the same replies: replay one transcript teacher-forced in each mode")
