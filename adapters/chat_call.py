@@ -143,9 +143,10 @@ class ChatCall:
                 settings = dataclasses.replace(settings, end_after=(*settings.end_after, CLOSE))
             if json_format is not None:
                 # the document, or (tools the model may call) a call of one of them instead.
-                # An object's reply starts inside it; the grammar leads any other reply
+                # An object's reply starts inside it; the grammar leads any other reply, and
+                # a serving engine's grammar leads every reply (it starts where the server writes)
                 fmt = json_format.or_calls(call_formats(self.engine, tools)) if tools else json_format
-                prefix = "{" if fmt.is_object else None
+                prefix = "{" if fmt.is_object and self.engine.sees_logits else None
                 settings = dataclasses.replace(settings, response_format=fmt)
             elif required and (call_format := tool_call_format(self.engine, required, tools)) is not None:
                 settings = dataclasses.replace(settings, response_format=call_format)

@@ -41,6 +41,7 @@ from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
 from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
 from clm_middleware.structured.array_watch import ArrayWatch
 from clm_middleware.structured.format import digits_loop_in_string, inside_string, number_loops
+from clm_middleware.structured.server_side import ServerFormat
 
 if TYPE_CHECKING:
     from clm_middleware.conversation import Conversation
@@ -82,8 +83,11 @@ class TurnRunner:
         if not c.messages:
             raise ConfigError("messages", "there is nothing to answer yet; add a user message first")
         structured = settings.response_format is not None and forced is None
-        # a schema the grammar rejects, or a reply_prefix it cannot continue, fails before the turn starts
-        constraint = self._constraint(settings, c.chat_format.encode(prefix)) if structured else None
+        # a schema the grammar rejects, or a reply_prefix it cannot continue, fails before the turn starts;
+        # a remote engine samples on its server, so its own grammar enforces the format there
+        local = c.engine.sees_logits
+        constraint = self._constraint(settings, c.chat_format.encode(prefix)) if structured and local else None
+        server_format = self._server_format(settings, prefix) if structured and not local else None
         c.turn += 1
         turn = c.turn
         c.refresh_live()
@@ -112,7 +116,8 @@ class TurnRunner:
             stats.protocol_context = c.protocol_context
             rendered = c.render_prompt(reply_id)
             prefix_ids = c.chat_format.encode(prefix) if forced is None else []
-            generation = self._generate(rendered, prefix_ids, forced, settings, constraint)
+            grammar = constraint if constraint is not None else server_format
+            generation = self._generate(rendered, prefix_ids, forced, settings, grammar)
             generation.cancelled = cancelled
             escaped_at = 0  # structured: where the text stood when a loop in a string was last closed
             arrays = ArrayWatch()  # structured: arrays whose items repeat
@@ -251,11 +256,11 @@ class TurnRunner:
         prefix_ids: list[int],
         forced: str | None,
         settings: GenerationSettings,
-        constraint: GrammarConstraint | None = None,
+        grammar: GrammarConstraint | ServerFormat | None = None,
     ) -> Generation:
         c = self.conversation
         prompt = rendered.token_ids + prefix_ids
-        structured = constraint is not None
+        structured = grammar is not None
         asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn) and not structured
         forced_ids = c.encode_content(forced, "assistant") if forced else None
         processors = penalty_processors(settings, c.engine.generation_defaults)
@@ -269,7 +274,7 @@ class TurnRunner:
             # close tag may be text inside a JSON string, so it stops nothing; the
             # constraint runs first so that the penalties only reorder allowed tokens
             max_new, stops = settings.max_new_tokens, settings.stop
-            processors = (constraint, *processors)
+            processors = (grammar, *processors)
         else:
             max_new = settings.max_new_tokens + (settings.block_tokens if asks_block else 0)
             # end_after texts stop the engine but are no stop strings to cut: the reply keeps them
@@ -305,13 +310,22 @@ class TurnRunner:
 
     def _constraint(self, settings: GenerationSettings, prefix_ids: list[int]) -> GrammarConstraint:
         assert settings.response_format is not None
-        if not self.conversation.engine.sees_logits:
-            raise ConfigError(
-                "response_format",
-                "grammar-constrained output needs the logits, which a remote engine does not expose",
-                hint="ask for JSON in the prompt instead, or serve the model with the local engine",
-            )
         return self._grammars().constraint(settings.response_format, prefix_ids)
+
+    @staticmethod
+    def _server_format(settings: GenerationSettings, prefix: str) -> ServerFormat:
+        """The format a remote engine's server enforces. Its grammar starts at the first
+        token the server writes, so a reply prefix (a document's opening given by the
+        caller) cannot be continued under it."""
+        assert settings.response_format is not None
+        if prefix:
+            raise ConfigError(
+                "reply_prefix",
+                "a reply prefix with a response_format needs the local engine: the server's grammar "
+                "starts at the first token it writes, after the prefix",
+                hint="leave out the prefix (the server's grammar opens the document), or use the local engine",
+            )
+        return ServerFormat(settings.response_format)
 
     @staticmethod
     def _loops_in_a_string(written: str, since: int, settings: GenerationSettings, given: int) -> bool:

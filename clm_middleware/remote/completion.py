@@ -12,6 +12,7 @@ from typing import Any
 
 from clm_middleware.engine.penalties import CountPenalty, LogitBias, NoRepeatNgram, RepetitionPenalty
 from clm_middleware.errors import ConfigError
+from clm_middleware.structured.server_side import ServerFormat
 
 
 @dataclass(slots=True)
@@ -29,9 +30,9 @@ class CompletionEvent:
 
 
 def penalty_fields(processors: Sequence[Any], dialect: str) -> dict[str, Any]:
-    """The server's own sampling controls for our penalty processors (engine/penalties.py)
-    and ``logit_bias`` (llama.cpp reads ``[[id, bias], ...]``; vLLM and others OpenAI's
-    ``{"id": bias}``).
+    """The server's own sampling controls for our penalty processors (engine/penalties.py),
+    ``logit_bias`` (llama.cpp reads ``[[id, bias], ...]``; vLLM and others OpenAI's
+    ``{"id": bias}``) and a response format (``ServerFormat``: the server's grammar).
 
     Any other processor (a JSON grammar, a caller's function) needs the logits, which a
     remote engine never sees: a ``ConfigError`` rather than a silently unshaped reply.
@@ -48,6 +49,8 @@ def penalty_fields(processors: Sequence[Any], dialect: str) -> dict[str, Any]:
                 fields["logit_bias"] = [[token, bias] for token, bias in processor.bias]
             else:
                 fields["logit_bias"] = {str(token): bias for token, bias in processor.bias}
+        elif isinstance(processor, ServerFormat):
+            fields.update(processor.request_fields(dialect))
         elif isinstance(processor, NoRepeatNgram):
             raise ConfigError("no_repeat_ngram_size", "a remote engine has no n-gram ban; use repetition_penalty")
         else:

@@ -6,11 +6,14 @@ in time (the client's timeouts, the server fixture's start deadline).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -281,16 +284,24 @@ def test_chatclm_with_engine_url_answers_through_the_server_and_reads_its_cache(
     assert second.usage_metadata["input_token_details"]["cache_read"] > 0
 
 
-def test_clm_serve_in_front_of_the_engine_answers_the_openai_client(llama_server, tmp_path):
+@contextlib.contextmanager
+def serving_in_front(llama_server, tmp_path: Path, max_tokens: int) -> Iterator[tuple[Any, str]]:
+    """``clm serve`` on loopback in front of the llama-server, and the openai client for it
+    with the served model's id; the server stops when the block ends."""
     from live_server import start_server
     from openai import OpenAI
 
-    live = start_server(
-        tmp_path, "--engine", f"openai:{llama_server.url}", "--engine-signals", "none", "--max-tokens", "8", model=None
-    )
+    args = ("--engine", f"openai:{llama_server.url}", "--engine-signals", "none", "--max-tokens", str(max_tokens))
+    live = start_server(tmp_path, *args, model=None)
     try:
         client = OpenAI(base_url=live.api, api_key="unused", timeout=120, max_retries=0)
-        model = client.models.list().data[0].id
+        yield client, client.models.list().data[0].id
+    finally:
+        live.stop()
+
+
+def test_clm_serve_in_front_of_the_engine_answers_the_openai_client(llama_server, tmp_path):
+    with serving_in_front(llama_server, tmp_path, max_tokens=8) as (client, model):
         messages = [{"role": "user", "content": "Name a colour."}]
         first = client.chat.completions.create(model=model, messages=messages)
         messages += [{"role": "assistant", "content": first.choices[0].message.content}]
@@ -298,8 +309,6 @@ def test_clm_serve_in_front_of_the_engine_answers_the_openai_client(llama_server
         second = client.chat.completions.create(model=model, messages=messages)
         assert second.choices[0].message.content.strip()
         assert second.usage.prompt_tokens_details.cached_tokens > 0  # the server's own count
-    finally:
-        live.stop()
 
 
 def test_conversations_sharing_a_long_system_prompt_each_extend_their_own_slot(remote):
@@ -340,6 +349,39 @@ def test_logit_bias_reaches_the_server(remote, smollm2_tokenizer):
         prompt, max_new_tokens=1, use_pool=False, logits_processors=[LogitBias(((banned, -100.0),))]
     ).result()
     assert biased.token_ids and biased.token_ids[0] != banned
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def test_a_response_format_is_enforced_by_the_servers_own_grammar(remote):
+    chat = Conversation(remote, tagging="rules", max_new_tokens=48, response_format={"type": "json_object"})
+    document = json.loads(chat.send("Describe a cat.").text)
+    assert isinstance(document, dict)
+    chat.close()
+    schema = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    chat = Conversation(remote, tagging="rules", max_new_tokens=48, response_format=schema)
+    person = json.loads(chat.send("Give me a person.").text)
+    assert isinstance(person["name"], str) and isinstance(person["age"], int)
+    chat.add("user", "Another one.")
+    with pytest.raises(ConfigError, match="reply_prefix"):  # the server's grammar starts after it
+        chat.respond(reply_prefix='{"name": "')
+    assert json.loads(chat.respond().text)["name"]  # the refused turn lost no message
+    chat.close()
+
+
+def test_clm_serve_in_front_of_the_engine_answers_a_json_schema_request(llama_server, tmp_path):
+    with serving_in_front(llama_server, tmp_path, max_tokens=48) as (client, model):
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Give me a person."}], response_format=fmt
+        )
+        person = json.loads(reply.choices[0].message.content)
+        assert isinstance(person["name"], str) and isinstance(person["age"], int)
 
 
 def test_a_server_killed_mid_turn_gives_a_clear_error_and_loses_no_message(llama_server, smollm2_tokenizer, tmp_path):

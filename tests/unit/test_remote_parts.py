@@ -18,6 +18,8 @@ from clm_middleware.remote.completion import completion_body, parse_event, penal
 from clm_middleware.remote.null_pool import NullPool
 from clm_middleware.remote.slots import SlotClaim, SlotTable
 from clm_middleware.remote.token_bytes import TokenBytes
+from clm_middleware.structured import ResponseFormat
+from clm_middleware.structured.server_side import ServerFormat
 
 
 def test_the_local_engine_satisfies_the_protocol(engine: Engine):
@@ -143,6 +145,31 @@ def test_logit_bias_goes_to_the_server_in_its_own_format():
     bias = LogitBias(((5, -100.0), (9, 2.5)))
     assert penalty_fields([bias], "llamacpp") == {"logit_bias": [[5, -100.0], [9, 2.5]]}
     assert penalty_fields([bias], "vllm") == {"logit_bias": {"5": -100.0, "9": 2.5}}
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+def test_a_response_format_becomes_each_servers_own_grammar_field():
+    schema = ServerFormat(ResponseFormat.from_schema(PERSON, name="person"))
+    assert penalty_fields([schema], "llamacpp") == {"json_schema": PERSON}
+    assert penalty_fields([schema], "vllm") == {"structured_outputs": {"json": PERSON}}
+    assert penalty_fields([schema], "openai") == {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    }
+    any_object = ServerFormat(ResponseFormat.json_object())
+    assert penalty_fields([any_object], "llamacpp") == {"json_schema": {"type": "object"}}
+    assert penalty_fields([any_object], "openai") == {"response_format": {"type": "json_object"}}
+
+
+def test_a_tool_calls_grammar_cannot_run_on_a_server_and_says_so():
+    call = ResponseFormat.tool_call("lookup", {"type": "object", "properties": {}}, ("<tool_call>", "</tool_call>"))
+    with pytest.raises(ConfigError, match="tool call"):
+        ServerFormat(call)
+    with pytest.raises(ConfigError, match="tool call"):
+        ServerFormat(ResponseFormat.json_object().or_calls((call,)))
+    with pytest.raises(ConfigError, match="serving engine"):
+        ServerFormat(ResponseFormat.json_object())([1], None)  # never a local logits processor
 
 
 def _served(slots: SlotTable, prompt: list[int], reply: list[int], salt: str | None = None) -> int:
