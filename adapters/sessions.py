@@ -101,10 +101,19 @@ class SessionRouter:
             else:
                 candidates = list(self._sessions.values())
             best, common = None, 0
+            extend, extended = None, 0  # the longest idle conversation the history continues whole
             for session in candidates:
                 shared = shared_prefix_length(session.digests, digests)
                 if shared > common or (best is None and shared == common and session_id is not None):
                     best, common = session, shared
+                if not session.busy and 0 < shared == len(session.digests) and shared > extended:
+                    extend, extended = session, shared
+            # a history that continues a conversation whole extends it, even where another
+            # shares more of it: a client replaying a chat another client had (a scripted
+            # opening, a retried conversation) keeps its own branch instead of forking the
+            # other's at every turn (blocks the two hold alike are cache hits either way)
+            if extend is not None:
+                best, common = extend, extended
             if best is not None and not best.busy and common == len(best.digests) and common <= len(digests):
                 route = Route(best, list(turns[common:]), "extend")
             elif best is not None and common > 0:

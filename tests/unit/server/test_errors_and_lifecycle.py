@@ -397,6 +397,22 @@ def test_a_forked_session_lists_the_turns_of_the_history_it_shares(server, model
     assert session["turns"] == 3  # not 1: the fork shares two answered turns
 
 
+def test_a_client_replaying_another_clients_chat_extends_its_own_branch_instead_of_forking_every_turn(server, model_id):
+    texts = ["replay me: first", "replay me: second", "replay me: third"]
+    first: list[dict] = []
+    for text in texts:  # the original chat, three turns
+        first.append({"role": "user", "content": text})
+        answer = _post(server.api, {"model": model_id, "messages": first, "max_tokens": 4}).json()
+        first.append(answer["choices"][0]["message"])
+    routes, ids = [], set()
+    for end in (1, 3, 5):  # a second client sends the same messages again, turn by turn
+        answer = _post(server.api, {"model": model_id, "messages": first[:end], "max_tokens": 4}).json()
+        routes.append(answer["clm"]["route"])
+        ids.add(answer["clm"]["conversation_id"])
+    # its first turn forks the original (a regenerated answer); from then on it extends that branch
+    assert routes == ["fork", "extend", "extend"] and len(ids) == 1
+
+
 def test_a_budget_no_message_fits_in_fails_the_start_and_says_why(tmp_path):
     """With --tagging free the protocol prompt is in every prompt: a budget it fills
     passed /health and then answered every chat with a 400."""
