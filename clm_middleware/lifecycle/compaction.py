@@ -754,9 +754,10 @@ class Compactor:
         19:30" or "one child aged seven". Like ``_compress``, a failure keeps the original."""
         room = len(segment.visible_ids) - excess
         tick = time.perf_counter()
-        cut = self.compressor.trim(segment, room) if room > 0 else None
+        framed = segment.role == "user"  # what the user asks of a paste goes last (framing.py)
+        cut = self.compressor.trim(segment, room, framed=framed) if room > 0 else None
         if cut is not None and cut.ok and len(cut.token_ids) > room:  # words counted alone tokenize a little apart
-            cut = self.compressor.trim(segment, 2 * room - len(cut.token_ids))
+            cut = self.compressor.trim(segment, 2 * room - len(cut.token_ids), framed=framed)
         condensed = self.compressor.compress(segment)
         result.compression_s += time.perf_counter() - tick
         usable = (

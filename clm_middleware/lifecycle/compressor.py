@@ -44,6 +44,7 @@ from clm_middleware.engine.observe import Observe
 from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.distinctive import distinctive_spans, distinctive_tokens, folded_word, missing_from
+from clm_middleware.lifecycle.framing import framing_words
 from clm_middleware.lifecycle.json_text import json_facts, json_prefix
 from clm_middleware.lifecycle.negation import has_negation, with_negations
 from clm_middleware.lifecycle.record_text import leading_records, repeated_spans
@@ -370,9 +371,11 @@ class Compressor:
             return CompressionResult(False, "none", original_tokens=current, error="not shorter than the original")
         return CompressionResult(True, TIGHTENED, tightened, ids, current)
 
-    def trim(self, segment: Segment, max_tokens: int) -> CompressionResult:
-        """At most about ``max_tokens`` of the segment's visible words, in order: its
-        distinctive tokens first, then the words the model found most surprising where they
+    def trim(self, segment: Segment, max_tokens: int, *, framed: bool = False) -> CompressionResult:
+        """At most about ``max_tokens`` of the segment's visible words, in order: with
+        ``framed`` (a new message cut to fit), the words that frame it first (its opening
+        instruction, its closing question: ``framing.py``); its distinctive tokens, then
+        the words the model found most surprising where they
         were said, function words last; a JSON array or object, its leading items whole
         (``json_text``); a tool's result in plain text, its leading whole lines or
         sentences (``record_text``), unless not even the first fits. Unlike ``tighten``
@@ -405,13 +408,14 @@ class Compressor:
             surprise[bare] = max(surprise.get(bare, score), score)
         shown = list(_WORD.finditer(segment.visible_text))
         visible = [word.group() for word in shown]
-        repeats = _in_repeats(segment.visible_text, shown)
+        framing = framing_words(segment.visible_text, shown) if framed else set()
+        repeats = _in_repeats(segment.visible_text, shown) - framing
         bares = [folded_word(word) for word in visible]
         counts = [max(1, len(self.format.encode(" " + word))) for word in visible]
         filler = [bare in _FUNCTION_WORDS and bare.casefold() not in _CONSTRAINT_WORDS for bare in bares]
         order = sorted(
             range(len(visible)),
-            key=lambda i: (bares[i] not in facts, filler[i], -surprise.get(bares[i], 0.0), i),
+            key=lambda i: (i not in framing, bares[i] not in facts, filler[i], -surprise.get(bares[i], 0.0), i),
         )
         keep: set[int] = set()
         used = 0

@@ -454,6 +454,23 @@ def test_a_new_message_just_over_the_budget_loses_fillers_not_what_bounds_its_fa
     assert [s["method"] for s in reply.stats.summaries if s["ok"]] == ["trimmed"]
 
 
+@pytest.mark.parametrize(
+    ("opening", "closing"),
+    [("What is the most common word? ", ""), ("Summarize this text: ", ""), ("", " Which word comes up most often?")],
+)
+def test_a_paste_cut_to_fit_keeps_the_instruction_around_it(converse, opening, closing):
+    """A new message over the budget whose instruction and paste are one segment (no
+    sentence break the segmenter sees) is cut in the paste: on SmolLM2 the cut had taken
+    "What is the most common word?" whole from before a 1,000-word list."""
+    words = ["apple", "river", "stone", "cloud", "music", "table", "window", "garden", "silver", "yellow"]
+    paste = " ".join(words[(i * 7) % len(words)] for i in range(160))
+    message = f"{opening}{paste}{closing}"
+    full = converse().send(message).stats.prompt_tokens
+    conversation = converse(budget=full - 12)
+    conversation.send(message)
+    assert (opening.strip() or closing.strip()) in conversation.context
+
+
 def test_a_long_new_message_is_scored_in_one_call_and_its_question_is_condensed_last(converse, engine, monkeypatch):
     """Condensing a paste scores its pieces in one forward, not one forward per piece, and
     the question the user asks about it stays as asked while other pieces can shrink."""
