@@ -324,12 +324,13 @@ def _openai_messages(messages: list[Any], path: str, where: str) -> tuple[Messag
 
 def _sharegpt(data: Any, path: str, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
     items = data if isinstance(data, list) else [data]
-    if items and isinstance(items[0], dict) and "from" in items[0]:
-        items = [{"conversations": items}]
+    if items and isinstance(items[0], dict) and "from" in items[0]:  # the turns of one conversation, bare
+        return [_sharegpt_conversation({"conversations": items}, 0, path, "$", bare=True)]
     return _each(items, path, skipped, _sharegpt_conversation, single=not isinstance(data, list))
 
 
-def _sharegpt_conversation(item: Any, number: int, path: str, where: str) -> Transcript:
+def _sharegpt_conversation(item: Any, number: int, path: str, where: str, *, bare: bool = False) -> Transcript:
+    """``bare``: the file is the list of turns itself, so a turn's JSON path is ``$[i]``."""
     turns = item.get("conversations") if isinstance(item, dict) else None
     if not isinstance(turns, list):
         raise TranscriptError(path, None, f'{where}: expected {{"conversations": [...]}}')
@@ -344,9 +345,11 @@ def _sharegpt_conversation(item: Any, number: int, path: str, where: str) -> Tra
             )
         )
     for index, turn in enumerate(turns):
-        at = f"{where}.conversations[{index}]"
-        if not isinstance(turn, dict) or "value" not in turn:
+        at = f"$[{index}]" if bare else f"{where}.conversations[{index}]"
+        if not isinstance(turn, dict):
             raise TranscriptError(path, None, f'{at}: expected {{"from": ..., "value": "..."}}')
+        if "value" not in turn:
+            raise TranscriptError(path, None, f'{at}: a turn needs a "value" (its text), beside "from"')
         if not isinstance(turn["value"], str):
             raise TranscriptError(path, None, f"{at}.value: must be a string, got {_json_type(turn['value'])}")
         source = str(turn.get("from", "")).lower()
@@ -425,13 +428,12 @@ def _langchain(data: Any, path: str, skipped: list[TranscriptError] | None = Non
                 path, None, f'{at}: expected {{"type": ..., "data": {{...}}}} or {{"type": ..., "content": ...}}'
             )
         body = item["data"]
-        record = {
-            "role": _langchain_role(item.get("type"), body, path, at),
-            "content": _langchain_content(body.get("content", ""), path, f"{at}.data.content"),
-            "tool_calls": _langchain_calls(body, path, f"{at}.data"),
-            "tool_call_id": body.get("tool_call_id"),
-            "name": body.get("name"),
-        }
+        record = {"role": _langchain_role(item.get("type"), body, path, at)}
+        if calls := _langchain_calls(body, path, f"{at}.data"):
+            record["tool_calls"] = calls
+        record |= {key: body[key] for key in ("tool_call_id", "name") if key in body}
+        if "content" in body:  # a message without one is refused as in every other format
+            record["content"] = _langchain_content(body["content"], path, f"{at}.data.content")
         messages.append(_checked(lambda r=record: message_from_record(r, path, None), path, at))
     return [Transcript(name, tuple(messages), path)]
 

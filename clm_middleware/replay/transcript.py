@@ -145,6 +145,8 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
         raise TranscriptError(path, line, f"unknown role {written!r}; expected one of {accepted}")
     if role in ("user", "system") and "content" not in record:  # "" is a message; no key is a misnamed field
         raise TranscriptError(path, line, f'a {role} message needs a "content"; got keys {sorted(record)}')
+    if role in ("user", "system") and record["content"] is None:  # as OpenAI's API: only a reply may be null
+        raise TranscriptError(path, line, f'a {role} message\'s "content" is null; give its text ("" for an empty one)')
     content = _content_text(record.get("content"), path, line, role)
     refusal = record.get("refusal")
     if role == "assistant" and isinstance(refusal, str) and not content:

@@ -297,6 +297,33 @@ def test_a_sharegpt_value_that_is_no_string_is_named_with_its_json_type(tmp_path
         read_transcripts(write(tmp_path, "sg.json", json.dumps(data)))
 
 
+def test_a_bare_sharegpt_list_names_the_turn_at_its_own_json_path_and_the_missing_value(tmp_path):
+    """A file that is the list of turns itself: the turn is ``$[1]``, not a wrapper's path."""
+    missing = [{"from": "human", "value": "hi"}, {"from": "gpt"}]
+    with pytest.raises(TranscriptError, match=r': \$\[1\]: a turn needs a "value"'):
+        read_transcripts(write(tmp_path, "bare.json", json.dumps(missing)))
+    unknown = [{"from": "human", "value": "hi"}, {"from": "robot", "value": "x"}]
+    with pytest.raises(TranscriptError, match=r": \$\[1\]\.from: unknown speaker 'robot'"):
+        read_transcripts(write(tmp_path, "robot.json", json.dumps(unknown)))
+
+
+def test_a_missing_or_null_content_is_refused_alike_in_every_format(tmp_path):
+    """As OpenAI's API: a user or system message needs its text (null is no text), a reply
+    needs text or tool calls; a LangChain message without a content is no exception."""
+    null_user = write(tmp_path, "null.jsonl", json.dumps({"role": "user", "content": None}) + "\n")
+    with pytest.raises(TranscriptError, match=r'null.jsonl:1: a user message\'s "content" is null'):
+        read_transcripts(null_user)
+    no_content = [{"type": "human", "data": {"content": "hi"}}, {"type": "ai", "data": {}}]
+    with pytest.raises(TranscriptError, match=r'\$\[1\]: an assistant message needs a "content" or "tool_calls"'):
+        read_transcripts(write(tmp_path, "lc.json", json.dumps(no_content)))
+    calls_only = [
+        {"type": "human", "data": {"content": "hi"}},
+        {"type": "ai", "data": {"content": None, "tool_calls": [{"name": "f", "args": {}, "id": "1"}]}},
+    ]
+    [transcript] = read_transcripts(write(tmp_path, "calls.json", json.dumps(calls_only)))
+    assert transcript.messages[1].content == "" and transcript.messages[1].tool_calls
+
+
 def test_a_structure_error_in_a_folder_with_a_colon_names_the_path_once(tmp_path):
     folder = tmp_path / "dir: x"
     folder.mkdir()
