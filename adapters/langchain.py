@@ -557,6 +557,15 @@ class ChatCLM(BaseChatModel):
         reaches the callbacks, as in ``_generate``."""
         return _merged([chunk async for chunk in self._astream(messages, stop=stop, run_manager=None, **kwargs)])
 
+    def _combine_llm_outputs(self, llm_outputs: list[dict[str, Any] | None]) -> dict[str, Any]:
+        """``generate`` over several chats: their token usage summed, as ChatOpenAI reports it."""
+        outputs = [output for output in llm_outputs if output]
+        totals: dict[str, int] = {}
+        for output in outputs:
+            for key, value in output.get("token_usage", {}).items():
+                totals[key] = totals.get(key, 0) + value
+        return {"token_usage": totals, "model_name": outputs[0].get("model_name") if outputs else self.model_name}
+
     def _chunks(
         self,
         messages: list[BaseMessage],
@@ -793,7 +802,17 @@ def _merged(chunks: list[ChatGenerationChunk]) -> ChatResult:
         response_metadata=last.response_metadata,
         id=merged.id,
     )
-    return ChatResult(generations=[ChatGeneration(message=message)])
+    usage = last.usage_metadata or {}
+    token_usage = {
+        "prompt_tokens": usage.get("input_tokens", 0),
+        "completion_tokens": usage.get("output_tokens", 0),
+        "total_tokens": usage.get("total_tokens", 0),
+    }
+    info = {"finish_reason": last.response_metadata.get("finish_reason")}
+    return ChatResult(
+        generations=[ChatGeneration(message=message, generation_info=info)],
+        llm_output={"token_usage": token_usage, "model_name": last.response_metadata.get("model_name")},
+    )
 
 
 def _response_format(value: Any) -> ResponseFormat | None:

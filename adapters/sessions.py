@@ -101,12 +101,16 @@ class SessionRouter:
             else:
                 candidates = list(self._sessions.values())
             best, common = None, 0
-            extend, extended = None, 0  # the longest idle conversation the history continues whole
+            # the longest idle conversation the history continues whole; of two alike, the one
+            # used last (unnamed candidates come least recently used first; a name's latest
+            # branch comes first and wins a tie): a fork answered last is the one extended
+            extend, extended = None, 0
             for session in candidates:
                 shared = shared_prefix_length(session.digests, digests)
                 if shared > common or (best is None and shared == common and session_id is not None):
                     best, common = session, shared
-                if not session.busy and 0 < shared == len(session.digests) and shared > extended:
+                continues = not session.busy and 0 < shared == len(session.digests)
+                if continues and (shared > extended or (shared == extended and session_id is None)):
                     extend, extended = session, shared
             # a history that continues a conversation whole extends it, even where another
             # shares more of it: a client replaying a chat another client had (a scripted

@@ -65,6 +65,8 @@ CALL_ARGUMENTS = frozenset(
         "frequency_penalty",
         "presence_penalty",
         "no_repeat_ngram_size",
+        # ChatOpenAI's switch for usage on the last streamed chunk, which ChatCLM always sends
+        "stream_usage",
         *ALIASES,
     }
 )

@@ -65,6 +65,18 @@ def test_retrying_the_last_answer_branches_and_keeps_the_first_answer(scripted_l
     assert conversation_of(follow_up) == conversation_of(a2)
 
 
+def test_two_branches_a_history_continues_alike_extend_the_one_answered_last(scripted_llm):
+    """The same question asked twice forks; the second answer's history (the same text as
+    the first's) then extends the branch that gave it, the one the caller holds the id of."""
+    llm, _ = scripted_llm("A1.", "A1.", "A2.")
+    h1 = HumanMessage("First question here.")
+    first = llm.invoke([h1])
+    second = llm.invoke([h1])
+    assert conversation_of(second) != conversation_of(first)
+    follow_up = llm.invoke([h1, second, HumanMessage("Second one.")])
+    assert conversation_of(follow_up) == conversation_of(second)
+
+
 def test_a_named_session_follows_its_latest_branch(scripted_llm):
     llm, _ = scripted_llm("A1.", "B1.", "A2.")
     config = {"configurable": {"session_id": "user-42"}}

@@ -1,6 +1,7 @@
 """ChatCLM fails at construction, naming the argument, for what it cannot honour."""
 
 import pytest
+from langchain_core.messages import HumanMessage
 from pydantic import ValidationError
 
 from clm_middleware.adapters import ChatCLM
@@ -76,6 +77,22 @@ def test_a_stop_string_is_one_stop_and_none_arguments_mean_the_defaults(scripted
     assert llm.invoke("Tell me.", stop="sea").content == "In the "  # the text before it, as OpenAI returns it
     reply = llm.invoke("Again.", max_tokens=None, temperature=None, top_p=None, stop=None)
     assert reply.content == "In the sea there are fish."
+
+
+def test_generate_reports_token_usage_and_finish_reasons_as_chatopenai_does(scripted_llm):
+    """Callback handlers read ``llm_output["token_usage"]`` and ``generation_info``; code
+    written for ChatOpenAI passes ``stream_usage`` (ChatCLM's last chunk always has usage)."""
+    llm, _ = scripted_llm("One.", "Two.")
+    result = llm.generate([[HumanMessage("First chat.")], [HumanMessage("Second chat.")]], stream_usage=True)
+    replies = [generations[0] for generations in result.generations]
+    assert [g.generation_info["finish_reason"] for g in replies] == ["stop", "stop"]
+    usage = [g.message.usage_metadata for g in replies]
+    assert result.llm_output["token_usage"] == {
+        "prompt_tokens": sum(u["input_tokens"] for u in usage),
+        "completion_tokens": sum(u["output_tokens"] for u in usage),
+        "total_tokens": sum(u["total_tokens"] for u in usage),
+    }
+    assert result.llm_output["model_name"] == llm.model_name
 
 
 @pytest.mark.parametrize("stop", [[""], ["", "zzz"], [None]])
