@@ -31,6 +31,7 @@ a transcript as ``<name>.probes.json``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -325,7 +326,8 @@ def _openai_messages(messages: list[Any], path: str, where: str) -> tuple[Messag
 def _sharegpt(data: Any, path: str, skipped: list[TranscriptError] | None = None) -> list[Transcript]:
     items = data if isinstance(data, list) else [data]
     if items and isinstance(items[0], dict) and "from" in items[0]:  # the turns of one conversation, bare
-        return [_sharegpt_conversation({"conversations": items}, 0, path, "$", bare=True)]
+        bare = functools.partial(_sharegpt_conversation, bare=True)
+        return _each([{"conversations": items}], path, skipped, bare, single=True)
     return _each(items, path, skipped, _sharegpt_conversation, single=not isinstance(data, list))
 
 

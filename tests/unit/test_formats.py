@@ -302,6 +302,10 @@ def test_a_bare_sharegpt_list_names_the_turn_at_its_own_json_path_and_the_missin
     missing = [{"from": "human", "value": "hi"}, {"from": "gpt"}]
     with pytest.raises(TranscriptError, match=r': \$\[1\]: a turn needs a "value"'):
         read_transcripts(write(tmp_path, "bare.json", json.dumps(missing)))
+    skipped: list[TranscriptError] = []  # --on-error skip: the conversation is recorded as skipped
+    with pytest.raises(TranscriptError, match="the file holds no messages"):  # its only one
+        read_transcripts(tmp_path / "bare.json", skipped=skipped)
+    assert len(skipped) == 1 and '$[1]: a turn needs a "value"' in str(skipped[0])
     unknown = [{"from": "human", "value": "hi"}, {"from": "robot", "value": "x"}]
     with pytest.raises(TranscriptError, match=r": \$\[1\]\.from: unknown speaker 'robot'"):
         read_transcripts(write(tmp_path, "robot.json", json.dumps(unknown)))
