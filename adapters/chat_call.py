@@ -23,7 +23,7 @@ from typing import Any
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.engine.protocol import ServingEngine
-from clm_middleware.errors import ClmError, ConfigError
+from clm_middleware.errors import ClmError
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.lifecycle.turn import Reply
 from clm_middleware.structured import ResponseFormat
@@ -122,11 +122,12 @@ class ChatCall:
 
     def stream(self) -> Iterator[str]:
         request = self.request
+        tools = [] if request.tool_choice == "none" else list(request.tools)
+        check_call_grammars(self.engine, tools)  # before routing: a refused request changes nothing
         digests = [t.digest for t in request.turns]
         route = self.router.route(request.turns, request.session_id)
         base = len(route.session.digests)
         conversation = route.session.conversation
-        tools = [] if request.tool_choice == "none" else list(request.tools)
         replies: Iterator[str] | None = None
         try:
             # a required call wins, as on OpenAI: response_format shapes a text answer
@@ -233,19 +234,29 @@ def tool_call_format(engine: Any, name: str, tools: ToolSpecs) -> ResponseFormat
     """The grammar of a required call to ``name``: ``<tool_call>{"name": ..., "arguments":
     ...}</tool_call>`` with the arguments valid against the tool's schema, so the call
     has every required argument of the right type whatever the model. ``None`` where no
-    grammar can run (a remote engine) or the schema cannot be one: the call head alone
-    then guides the model, as before."""
+    grammar can run (a remote engine: the call head alone guides the model there); a
+    schema the grammar compiler rejects (``minimum`` above ``maximum``, ``"items": 5``,
+    a ``$ref`` to nothing) is a ``ConfigError`` naming ``tools[i].function.parameters``,
+    as a ``response_format`` schema is: never a call written without it."""
     if not engine.sees_logits:
         return None
     from clm_middleware.structured.grammar import compiler_for  # xgrammar loads on first use
 
-    spec = next(t["function"] for t in tools if t["function"]["name"] == name)
-    try:
-        fmt = ResponseFormat.tool_call(name, spec.get("parameters"), (OPEN, CLOSE))
-        compiler_for(engine).compile(fmt, field="tools.function.parameters")
-    except ConfigError:
-        return None
+    index = next(i for i, t in enumerate(tools) if t["function"]["name"] == name)
+    field = f"tools[{index}].function.parameters"
+    fmt = ResponseFormat.tool_call(name, tools[index]["function"].get("parameters"), (OPEN, CLOSE), field=field)
+    compiler_for(engine).compile(fmt, field=field)
     return fmt
+
+
+def check_call_grammars(engine: Any, tools: ToolSpecs) -> None:
+    """Raise ``ConfigError`` naming the tool (``tools[2].function.parameters``) unless a
+    call of every tool in ``tools`` compiles to a grammar on ``engine``: a call the model
+    may write under ``tool_choice`` ``auto`` is as bound to its schema as a required one,
+    and a schema no grammar can hold is the caller's mistake (OpenAI refuses it too).
+    Compiled grammars are cached per engine, so a re-sent tool list costs a lookup."""
+    for spec in tools:
+        tool_call_format(engine, spec["function"]["name"], tools)
 
 
 def call_formats(engine: Any, tools: ToolSpecs) -> tuple[ResponseFormat, ...]:

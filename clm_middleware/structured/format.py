@@ -45,9 +45,17 @@ class ResponseFormat:
     calls: tuple[ResponseFormat, ...] = ()
 
     @classmethod
-    def tool_call(cls, name: str, parameters: Mapping[str, Any] | None, tags: tuple[str, str]) -> ResponseFormat:
+    def tool_call(
+        cls,
+        name: str,
+        parameters: Mapping[str, Any] | None,
+        tags: tuple[str, str],
+        *,
+        field: str = "tools.function.parameters",
+    ) -> ResponseFormat:
         """A call of tool ``name`` between ``tags``: ``{"name": name, "arguments": ...}``
-        with the arguments valid against the tool's ``parameters`` schema."""
+        with the arguments valid against the tool's ``parameters`` schema (``field`` names
+        it in a ``ConfigError``)."""
         arguments = dict(parameters or {"type": "object", "properties": {}})
         arguments.setdefault("type", "object")
         # definitions the parameters refer to ("#/$defs/Address", as pydantic and the openai
@@ -61,7 +69,7 @@ class ResponseFormat:
         }
         # lenient: a tool validates its own arguments, and a pydantic set field (uniqueItems)
         # must not make a tool unusable; the call is constrained by what the grammar enforces
-        checked = cls.from_schema(payload, field="tools.function.parameters", enforce_all=False)
+        checked = cls.from_schema(payload, field=field, enforce_all=False)
         return cls(schema_json=checked.schema_json, tags=tags)
 
     def or_calls(self, calls: tuple[ResponseFormat, ...]) -> ResponseFormat:

@@ -87,7 +87,9 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._compiled: dict[ResponseFormat, xgrammar.CompiledGrammar] = {}
 
-    def compile(self, fmt: ResponseFormat, *, field: str = "response_format") -> xgrammar.CompiledGrammar:
+    def compile(
+        self, fmt: ResponseFormat, *, field: str = "response_format.json_schema.schema"
+    ) -> xgrammar.CompiledGrammar:
         """The grammar of ``fmt``; a ``ConfigError`` naming ``field`` for a schema xgrammar rejects."""
         key = _unnamed(fmt)  # the name does not change the grammar
         with self._lock:
@@ -101,7 +103,7 @@ class GrammarCompiler:
             compiled = self._compiler.compile_grammar(grammar)
         except (RuntimeError, ValueError) as error:
             problem = _CPP_PREFIX.sub("", str(error).strip().splitlines()[0] if str(error).strip() else "")
-            raise ConfigError(f"{field}.json_schema.schema", f"cannot be used as a grammar: {problem}") from None
+            raise ConfigError(field, f"cannot be used as a grammar: {problem}") from None
         with self._lock:
             return self._compiled.setdefault(key, compiled)
 

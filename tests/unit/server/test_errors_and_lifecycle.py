@@ -37,6 +37,10 @@ def _tool(parameters: dict) -> dict:
     return {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
 
 
+def _other_tool() -> dict:
+    return {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
 def _hello(model_id: str, **extra) -> dict:
     return {"model": model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, **extra}
 
@@ -117,6 +121,17 @@ def _hello(model_id: str, **extra) -> dict:
                 }
             },
             "response_format.json_schema.schema",
+        ),
+        # a tool schema the grammar compiler rejects: refused, whether the call is required or
+        # the model may choose it, never written unconstrained (it came back '{"a": 1}')
+        *(
+            ({"tools": [_other_tool(), _tool(bad)], **choice}, f"tools[1].{where}")
+            for bad, where in [
+                ({"properties": {"a": {"type": "array", "items": 5}}}, "function.parameters"),
+                ({"properties": {"a": {"type": "integer", "minimum": 10, "maximum": 1}}}, "function.parameters"),
+                ({"properties": {"a": {"$ref": "#/$defs/gone"}}, "required": ["a"]}, "function.parameters"),
+            ]
+            for choice in ({"tool_choice": "required"}, {"tool_choice": "auto"}, {"stream": True})
         ),
     ],
 )
