@@ -36,6 +36,9 @@ def read_or_report(
                 emit(failure_line(failure))
             emit(totals_line(failed))
         raise
+    except BaseException:  # a reader's own fault (or Ctrl-C): no report of this run, and none of an earlier one
+        remove_stale(*reports)
+        raise
     remove_stale(*reports)  # until this run writes its own (Ctrl-C while the model loads leaves none)
     return transcripts
 

@@ -53,7 +53,7 @@ def read_probes(path: str | Path) -> list[Probe]:
     ``TranscriptError`` naming the file and the probe."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM, as Windows editors write: as transcripts
     except FileNotFoundError:
         raise TranscriptError(str(path), None, "no such probes file") from None
     except IsADirectoryError:

@@ -181,7 +181,7 @@ def _documents_per_line(text: str, path: Path, fmt: str, skipped: list[Transcrip
         for transcript in read:  # a line without an id of its own is named by its line
             conversation = transcript.conversation_id if named else f"{path.stem}-{number}"
             transcripts.append(dataclasses.replace(transcript, conversation_id=conversation, source=str(path)))
-    if not transcripts:
+    if not any(t.messages for t in transcripts):  # as a document of empty conversations is
         raise TranscriptError(str(path), None, "the file holds no messages")
     return transcripts
 
@@ -244,7 +244,7 @@ def _openai_conversation(item: Any, number: int, path: str, where: str) -> Trans
     messages = item.get("messages", item.get("traj", item.get("conversations")))
     if not isinstance(messages, list):
         raise TranscriptError(path, None, f'{where}: expected a "messages" list')
-    name = str(item.get("id", item.get("conversation_id", item.get("task_id", number))))
+    name = _conversation_name(item, ("id", "conversation_id", "task_id"), number)
     messages_read = _openai_messages(messages, path, f"{where}.messages")
     if "system" in item:  # Anthropic's and many request logs' layout: the system prompt beside the messages
         system = _checked(
@@ -366,7 +366,7 @@ def _sharegpt_conversation(item: Any, number: int, path: str, where: str, *, bar
         if source == "function_call":
             record = {"role": "assistant", "content": "", "tool_calls": [_sharegpt_call(turn["value"])]}
         messages.append(_checked(lambda r=record: message_from_record(r, path, None), path, at))
-    name = str(item.get("id", number))
+    name = _conversation_name(item, ("id",), number)
     return Transcript(f"{Path(path).stem}-{name}", tuple(messages), path, tools=declared_tools(item, path, where))
 
 
@@ -378,6 +378,11 @@ def _sharegpt_call(value: str) -> dict[str, Any]:
     return call if isinstance(call, dict) else {"name": "unknown", "arguments": call}
 
 
+def _conversation_name(item: dict[str, Any], keys: tuple[str, ...], number: int) -> str:
+    """The first of ``keys`` the conversation gives a value (``"id": null`` gives none), else its number."""
+    return next((str(item[key]) for key in keys if item.get(key) is not None), str(number))
+
+
 def _is_langchain_message(item: Any) -> bool:
     """``{"type", "data"}`` (``messages_to_dict``), a flat dump ``{"type": "human", "content",
     ...}``, or ``dumpd``'s ``{"lc": 1, "type": "constructor", "id": [..., "HumanMessage"],
@@ -386,7 +391,7 @@ def _is_langchain_message(item: Any) -> bool:
         return False
     if _constructor_kwargs(item) is not None:
         return True
-    return "data" in item or (item["type"] in _LANGCHAIN_ROLES and "content" in item)
+    return "data" in item or (isinstance(item["type"], str) and item["type"] in _LANGCHAIN_ROLES and "content" in item)
 
 
 def _constructor_kwargs(item: dict[str, Any]) -> dict[str, Any] | None:

@@ -209,6 +209,10 @@ def _content_text(content: Any, path: str, line: int | None, role: str) -> str:
                 parts.append(part)
             elif not isinstance(part, dict):
                 raise TranscriptError(path, line, f'"content[{index}]" is not a part ({type(part).__name__!r})')
+            elif not isinstance(part.get("type", "text"), str):
+                raise TranscriptError(
+                    path, line, f'"content[{index}].type" must be a string, got {type(part["type"]).__name__}'
+                )
             elif part.get("type", "text") == "text":
                 if not isinstance(part.get("text"), str):
                     raise TranscriptError(path, line, f'"content[{index}].text" must be a string')

@@ -406,6 +406,33 @@ def test_a_run_that_fails_before_its_first_turn_leaves_no_earlier_report_behind(
     assert not report_path.exists()  # the earlier run's report does not stand for this one
 
 
+def test_a_reader_that_fails_unexpectedly_leaves_no_earlier_report_behind(tmp_path, monkeypatch):
+    from clm_middleware.cli import read
+
+    report_path = tmp_path / "report.json"
+    chat = str(write_transcript(tmp_path / "good.jsonl"))
+    assert _replay(chat, "--report", str(report_path)).exit_code == 0
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("a reader's own fault")
+
+    monkeypatch.setattr(read, "read_transcripts", broken)
+    assert _replay(chat, "--report", str(report_path)).exit_code == 1
+    assert not report_path.exists()  # the earlier run's report does not stand for this one
+
+
+def test_a_content_part_whose_type_is_not_a_string_is_an_error_naming_it_or_skipped(tmp_path):
+    path = tmp_path / "parts.jsonl"
+    lines = [{"role": "user", "content": [{"type": ["text"], "text": "hello"}]}, {"role": "assistant", "content": "hi"}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    result = _replay(str(path))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert 'parts.jsonl:1: "content[0].type" must be a string' in result.output
+    report_path = tmp_path / "report.json"
+    assert _replay(str(path), "--on-error", "skip", "--report", str(report_path)).exit_code == 0
+    assert json.loads(report_path.read_text())["totals"]["skipped_records"] == 1
+
+
 def test_every_lifecycle_option_given_to_a_mode_that_ignores_it_is_flagged(tmp_path):
     """--compact-ahead with --mode prefix had run without a word; an option left at its
     default says nothing, and one the mode uses says nothing either."""

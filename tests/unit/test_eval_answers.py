@@ -178,6 +178,14 @@ def test_eval_answers_reports_every_variant_and_every_probe(tmp_path):
     assert "| reply nll | lifecycle share | invented |" in text
 
 
+def test_a_probes_file_saved_with_a_bom_is_read_as_transcripts_are(tmp_path):
+    from clm_middleware.evaluation.probes import read_probes
+
+    path = tmp_path / "p.json"
+    path.write_bytes(b'\xef\xbb\xbf[{"question": "Where from?", "answer": "Anaheim"}]')
+    assert [(p.question, p.answer) for p in read_probes(path)] == [("Where from?", "Anaheim")]
+
+
 def test_a_probes_file_that_is_not_json_is_a_clean_error_naming_it(tmp_path):
     transcript, probes = write_inputs(tmp_path)
     probes.write_text('[{"question": "Order?", "answer": ')

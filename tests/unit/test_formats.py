@@ -131,6 +131,20 @@ def test_errors_say_where_and_what(tmp_path, name, data, message):
         read_transcripts(write(tmp_path, name, data))
 
 
+def test_a_langchain_message_type_that_is_not_a_string_is_an_error_not_a_crash(tmp_path):
+    with pytest.raises(TranscriptError):
+        read_transcripts(write(tmp_path, "lc.json", [{"type": ["human"], "content": "hello"}]))
+
+
+def test_a_conversation_whose_id_is_null_is_named_by_its_index(tmp_path):
+    hello = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    openai = read_transcripts(write(tmp_path, "oa.json", [{"id": None, "messages": hello}] * 2))
+    sharegpt = read_transcripts(
+        write(tmp_path, "sg.json", [{"id": None, "conversations": [{"from": "human", "value": "hi"}]}])
+    )
+    assert [t.conversation_id for t in openai] == ["oa-0", "oa-1"] and sharegpt[0].conversation_id == "sg-0"
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.one_of(st.text(max_size=300), st.binary(max_size=300)))
 def test_hostile_input_is_a_transcript_error_or_a_transcript_never_a_crash(tmp_path_factory, payload):
@@ -144,6 +158,36 @@ def test_hostile_input_is_a_transcript_error_or_a_transcript_never_a_crash(tmp_p
     except TranscriptError:
         return
     assert all(t.messages for t in transcripts)
+
+
+# JSON built from the keys the readers look at, with any JSON value under them: the
+# shapes hostile text rarely reaches ({"type": ["text"]}, {"from": {"a": 1}}, ...)
+_KEYS = st.sampled_from(
+    ["role", "content", "type", "text", "data", "from", "value", "messages", "conversations", "id",
+     "tool_calls", "tool_call_id", "function", "name", "arguments", "kwargs", "lc", "system", "refusal",
+     "conversation_id", "tools", "additional_kwargs"]
+)  # fmt: skip
+_NAMES = st.sampled_from(["user", "assistant", "system", "tool", "human", "ai", "gpt", "text", "function", "Hi"])
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | _NAMES | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON, st.booleans())
+def test_any_json_under_the_keys_readers_read_is_a_transcript_error_or_a_transcript(tmp_path_factory, data, lines):
+    path = tmp_path_factory.mktemp("shapes") / ("input.jsonl" if lines else "input.json")
+    text = "\n".join(json.dumps(item) for item in data) if lines and isinstance(data, list) else json.dumps(data)
+    path.write_text(text, encoding="utf-8")
+    try:
+        transcripts = read_transcripts(path)
+    except TranscriptError:
+        return
+    messages = [m for t in transcripts for m in t.messages]  # a conversation of a file of several may be empty
+    assert messages and all(m.role in {"system", "user", "assistant", "tool"} for m in messages)
+    assert all(isinstance(m.content, str) and all(isinstance(c, dict) for c in m.tool_calls) for m in messages)
 
 
 @pytest.mark.parametrize(
