@@ -32,6 +32,7 @@ import copy
 import dataclasses
 import functools
 import inspect
+import os
 import threading
 import time
 import uuid
@@ -792,6 +793,7 @@ class Conversation:
             "no_repeat_ngram_size": generation.no_repeat_ngram_size,
             "response_format": None if generation.response_format is None else generation.response_format.as_openai(),
             "cache_salt": self.cache_salt,
+            **({"use_pool": False} if not self.use_pool else {}),
             # prompts only where they differ from the bundled ones (a reload then reads
             # the bundled files of its own version, as a new conversation would)
             **(
@@ -874,7 +876,13 @@ class Conversation:
                 raise ClmError(f"store must be a path or a Store, got {type(store).__name__}")
             if not Path(store).expanduser().is_file():  # a mistyped path: nothing to load, nothing created
                 raise StoreError(f"{store}: no such store")
-            store = Store(store)
+            store = _store_to_continue(Path(store).expanduser())
+        if "system_prompt" in settings:
+            raise ConfigError(
+                "system_prompt",
+                "a loaded conversation keeps the system message it was stored with",
+                hint='add("system", text) adds one after its history',
+            )
         stored = store.load(conversation_id)
         known = inspect.signature(cls.__init__).parameters.keys() - {"self", "engine", "store", "conversation_id"}
         if unknown := sorted(stored.record.settings.keys() - known - _STORED_ONLY):
@@ -899,11 +907,14 @@ class Conversation:
         conversation.turn = stored.record.turn
         conversation._next_index = stored.record.next_index
         conversation.fold = stored.record.fold
-        conversation.protocol_context = stored.record.protocol_context
+        if conversation.config.tagging.mode == stored.record.settings.get("tagging", "auto"):
+            conversation.protocol_context = stored.record.protocol_context  # auto may have left the protocol
+        # else the tagging given now decides, as for a new conversation: signals never show the protocol
         conversation.renderer = conversation._make_renderer()
         conversation.tagger.parse_history.extend(stored.record.parse_history)
         conversation._turn_log = [TurnStats.from_dict(values) for values in stored.turn_stats]
         conversation.journal = ChangeJournal()  # all of it is stored already
+        conversation._check_system_block_fits()  # a budget given now must hold the stored system messages
         return conversation
 
     def record(self) -> ConversationRecord:
@@ -1208,6 +1219,19 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _store_to_continue(path: Path) -> Store:
+    """The store at ``path``, checked without writing a byte (a file that is not a store
+    is refused as it is, a zero-byte one included); opened for writing only where the
+    file and its directory are writable, so the turns after a load are saved. A store in
+    a read-only directory (an archive, another user's) is read as it is, and a save
+    there fails as a ``StoreError`` that leaves the reply standing."""
+    checked = Store(path, read_only=True)
+    if not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+        return checked
+    checked.close()
+    return Store(path)
+
+
 def _check_stored_ids(
     stored_model: str, segments: Sequence[Segment], engine: ServingEngine, where: Path, sample: int = 32
 ) -> None:
@@ -1227,7 +1251,9 @@ def _check_stored_ids(
                     f"read back as its text with the tokenizer of {engine.model_name!r}",
                     hint=f"load it with an engine of {stored_model!r}",
                 )
-    outside = next((s for s in segments if any(t >= engine.vocab_size for t in s.token_ids)), None)
+    outside = next(
+        (s for s in segments if any(t >= engine.vocab_size for t in [*s.token_ids, *(s.summary_ids or ())])), None
+    )
     if outside is not None:
         raise StoreError(
             f"{where}: segment {outside.id} holds a token id outside the vocabulary "

@@ -110,6 +110,9 @@ def chat(
     # (a reply, a segment or an error that holds "[/x]" or ":x:" is shown as said), styles are Text
     console = Console(stderr=json_lines, markup=False, emoji=False)
     engine = build_engine(**engine_options)
+    # however the chat ends (end of input, /quit, an error): spill to the disk tier, if one
+    # is set, so a resumed chat hits from disk (only evictions were written there before)
+    click.get_current_context().call_on_close(engine.close)
     store = Store(db) if db else None
     if store is not None and session is not None and session in store.conversation_ids():
         given = {

@@ -30,6 +30,10 @@ history, then start the conversation under a suffixed id (`s1~1a2b3c4d`); `clm r
 suffixes `#2`, `#3`. Segments are stored as token ids, so a conversation loads only onto
 an engine whose tokenizer reads them back as their text: another model's engine is a
 `ConfigError` naming the model that stored it (a model sharing the tokenizer loads it).
+Settings given to `load` apply from then on (a `tagging` given decides whether the
+protocol is shown, as for a new conversation; a `budget` must hold the stored system
+messages, else `ContextBudgetError`); a `system_prompt` is a `ConfigError` (the stored
+one stands: `add("system", ...)` adds another).
 A file that is another program's database (tables of its own, none of ours) or a store
 written by a newer version (a migration this one does not know) is refused before a
 byte is written (`StoreError` naming the file); a fork that `ChatCLM` or `clm serve`
@@ -43,9 +47,12 @@ gap. Two objects continuing one stored conversation (two `Conversation.load`s of
 id, two `clm chat --session` windows) cannot overwrite each other: a save whose row
 says another turn than the writer last read or wrote is refused (`StoreError`: load it
 again). A store whose pages are damaged is a `StoreError` naming the file on load, and so is a
-row that does not read back (a value that is not its JSON, a segment a message lists
-that is gone): a conversation is loaded whole or not at all. A read (`clm stats`,
-`Conversation.load`) never writes, and reads a store in a read-only directory too (an
+row that does not read back (a value that is not its JSON or not of its type, a segment
+a message lists that is gone, messages gone from a conversation with turns or segments,
+a token id outside the vocabulary): a conversation is loaded whole or not at all. A read
+(`clm stats`, `Conversation.load`) never writes (a path given to `load` is checked
+read-only first, then opened for the saves to come where the file and its directory
+are writable), and reads a store in a read-only directory too (an
 archive, another user's; SQLite cannot make the `-shm` file there, so the file is read
 as immutable), unless a `-wal` file of writes not merged yet lies beside it: copy both
 to a writable directory then. A conversation attached to a store after its first turns

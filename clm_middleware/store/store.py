@@ -253,28 +253,37 @@ class Store:
         row = self.conversation_row(conversation_id)
         with self._named_errors("cannot read"):
             has_turns = self.db["turns"].exists()
+            lost = [table for table in ("messages", "segments") if not self.db[table].exists()]
+        if lost:
+            raise StoreError(f"{self.path}: the {lost[0]} table is gone (damaged); conversations cannot be loaded")
         rows = {table: self.rows(table, conversation_id, "idx") for table in ("messages", "segments")}
         turn_rows = self.rows("turns", conversation_id, "turn") if has_turns else []
         try:  # a row another program or a partial write left unreadable: never half-loaded
             record = ConversationRecord(
                 id=row["id"],
                 model=row["model"],
-                settings=json.loads(row["settings"] or "{}"),
-                turn=row["turn"],
-                next_index=row["next_index"],
-                fold=row.get("fold") or 0,
+                settings=_typed(json.loads(row["settings"] or "{}"), dict, "the settings"),
+                turn=_count(row["turn"], "the turn counter"),
+                next_index=_count(row["next_index"], "the next segment number"),
+                fold=_count(row.get("fold") or 0, "the digest fold"),
                 protocol_context=bool(row["protocol_context"]),
-                parse_history=json.loads(row["parse_history"] or "[]"),
+                parse_history=_typed(json.loads(row["parse_history"] or "[]"), list, "the parse history"),
             )
             messages = [_message(m) for m in rows["messages"]]
             segments = [_segment(s) for s in rows["segments"]]
-            turns = [json.loads(t["stats"]) for t in turn_rows]
+            turns = [_turn_stats(t) for t in turn_rows]
         except (ValueError, TypeError, KeyError) as error:  # JSONDecodeError is a ValueError
             raise StoreError(
                 f"{self.path}: conversation {conversation_id!r} has a damaged row ({type(error).__name__}: {error})"
             ) from error
         if [m.index for m in messages] != list(range(len(messages))):
             raise StoreError(f"{self.path}: conversation {conversation_id!r} has gaps in its messages (damaged)")
+        if (record.turn or segments) and not messages:  # every turn answered a message: its rows are gone
+            raise StoreError(f"{self.path}: conversation {conversation_id!r} has lost its messages (damaged)")
+        if any(s.message_index >= len(messages) for s in segments):
+            raise StoreError(
+                f"{self.path}: conversation {conversation_id!r} has segments of messages it lacks (damaged)"
+            )
         missing = {s for m in messages for s in m.segment_ids} - {s.id for s in segments}
         if missing:
             raise StoreError(
@@ -362,47 +371,86 @@ def _segment_row(conversation_id: str, segment: Segment) -> dict[str, Any]:
     }
 
 
+_KINDS = {str: "text", int: "a whole number", dict: "an object", list: "a list"}
+
+
+def _typed(value: Any, kind: Any, what: str) -> Any:
+    """``value`` if it is a ``kind`` (a bool is no number here), else a ``TypeError`` naming ``what``."""
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TypeError(f"{what} is {type(value).__name__}, not {_KINDS.get(kind, 'a number')}")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    if _typed(value, int, what) < 0:
+        raise ValueError(f"{what} is negative")
+    return value
+
+
+def _ids(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise TypeError(f"{what} are not a list of token ids")
+    return value
+
+
+def _text_or_none(value: Any, what: str) -> str | None:
+    return None if value is None else _typed(value, str, what)
+
+
+def _turn_stats(row: dict[str, Any]) -> dict[str, Any]:
+    stats = _typed(json.loads(row["stats"]), dict, f"turn {row['turn']}'s stats")
+    _count(stats.get("turn"), f"turn {row['turn']}'s number")
+    return stats
+
+
 def _message(row: dict[str, Any]) -> MessageRecord:
     if row["role"] not in ROLES:
         raise ValueError(f"message {row['idx']} has the unknown role {row['role']!r}")
-    if not isinstance(row["content"], str):
-        raise TypeError(f"message {row['idx']} has content that is not text")
+    where = f"message {row['idx']}"
+    segment_ids = _typed(json.loads(row["segment_ids"] or "[]"), list, f"{where}'s segment ids")
     return MessageRecord(
-        index=row["idx"],
+        index=_count(row["idx"], "a message's index"),
         role=row["role"],
-        content=row["content"],
-        turn=row["turn"],
-        segment_ids=[SegmentId(s) for s in json.loads(row["segment_ids"] or "[]")],
-        raw_output=row["raw_output"],
+        content=_typed(row["content"], str, f"{where}'s content"),
+        turn=_count(row["turn"], f"{where}'s turn"),
+        segment_ids=[SegmentId(_typed(s, str, f"{where}'s segment id")) for s in segment_ids],
+        raw_output=_text_or_none(row["raw_output"], f"{where}'s raw output"),
     )
 
 
 def _segment(row: dict[str, Any]) -> Segment:
     if row["role"] not in ROLES:
         raise ValueError(f"segment {row['id']} has the unknown role {row['role']!r}")
-    token_ids = json.loads(row["token_ids"])
-    if not isinstance(token_ids, list) or not all(isinstance(t, int) and t >= 0 for t in token_ids):
-        raise TypeError(f"segment {row['id']} has token ids that are not a list of token ids")
+    where = f"segment {row['id']}"
+    summary_ids = json.loads(row["summary_ids"]) if row["summary_ids"] else None
+    surprisal = json.loads(row["surprisal"]) if row["surprisal"] else None
+    if surprisal is not None and not (
+        isinstance(surprisal, list)
+        and all(x is None or (isinstance(x, int | float) and not isinstance(x, bool)) for x in surprisal)
+    ):
+        raise TypeError(f"{where}'s surprisal is not a list of numbers (or nulls where a token was not scored)")
     return Segment(
-        id=SegmentId(row["id"]),
-        index=row["idx"],
-        message_index=row["message_idx"],
+        id=SegmentId(_typed(row["id"], str, "a segment's id")),
+        index=_count(row["idx"], f"{where}'s index"),
+        message_index=_count(row["message_idx"], f"{where}'s message"),
         role=row["role"],
-        kind=row["kind"],
-        text=row["text"],
-        token_ids=token_ids,
-        separator=row["separator"] or "",
-        turn=row["turn"],
+        kind=_typed(row["kind"], str, f"{where}'s kind"),
+        text=_typed(row["text"], str, f"{where}'s text"),
+        token_ids=_ids(json.loads(row["token_ids"]), f"{where}'s token ids"),
+        separator=_text_or_none(row["separator"], f"{where}'s separator") or "",
+        turn=_count(row["turn"], f"{where}'s turn"),
         pinned=bool(row["pinned"]),
         status=Status(row["status"]),
         label=Label(row["label"]),
         decided_by=DecidedBy(row["decided_by"]) if row["decided_by"] else None,
-        summary=row["summary"],
-        summary_ids=json.loads(row["summary_ids"]) if row["summary_ids"] else None,
-        summary_method=row["summary_method"],
-        surprisal=json.loads(row["surprisal"]) if row["surprisal"] else None,
-        attention=row["attention"] or 0.0,
-        removed_round=row["removed_round"],
+        summary=_text_or_none(row["summary"], f"{where}'s summary"),
+        summary_ids=None if summary_ids is None else _ids(summary_ids, f"{where}'s summary ids"),
+        summary_method=_text_or_none(row["summary_method"], f"{where}'s summary method"),
+        surprisal=surprisal,
+        attention=float(_typed(row["attention"] or 0.0, int | float, f"{where}'s attention")),
+        removed_round=None
+        if row["removed_round"] is None
+        else _count(row["removed_round"], f"{where}'s removal round"),
     )
 
 

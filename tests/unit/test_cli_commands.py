@@ -481,6 +481,18 @@ def test_chat_resume_applies_the_flags_given_and_save_exports_json_and_help_list
     assert [m["content"] for m in saved["messages"]][:1] == ["hello there"]
 
 
+def test_a_chat_spills_to_its_disk_cache_at_exit_so_a_resumed_chat_hits_from_disk(tmp_path):
+    kv = tmp_path / "kv"
+    base = ["chat", "--model", "tiny", "--max-new-tokens", "4", "--db", str(tmp_path / "c.db"), "--session", "s"]
+    words = " ".join(f"word{i}" for i in range(60))  # several blocks' worth
+    assert run(*base, "--disk-cache-dir", str(kv), input=f"{words}\n").exit_code == 0
+    assert list(kv.rglob("*.safetensors"))  # written at exit: the 1 GiB pool had evicted nothing
+    resumed = run(*base, "--json", "--disk-cache-dir", str(kv), input="and then?\n")
+    assert resumed.exit_code == 0, resumed.output
+    turn = next(json.loads(line) for line in resumed.stdout.splitlines() if line.startswith("{"))
+    assert turn["cached_tokens"] >= 64  # a new process: every cached token came from disk
+
+
 def test_chat_resume_keeps_the_stored_tenant_unless_one_is_given(tmp_path):
     from clm_middleware.store import Store
 

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import sqlite3
 import stat
 import subprocess
@@ -493,6 +494,14 @@ def test_messages_saved_unanswered_and_then_discarded_leave_the_store(converse, 
         ("segments", {"role": "wizard"}, "unknown role 'wizard'"),
         ("segments", {"token_ids": "[99999999]"}, "outside the vocabulary"),
         ("segments", {"token_ids": '"abc"'}, "not a list of token ids"),
+        ("segments", {"text": None}, "seg_0's text is NoneType, not text"),
+        ("segments", {"turn": None}, "seg_0's turn is NoneType"),
+        ("segments", {"summary_ids": '"x"'}, "summary ids are not a list of token ids"),
+        ("segments", {"summary_ids": "[99999999]"}, "outside the vocabulary"),
+        ("conversations", {"settings": "[1, 2]"}, "the settings is list, not an object"),
+        ("conversations", {"turn": None}, "the turn counter is NoneType"),
+        ("turns", {"stats": "[]"}, "turn 1's stats is list, not an object"),
+        ("turns", {"stats": "{}"}, "turn 1's number is NoneType"),
     ],
 )
 def test_a_stored_row_another_program_damaged_is_refused_at_load_naming_the_file(
@@ -505,8 +514,28 @@ def test_a_stored_row_another_program_damaged_is_refused_at_load_naming_the_file
     chat.send("hello")
     chat.close()
     store = Store(path)
-    store.db[table].update(("damaged", 0) if table == "messages" else ("damaged", "seg_0"), change)
-    with pytest.raises(StoreError, match=rf"chats\.db.*{named}"):
+    keys = {"messages": ("damaged", 0), "segments": ("damaged", "seg_0"), "conversations": "damaged"}
+    store.db[table].update(keys.get(table, ("damaged", 1)), change)
+    with pytest.raises(StoreError, match=rf"chats\.db.*{re.escape(named)}"):
+        Conversation.load(Store(path), "damaged", engine)
+
+
+@pytest.mark.parametrize("loss", ["rows", "table"])
+def test_a_conversation_whose_messages_are_gone_is_refused_at_load_not_continued_without_them(
+    converse, engine, tmp_path, loss
+):
+    from clm_middleware.store import StoreError
+
+    path = tmp_path / "chats.db"
+    chat = converse(store=path, conversation_id="damaged")
+    chat.send("hello")
+    chat.close()
+    store = Store(path)
+    if loss == "rows":
+        store.db["messages"].delete_where("conversation_id = ?", ["damaged"])
+    else:
+        store.db["messages"].drop()
+    with pytest.raises(StoreError, match=r"chats\.db.*(lost its messages|messages table is gone)"):
         Conversation.load(Store(path), "damaged", engine)
 
 
@@ -603,3 +632,57 @@ def test_a_fork_is_stored_with_the_turns_of_the_history_it_shares(converse, engi
     assert [t.turn for t in loaded.turn_log] == [1, 2, 3]
     assert [t.prompt_tokens for t in loaded.turn_log[:2]] == [t.prompt_tokens for t in original.turn_log]
     loaded.close()
+
+
+def test_loading_by_path_never_writes_a_file_that_is_not_a_store_is_refused_as_it_is(engine, tmp_path):
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(StoreError, match=r"empty\.db: not a clm-middleware store"):
+        Conversation.load(empty, "x", engine)
+    assert empty.read_bytes() == b""  # the schema had been written into it, then "no conversation"
+
+
+def test_a_store_whose_directory_is_read_only_loads_by_path_and_leaves_the_file_as_it_was(
+    converse, engine, tmp_path, monkeypatch
+):
+    """The directory's write access is simulated (tests may run as root): the load used to
+    open the store for writing (WAL, migrations) and failed there."""
+    path = tmp_path / "chats.db"
+    chat = converse(store=path, conversation_id="ro")
+    chat.send("My order is 42.")
+    said = [(m.role, m.content) for m in chat.history]
+    chat.close()
+    before = path.read_bytes()
+    monkeypatch.setattr(os, "access", lambda _path, _how: False)
+    loaded = Conversation.load(path, "ro", engine)
+    monkeypatch.undo()
+    assert [(m.role, m.content) for m in loaded.history] == said
+    loaded.abandon()
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(("stored", "now"), [("free", "signals"), ("signals", "free")])
+def test_a_tagging_given_at_load_decides_whether_the_protocol_is_shown(converse, engine, tmp_path, stored, now):
+    path = tmp_path / "chats.db"
+    chat = converse(store=path, conversation_id="t", tagging=stored)
+    chat.send("My order is 42.")
+    assert chat.protocol_context == (stored == "free")
+    chat.close()
+    loaded = Conversation.load(path, "t", engine, tagging=now)
+    assert loaded.protocol_context == (now == "free")
+    kept = Conversation.load(path, "t", engine)  # no tagging given: as stored
+    assert kept.protocol_context == (stored == "free")
+
+
+def test_settings_a_load_cannot_honour_are_refused_and_use_pool_is_kept(converse, engine, tmp_path):
+    from clm_middleware.errors import ConfigError, ContextBudgetError
+
+    path = tmp_path / "chats.db"
+    chat = converse(store=path, conversation_id="s", system_prompt="You are terse. " * 8, use_pool=False)
+    chat.send("hello")
+    chat.close()
+    with pytest.raises(ConfigError, match="system_prompt"):  # it was ignored: the stored one stood
+        Conversation.load(path, "s", engine, system_prompt="You are a pirate.")
+    with pytest.raises(ContextBudgetError):  # a fresh conversation refuses it at construction too
+        Conversation.load(path, "s", engine, budget=64)
+    assert Conversation.load(path, "s", engine).use_pool is False
