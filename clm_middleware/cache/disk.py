@@ -266,7 +266,7 @@ def _metadata(payload: bytes) -> dict[str, str]:
     if size <= 0 or 8 + size > len(payload):
         raise ValueError("header length out of range")
     header = json.loads(payload[8 : 8 + size].decode("utf-8"))
-    metadata = header.get("__metadata__") or {} if isinstance(header, dict) else None
+    metadata = (header.get("__metadata__") or {}) if isinstance(header, dict) else None
     if not isinstance(metadata, dict) or not all(isinstance(value, str) for value in metadata.values()):
         raise ValueError("header is not a safetensors header (an object whose __metadata__ maps names to strings)")
     return metadata
