@@ -23,10 +23,11 @@ from typing import Any
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.engine.protocol import ServingEngine
-from clm_middleware.errors import ClmError
+from clm_middleware.errors import ClmError, ConfigError
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.lifecycle.turn import Reply
 from clm_middleware.structured import ResponseFormat
+from clm_middleware.structured.keywords import without_patterns
 
 from .messages import Turn, assistant_text, turn_digest
 from .sessions import Route, SessionRouter
@@ -123,7 +124,8 @@ class ChatCall:
     def stream(self) -> Iterator[str]:
         request = self.request
         tools = [] if request.tool_choice == "none" else list(request.tools)
-        check_call_grammars(self.engine, tools)  # before routing: a refused request changes nothing
+        # before routing, so a refused request changes nothing: the calls a grammar will write
+        check_call_grammars(self.engine, _grammar_calls(request, tools), tools)
         digests = [t.digest for t in request.turns]
         route = self.router.route(request.turns, request.session_id)
         base = len(route.session.digests)
@@ -231,32 +233,56 @@ def required_call(conversation: Conversation, tool_choice: Any, tools: ToolSpecs
 
 
 def tool_call_format(engine: Any, name: str, tools: ToolSpecs) -> ResponseFormat | None:
-    """The grammar of a required call to ``name``: ``<tool_call>{"name": ..., "arguments":
-    ...}</tool_call>`` with the arguments valid against the tool's schema, so the call
-    has every required argument of the right type whatever the model. ``None`` where no
-    grammar can run (a remote engine: the call head alone guides the model there); a
-    schema the grammar compiler rejects (``minimum`` above ``maximum``, ``"items": 5``,
-    a ``$ref`` to nothing) is a ``ConfigError`` naming ``tools[i].function.parameters``,
-    as a ``response_format`` schema is: never a call written without it."""
+    """The grammar of a call to ``name``: ``<tool_call>{"name": ..., "arguments":
+    ...}</tool_call>`` with the arguments valid against the tool's schema, so a required
+    call has every required argument of the right type whatever the model. ``None``
+    where no grammar can run (a remote engine: the call head alone guides the model
+    there). A ``pattern`` the grammar engine cannot hold (``\\p{L}``, ``\\b``, a
+    backreference) is left to the tool, which checks its own arguments; a schema that no
+    grammar can hold even then (``minimum`` above ``maximum``, ``"items": 5``, a ``$ref``
+    to nothing) is a ``ConfigError`` naming ``tools[i].function.parameters``, as a
+    ``response_format`` schema is: a call is never written without its grammar."""
     if not engine.sees_logits:
         return None
     from clm_middleware.structured.grammar import compiler_for  # xgrammar loads on first use
 
     index = next(i for i, t in enumerate(tools) if t["function"]["name"] == name)
     field = f"tools[{index}].function.parameters"
-    fmt = ResponseFormat.tool_call(name, tools[index]["function"].get("parameters"), (OPEN, CLOSE), field=field)
-    compiler_for(engine).compile(fmt, field=field)
+    parameters = tools[index]["function"].get("parameters")
+    fmt = ResponseFormat.tool_call(name, parameters, (OPEN, CLOSE), field=field)
+    try:
+        compiler_for(engine).compile(fmt, field=field)
+    except ConfigError:
+        lenient = ResponseFormat.tool_call(name, without_patterns(parameters), (OPEN, CLOSE), field=field)
+        if lenient == fmt:
+            raise
+        try:
+            compiler_for(engine).compile(lenient, field=field)
+        except ConfigError:
+            compiler_for(engine).compile(fmt, field=field)  # the error of the schema as given
+            raise
+        return lenient
     return fmt
 
 
-def check_call_grammars(engine: Any, tools: ToolSpecs) -> None:
+def check_call_grammars(engine: Any, names: Sequence[str], tools: ToolSpecs) -> None:
     """Raise ``ConfigError`` naming the tool (``tools[2].function.parameters``) unless a
-    call of every tool in ``tools`` compiles to a grammar on ``engine``: a call the model
-    may write under ``tool_choice`` ``auto`` is as bound to its schema as a required one,
-    and a schema no grammar can hold is the caller's mistake (OpenAI refuses it too).
+    call of each of ``names`` compiles to a grammar on ``engine`` (``tool_call_format``).
     Compiled grammars are cached per engine, so a re-sent tool list costs a lookup."""
-    for spec in tools:
-        tool_call_format(engine, spec["function"]["name"], tools)
+    for name in names:
+        tool_call_format(engine, name, tools)
+
+
+def _grammar_calls(request: ChatRequest, tools: ToolSpecs) -> list[str]:
+    """The tools whose calls this request decodes under a grammar: the required one (any
+    bound tool, when the model picks), or every tool beside a ``response_format``; none
+    under ``auto`` with free text, where a call is written as the model writes it."""
+    required = required_tool(request.tool_choice, tools) if tools else None
+    if isinstance(required, str):
+        return [required]
+    if required or request.response_format is not None:
+        return [t["function"]["name"] for t in tools]
+    return []
 
 
 def call_formats(engine: Any, tools: ToolSpecs) -> tuple[ResponseFormat, ...]:

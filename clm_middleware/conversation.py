@@ -871,18 +871,29 @@ class Conversation:
         Segments are stored as token ids, so the engine must tokenize as the one that
         stored them: another model's engine is a ``ConfigError`` (its vocabulary would read
         the ids as other text)."""
-        if not isinstance(store, Store):
-            if not isinstance(store, str | Path):
-                raise ClmError(f"store must be a path or a Store, got {type(store).__name__}")
-            if not Path(store).expanduser().is_file():  # a mistyped path: nothing to load, nothing created
-                raise StoreError(f"{store}: no such store")
-            store = _store_to_continue(Path(store).expanduser())
-        if "system_prompt" in settings:
+        if settings.pop("system_prompt", None):  # None or "": the stored one, as asked
             raise ConfigError(
                 "system_prompt",
                 "a loaded conversation keeps the system message it was stored with",
                 hint='add("system", text) adds one after its history',
             )
+        if isinstance(store, Store):
+            return cls._load_from(store, conversation_id, engine, settings)
+        if not isinstance(store, str | Path):
+            raise ClmError(f"store must be a path or a Store, got {type(store).__name__}")
+        if not Path(store).expanduser().is_file():  # a mistyped path: nothing to load, nothing created
+            raise StoreError(f"{store}: no such store")
+        opened = _store_to_continue(Path(store).expanduser())
+        try:
+            return cls._load_from(opened, conversation_id, engine, settings)
+        except BaseException:
+            opened.close()  # the store this call opened: nobody else holds it
+            raise
+
+    @classmethod
+    def _load_from(
+        cls, store: Store, conversation_id: str, engine: ServingEngine | None, settings: dict[str, Any]
+    ) -> Conversation:
         stored = store.load(conversation_id)
         known = inspect.signature(cls.__init__).parameters.keys() - {"self", "engine", "store", "conversation_id"}
         if unknown := sorted(stored.record.settings.keys() - known - _STORED_ONLY):

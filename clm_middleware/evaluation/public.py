@@ -186,4 +186,9 @@ def _load_index(path: Path) -> dict[str, Any]:
         raise TranscriptError(str(path), error.lineno, f"not valid JSON ({error.msg})") from None
     if not isinstance(data, dict) or not isinstance(data.get("conversations"), list):
         raise TranscriptError(str(path), None, 'expected an object with a "conversations" list')
+    for number, entry in enumerate(data["conversations"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("conversation_id"), str):
+            raise TranscriptError(
+                str(path), None, f'conversations[{number}]: expected an object with a string "conversation_id"'
+            )
     return data

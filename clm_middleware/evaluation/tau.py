@@ -61,7 +61,10 @@ def build_tau_session(trajectories_path: str | Path, *, system: str | None = SYS
         turns = [
             {"role": m["role"], "content": m["content"].strip()}
             for m in trajectory
-            if m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str) and m["content"].strip()
+            if isinstance(m, dict)
+            and m.get("role") in ("user", "assistant")
+            and isinstance(m.get("content"), str)
+            and m["content"].strip()
         ]
         messages += turns
         ids.append(f"tau-airline-{task_id}")

@@ -45,8 +45,7 @@ def block_text(block: Any) -> str | None:
     if kind == "refusal":  # what the assistant said, as every entry point reads it
         return str(block.get("refusal", ""))
     if kind == "tool_result":  # Anthropic's: its content a string or blocks
-        content = block.get("content")
-        return content if isinstance(content, str) else blocks_text(content or ())
+        return _body_text(block.get("content"))
     if kind == "non_standard":  # LangChain's wrapper of a provider's own block
         value = block.get("value")
         return block_text(value) if isinstance(value, dict) and "type" in value else _as_json(value)
@@ -60,7 +59,7 @@ def block_text(block: Any) -> str | None:
         output = block.get("output")
         return output if isinstance(output, str) else _as_json(output)
     if kind == "document" and isinstance(block.get("source"), dict) and block["source"].get("type") == "text":
-        return join_text_parts(p for p in (block.get("title"), str(block["source"].get("data", ""))) if p)
+        return join_text_parts(str(p) for p in (block.get("title"), block["source"].get("data", "")) if p)
     if kind is None:
         return _as_json(block)  # a tool's plain dict, e.g. [{"temp": 21}]
     return f"[{kind} omitted]"  # image, audio, video, file, a binary document
@@ -69,10 +68,17 @@ def block_text(block: Any) -> str | None:
 def _search_result_text(block: dict[str, Any]) -> str:
     """A search result as its title, source and text (Anthropic's and LangChain's shape:
     ``content`` a list of text blocks)."""
-    body = block.get("content")
-    texts = [body] if isinstance(body, str) else [t for item in body or () if (t := block_text(item)) is not None]
     head = [str(block[key]) for key in ("title", "source") if block.get(key)]
-    return join_text_parts([*head, *texts])
+    body = _body_text(block.get("content"))
+    return join_text_parts([*head, body] if body else head)
+
+
+def _body_text(body: Any) -> str:
+    """A block's ``content``: a string as it is, a list as content blocks, anything else
+    (a number, an object a tool returned) as its JSON; nothing for none."""
+    if body is None or isinstance(body, str):
+        return body or ""
+    return blocks_text(body) if isinstance(body, list) else _as_json(body)
 
 
 def _as_json(value: Any) -> str:

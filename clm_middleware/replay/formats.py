@@ -177,7 +177,9 @@ def _documents_per_line(text: str, path: Path, fmt: str, skipped: list[Transcrip
                 raise located from None
             skipped.append(located)
             continue
-        named = isinstance(document, dict) and any(k in document for k in ("id", "conversation_id", "task_id"))
+        named = isinstance(document, dict) and any(
+            document.get(k) is not None for k in ("id", "conversation_id", "task_id")
+        )
         for transcript in read:  # a line without an id of its own is named by its line
             conversation = transcript.conversation_id if named else f"{path.stem}-{number}"
             transcripts.append(dataclasses.replace(transcript, conversation_id=conversation, source=str(path)))

@@ -163,6 +163,11 @@ def message_from_record(record: dict[str, Any], path: str, line: int | None) -> 
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             where = f"tool_calls[{index}]" + (".function" if "function" in call else "")
             raise TranscriptError(path, line, f'"{where}" must be an object with a string "name"')
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            raise TranscriptError(path, line, f'"tool_calls[{index}].id" must be a string')
+    for key in ("name", "tool_call_id"):
+        if record.get(key) is not None and not isinstance(record[key], str):
+            raise TranscriptError(path, line, f'"{key}" must be a string, got {type(record[key]).__name__}')
     if role != "assistant" and tool_calls:
         raise TranscriptError(path, line, f"a {role} message cannot carry tool calls")
     if "content" not in record and not tool_calls:  # a reply or tool result under another key ("text")
@@ -209,7 +214,7 @@ def _content_text(content: Any, path: str, line: int | None, role: str) -> str:
                 parts.append(part)
             elif not isinstance(part, dict):
                 raise TranscriptError(path, line, f'"content[{index}]" is not a part ({type(part).__name__!r})')
-            elif not isinstance(part.get("type", "text"), str):
+            elif part.get("type", "text") is not None and not isinstance(part.get("type", "text"), str):
                 raise TranscriptError(
                     path, line, f'"content[{index}].type" must be a string, got {type(part["type"]).__name__}'
                 )

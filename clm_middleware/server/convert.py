@@ -276,9 +276,12 @@ def _allowed_tools(choice: Any, tools: list[dict[str, Any]]) -> tuple[list[dict[
         raise APIError(400, message, param="tool_choice.allowed_tools.mode")
     by_name = {tool["function"]["name"]: tool for tool in tools}
     names = []
-    for index, entry in enumerate(allowed.get("tools") or []):
-        name = (entry.get("function") or {}).get("name") if isinstance(entry, dict) else None
-        if name not in by_name:
+    listed = allowed.get("tools") or []
+    if not isinstance(listed, list):
+        raise APIError(400, "tool_choice.allowed_tools.tools: must be a list", param="tool_choice.allowed_tools.tools")
+    for index, entry in enumerate(listed):
+        name = _function_name(entry)
+        if not isinstance(name, str) or name not in by_name:
             param = f"tool_choice.allowed_tools.tools[{index}]"
             raise APIError(400, f"{param}: names no tool in tools ({name!r})", param=param)
         names.append(name)
@@ -297,12 +300,20 @@ def _check_tool_choice(choice: Any, tools: list[dict[str, Any]]) -> None:
         if choice.get("type", "function") != "function":
             message = f"tool_choice.type: {choice.get('type')!r} is not supported (function or allowed_tools)"
             raise APIError(400, message, param="tool_choice.type")
-        name = (choice.get("function") or {}).get("name")
-        if name is None:
-            message = 'tool_choice.function.name: required (e.g. {"type": "function", "function": {"name": "..."}})'
+        name = _function_name(choice)
+        if not isinstance(name, str):
+            example = '{"type": "function", "function": {"name": "..."}}'
+            message = f"tool_choice.function.name: a string is required (e.g. {example})"
             raise APIError(400, message, param="tool_choice.function.name")
         if name not in {t["function"]["name"] for t in tools}:
             raise APIError(400, f"tool_choice: no tool named {name!r} in tools", param="tool_choice")
+
+
+def _function_name(choice: Any) -> Any:
+    """``choice["function"]["name"]`` as the client wrote it (of any type), or None where
+    ``choice`` or its ``function`` is no object."""
+    function = choice.get("function") if isinstance(choice, dict) else None
+    return function.get("name") if isinstance(function, dict) else None
 
 
 def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:

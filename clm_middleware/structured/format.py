@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clm_middleware.errors import ConfigError
-from clm_middleware.structured.keywords import UNENFORCED, unenforced
+from clm_middleware.structured.keywords import UNENFORCED, nested_at, unenforced
 
 JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 ANY_OBJECT_TYPES = ("json_object", "json_mode")  # OpenAI's name, LangChain's name
@@ -56,7 +56,7 @@ class ResponseFormat:
         """A call of tool ``name`` between ``tags``: ``{"name": name, "arguments": ...}``
         with the arguments valid against the tool's ``parameters`` schema (``field`` names
         it in a ``ConfigError``)."""
-        arguments = dict(parameters or {"type": "object", "properties": {}})
+        arguments = nested_at(parameters or {"type": "object", "properties": {}}, "/properties/arguments")
         arguments.setdefault("type", "object")
         # definitions the parameters refer to ("#/$defs/Address", as pydantic and the openai
         # SDK write them) move to the root, where those references point

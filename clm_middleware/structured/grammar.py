@@ -18,6 +18,7 @@ not generated (a narrower set of documents, each still valid against the schema)
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import threading
@@ -35,6 +36,7 @@ from clm_middleware.structured.keywords import for_grammar
 
 ANY_OBJECT_SCHEMA = {"type": "object"}  # with strict_mode=False: any keys, any JSON values
 MEMO_KEY = "structured.grammar_compiler"  # its slot in Engine.memo
+COMPILED_KEPT = 256  # compiled grammars an engine's compiler keeps (a few MB each at most)
 _NUMBER_BYTES = frozenset(b"0123456789.eE+-")  # what a JSON number literal is written with
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # xgrammar's "[15:54:05] /project/cpp/x.cc:42: "
 
@@ -85,7 +87,9 @@ class GrammarCompiler:
         banned = sorted((special | padding | control) - set(stop_ids))
         self.banned_ids = torch.tensor([t for t in banned if 0 <= t < vocab_size], dtype=torch.long)
         self._lock = threading.Lock()
-        self._compiled: dict[ResponseFormat, xgrammar.CompiledGrammar] = {}
+        # the formats compiled last, least recently used first: a server whose requests
+        # bring ever new schemas holds at most COMPILED_KEPT of them
+        self._compiled: collections.OrderedDict[ResponseFormat, xgrammar.CompiledGrammar] = collections.OrderedDict()
 
     def compile(
         self, fmt: ResponseFormat, *, field: str = "response_format.json_schema.schema"
@@ -94,8 +98,9 @@ class GrammarCompiler:
         key = _unnamed(fmt)  # the name does not change the grammar
         with self._lock:
             cached = self._compiled.get(key)
-        if cached is not None:
-            return cached
+            if cached is not None:
+                self._compiled.move_to_end(key)
+                return cached
         try:
             grammar = _grammar(fmt)
             for call in fmt.calls:  # a tool call instead of the document
@@ -105,7 +110,11 @@ class GrammarCompiler:
             problem = _CPP_PREFIX.sub("", str(error).strip().splitlines()[0] if str(error).strip() else "")
             raise ConfigError(field, f"cannot be used as a grammar: {problem}") from None
         with self._lock:
-            return self._compiled.setdefault(key, compiled)
+            kept = self._compiled.setdefault(key, compiled)  # two first users: one grammar wins
+            self._compiled.move_to_end(key)
+            while len(self._compiled) > COMPILED_KEPT:
+                self._compiled.popitem(last=False)
+            return kept
 
     def constraint(self, fmt: ResponseFormat, prefix_ids: Sequence[int] = ()) -> GrammarConstraint:
         """A fresh constraint for one reply that starts with ``prefix_ids`` (a forced

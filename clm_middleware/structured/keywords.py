@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -103,6 +104,46 @@ def for_grammar(schema: Mapping[str, Any]) -> dict[str, Any]:
         for name in required:
             if isinstance(name, str) and name not in properties:
                 properties[name] = copy.deepcopy(extra) if isinstance(extra, Mapping) else {}
+    return result
+
+
+def nested_at(schema: Mapping[str, Any], pointer: str) -> dict[str, Any]:
+    """``schema`` as it must read placed at ``pointer`` inside another schema (a tool's
+        parameters under a call's ``/properties/arguments``): a local reference to it
+        (``"#"``, ``"#/properties/a"``, as zod writes a repeated schema) points under
+        ``pointer``; one into ``$defs`` or ``definitions`` is kept, those move to the new
+        root. A draft-4 boolean ``exclusiveMinimum`` / ``exclusiveMaximum`` (OpenAPI 3.0) is
+        written as its number, as draft 6 on reads it, and an integer's fractional
+    ``minimum`` / ``maximum`` as the whole number it admits. Never changes its argument."""
+    result = copy.deepcopy(dict(schema))
+    for _, node in schema_nodes(result):
+        ref = node.get("$ref")
+        local = isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
+        if local and not ref.startswith(("#/$defs/", "#/definitions/")):
+            node["$ref"] = "#" + pointer + ref[1:]  # type: ignore[index]
+        for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            if isinstance(node.get(exclusive), bool):
+                flag = node.pop(exclusive)  # type: ignore[attr-defined]
+                if flag and bound in node:
+                    node[exclusive] = node.pop(bound)  # type: ignore[index,attr-defined]
+        if node.get("type") == "integer":  # a whole-number bound, as the grammar needs: "minimum": 0.5 is 1
+            for bound, rounded in (("minimum", math.ceil), ("maximum", math.floor)):
+                value = node.get(bound)
+                if isinstance(value, float) and math.isfinite(value):
+                    node[bound] = rounded(value)  # type: ignore[index]
+    return result
+
+
+def without_patterns(schema: Any) -> Any:
+    """``schema`` with every ``pattern`` keyword left out (a property named "pattern"
+    stays): for a regular expression the grammar engine cannot hold, checked by the
+    tool itself. Never changes its argument."""
+    if not isinstance(schema, Mapping):
+        return schema
+    result = copy.deepcopy(dict(schema))
+    for _, node in schema_nodes(result):
+        if isinstance(node.get("pattern"), str):
+            del node["pattern"]  # type: ignore[attr-defined]
     return result
 
 

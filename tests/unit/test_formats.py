@@ -1,6 +1,7 @@
 """Transcript readers: every format detected and read, tool calls kept, errors located."""
 
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -136,6 +137,37 @@ def test_a_langchain_message_type_that_is_not_a_string_is_an_error_not_a_crash(t
         read_transcripts(write(tmp_path, "lc.json", [{"type": ["human"], "content": "hello"}]))
 
 
+@pytest.mark.parametrize(
+    ("block", "text"),
+    [
+        ({"type": "search_result", "content": 5, "title": "T"}, "T\n5"),
+        ({"type": "tool_result", "content": {"temp": 21}}, '{"temp": 21}'),
+        ({"type": "document", "source": {"type": "text", "data": "x"}, "title": 5}, "5\nx"),
+        ({"type": "non_standard", "value": {"type": "tool_result", "content": 5}}, "5"),
+    ],
+)
+def test_a_content_block_whose_body_is_no_text_reads_as_its_json_not_a_crash(tmp_path, block, text):
+    chat = [{"type": "human", "data": {"content": [block]}}, {"type": "ai", "data": {"content": "ok"}}]
+    (transcript,) = read_transcripts(write(tmp_path, "blocks.json", chat))  # LangChain's layout takes every block
+    assert transcript.messages[0].content == text
+
+
+@pytest.mark.parametrize(
+    ("record", "named"),
+    [
+        ({"role": "tool", "tool_call_id": {"a": 1}, "content": "r"}, '"tool_call_id" must be a string'),
+        ({"role": "tool", "tool_call_id": "c1", "name": ["f"], "content": "r"}, '"name" must be a string'),
+        (
+            {"role": "assistant", "tool_calls": [{"id": ["x"], "function": {"name": "f", "arguments": "{}"}}]},
+            '"tool_calls[0].id" must be a string',
+        ),
+    ],
+)
+def test_a_call_id_or_tool_name_that_is_no_string_is_an_error_naming_it(tmp_path, record, named):
+    with pytest.raises(TranscriptError, match=re.escape(named)):
+        read_transcripts(write(tmp_path, "ids.json", [{"role": "user", "content": "hi"}, record]))
+
+
 def test_a_conversation_whose_id_is_null_is_named_by_its_index(tmp_path):
     hello = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     openai = read_transcripts(write(tmp_path, "oa.json", [{"id": None, "messages": hello}] * 2))
@@ -143,6 +175,10 @@ def test_a_conversation_whose_id_is_null_is_named_by_its_index(tmp_path):
         write(tmp_path, "sg.json", [{"id": None, "conversations": [{"from": "human", "value": "hi"}]}])
     )
     assert [t.conversation_id for t in openai] == ["oa-0", "oa-1"] and sharegpt[0].conversation_id == "sg-0"
+    lines = write(
+        tmp_path, "nulls.jsonl", "".join(json.dumps({"id": None, "messages": hello}) + "\n" for _ in range(2))
+    )
+    assert [t.conversation_id for t in read_transcripts(lines)] == ["nulls-1", "nulls-2"]  # by line, as with no id
 
 
 @settings(max_examples=150, deadline=None)
@@ -165,9 +201,12 @@ def test_hostile_input_is_a_transcript_error_or_a_transcript_never_a_crash(tmp_p
 _KEYS = st.sampled_from(
     ["role", "content", "type", "text", "data", "from", "value", "messages", "conversations", "id",
      "tool_calls", "tool_call_id", "function", "name", "arguments", "kwargs", "lc", "system", "refusal",
-     "conversation_id", "tools", "additional_kwargs"]
+     "conversation_id", "tools", "additional_kwargs", "source", "title", "json", "output", "tool_use_id"]
 )  # fmt: skip
-_NAMES = st.sampled_from(["user", "assistant", "system", "tool", "human", "ai", "gpt", "text", "function", "Hi"])
+_NAMES = st.sampled_from(
+    ["user", "assistant", "system", "tool", "human", "ai", "gpt", "text", "function", "Hi", "tool_result",
+     "search_result", "document", "non_standard", "json", "custom_tool_call_output", "refusal", "image"]
+)  # fmt: skip
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | _NAMES | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=4),

@@ -645,16 +645,25 @@ def test_loading_by_path_never_writes_a_file_that_is_not_a_store_is_refused_as_i
 def test_a_store_whose_directory_is_read_only_loads_by_path_and_leaves_the_file_as_it_was(
     converse, engine, tmp_path, monkeypatch
 ):
-    """The directory's write access is simulated (tests may run as root): the load used to
-    open the store for writing (WAL, migrations) and failed there."""
+    """A read-only directory is simulated (tests may run as root): its write access is
+    refused, and so is any open for writing, as SQLite refuses it there ("attempt to
+    write a readonly database"); the load used to open the store for writing."""
     path = tmp_path / "chats.db"
     chat = converse(store=path, conversation_id="ro")
     chat.send("My order is 42.")
     said = [(m.role, m.content) for m in chat.history]
     chat.close()
     before = path.read_bytes()
+    real_init = Store.__init__
+
+    def reads_only(self, where, *, read_only=False):
+        if not read_only:
+            raise StoreError(f"{where}: not a usable SQLite store (attempt to write a readonly database)")
+        real_init(self, where, read_only=True)
+
+    monkeypatch.setattr(Store, "__init__", reads_only)
     monkeypatch.setattr(os, "access", lambda _path, _how: False)
-    loaded = Conversation.load(path, "ro", engine)
+    loaded = Conversation.load(path, "ro", engine, system_prompt=None)  # None: the stored one
     monkeypatch.undo()
     assert [(m.role, m.content) for m in loaded.history] == said
     loaded.abandon()

@@ -88,6 +88,24 @@ def _hello(model_id: str, **extra) -> dict:
         ),
         ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]}, "messages[0].content"),
         ({"tool_choice": "required"}, "tool_choice"),
+        (  # a name of the wrong type, or a function that is no object: a 400, not a 500
+            {"tools": [_other_tool()], "tool_choice": {"type": "function", "function": {"name": ["get_time"]}}},
+            "tool_choice.function.name",
+        ),
+        (
+            {"tools": [_other_tool()], "tool_choice": {"type": "function", "function": "get_time"}},
+            "tool_choice.function.name",
+        ),
+        (
+            {
+                "tools": [_other_tool()],
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "allowed_tools": {"mode": "auto", "tools": [{"function": "x"}]},
+                },
+            },
+            "tool_choice.allowed_tools.tools[0]",
+        ),
         ({"tools": [_tool({"type": "object", "properties": "x"})]}, "tools[0].function.parameters.properties"),
         ({"tools": [_tool({"properties": {"city": "string"}})]}, "tools[0].function.parameters.properties"),
         ({"tools": [_tool({"properties": {"city": {}}, "required": "city"})]}, "tools[0].function.parameters.required"),
@@ -122,8 +140,8 @@ def _hello(model_id: str, **extra) -> dict:
             },
             "response_format.json_schema.schema",
         ),
-        # a tool schema the grammar compiler rejects: refused, whether the call is required or
-        # the model may choose it, never written unconstrained (it came back '{"a": 1}')
+        # a tool schema no grammar can hold, where a grammar writes its call (required, or
+        # beside a response_format): refused, never written unconstrained (it came back '{"a": 1}')
         *(
             ({"tools": [_other_tool(), _tool(bad)], **choice}, f"tools[1].{where}")
             for bad, where in [
@@ -131,7 +149,12 @@ def _hello(model_id: str, **extra) -> dict:
                 ({"properties": {"a": {"type": "integer", "minimum": 10, "maximum": 1}}}, "function.parameters"),
                 ({"properties": {"a": {"$ref": "#/$defs/gone"}}, "required": ["a"]}, "function.parameters"),
             ]
-            for choice in ({"tool_choice": "required"}, {"tool_choice": "auto"}, {"stream": True})
+            for choice in (
+                {"tool_choice": "required"},
+                {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+                {"tool_choice": "auto", "response_format": {"type": "json_object"}},
+                {"tool_choice": "required", "stream": True},
+            )
         ),
     ],
 )
@@ -146,6 +169,16 @@ def test_a_number_that_is_not_finite_is_a_400_saying_so(server, model_id, value)
     body = json.dumps(_hello(model_id, temperature=0.5)).replace("0.5", value)
     error = _error(_post(server.api, body), 400)
     assert error["param"] == "temperature" and "finite number" in error["message"]
+
+
+def test_a_tool_pattern_the_grammar_engine_lacks_is_left_to_the_tool_and_the_call_is_made(server, model_id):
+    # \\p{L} and \\b are valid regular expressions xgrammar cannot compile: the rest still binds the call
+    name = {"type": "string", "pattern": "^\\p{L}+\\b"}
+    tool = _tool({"type": "object", "properties": {"city": name, "days": {"type": "integer"}}, "required": ["city"]})
+    response = _post(server.api, {**_hello(model_id), "tools": [tool], "tool_choice": "required", "max_tokens": 40})
+    assert response.status_code == 200, response.text
+    call = response.json()["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"])["city"], str)
 
 
 def test_null_for_an_optional_field_means_its_default(server, model_id):

@@ -284,3 +284,18 @@ def test_the_array_watch_ends_only_a_third_copy_of_an_item():
         '{"a": "x", "b": "x", "c": "x"}',
     ):
         assert first_close(distinct) is None, distinct
+
+
+def test_the_compiled_grammars_kept_are_bounded_least_recently_used_first(engine, monkeypatch):
+    from clm_middleware.structured import grammar
+
+    monkeypatch.setattr(grammar, "COMPILED_KEPT", 2)
+    compiler = grammar.GrammarCompiler(engine.tokenizer, engine.vocab_size, engine.default_stop_ids)
+    formats = [
+        ResponseFormat.from_schema({"type": "object", "properties": {f"k{i}": {"type": "integer"}}}) for i in range(3)
+    ]
+    first, second = compiler.compile(formats[0]), compiler.compile(formats[1])
+    assert compiler.compile(formats[0]) is first  # used again: now the most recent
+    compiler.compile(formats[2])  # the least recently used (formats[1]) goes
+    assert compiler.compile(formats[0]) is first
+    assert compiler.compile(formats[1]) is not second  # compiled anew

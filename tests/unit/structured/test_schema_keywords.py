@@ -10,7 +10,7 @@ import xgrammar
 from clm_middleware.errors import ConfigError
 from clm_middleware.structured import ResponseFormat
 from clm_middleware.structured.grammar import compiler_for
-from clm_middleware.structured.keywords import for_grammar, schema_nodes
+from clm_middleware.structured.keywords import for_grammar, nested_at, schema_nodes, without_patterns
 
 INT = {"type": "integer"}
 AB = {"type": "object", "properties": {"a": INT, "b": INT}}
@@ -114,3 +114,52 @@ def test_a_schema_strict_mode_refuses_compiles_and_is_enforced(engine, schema, i
     fmt = ResponseFormat.from_schema(schema)
     assert not accepts(engine, fmt, invalid)
     assert accepts(engine, fmt, valid)
+
+
+CHILDREN = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}}},
+    "required": ["name", "children"],
+}
+
+
+def _call(arguments: str) -> str:
+    return f'<tool_call>{{"name": "f", "arguments": {arguments}}}</tool_call>'
+
+
+def test_a_tools_own_root_references_point_at_its_arguments_in_the_call_grammar(engine):
+    # zod writes "#" for root recursion and "#/properties/a" for a repeated schema; nested
+    # under the call's /properties/arguments they had pointed at the call's wrapper
+    fmt = ResponseFormat.tool_call("f", CHILDREN, ("<tool_call>", "</tool_call>"))
+    assert accepts(engine, fmt, _call('{"name": "x", "children": [{"name": "y", "children": []}]}'))
+    assert not accepts(engine, fmt, _call('{"name": "x", "children": [{"name": "f", "arguments": {}}]}'))
+    repeated = {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"x": INT}}, "b": {"$ref": "#/properties/a"}},
+    }
+    fmt = ResponseFormat.tool_call("f", repeated, ("<tool_call>", "</tool_call>"))
+    assert accepts(engine, fmt, _call('{"a": {"x": 1}, "b": {"x": 2}}'))
+
+
+def test_nested_at_reads_draft4_bounds_and_an_integers_fractional_bounds_and_keeps_definitions_refs():
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 9, "exclusiveMaximum": False},
+            "k": {"type": "integer", "minimum": 0.5, "maximum": 7.9},
+            "d": {"$ref": "#/$defs/D"},
+        },
+        "$defs": {"D": {"$ref": "#/properties/k"}},
+    }
+    nested = nested_at(schema, "/properties/arguments")
+    assert nested["properties"]["n"] == {"type": "number", "exclusiveMinimum": 0, "maximum": 9}
+    assert nested["properties"]["k"] == {"type": "integer", "minimum": 1, "maximum": 7}
+    assert nested["properties"]["d"] == {"$ref": "#/$defs/D"}  # definitions move to the call's root
+    assert nested["$defs"]["D"] == {"$ref": "#/properties/arguments/properties/k"}
+    assert schema["properties"]["n"]["exclusiveMinimum"] is True  # the argument is left as it was
+
+
+def test_without_patterns_drops_the_keyword_not_a_property_called_pattern():
+    schema = {"type": "object", "properties": {"pattern": {"type": "string", "pattern": "^\\p{L}+$"}}}
+    assert without_patterns(schema) == {"type": "object", "properties": {"pattern": {"type": "string"}}}
+    assert schema["properties"]["pattern"]["pattern"] == "^\\p{L}+$"
