@@ -72,6 +72,9 @@ class ChatRequest:
     # in ``content``: OpenAI's schema has no field for them, and an empty answer would
     # hide that the model answered at all (vLLM returns such text as content too)
     invalid_calls_as_text: bool = False
+    # where each of ``tools`` stands in the client's own list (an error names it there);
+    # empty: as listed (``clm serve``'s allowed_tools shows the model only some of them)
+    tool_positions: Sequence[int] = ()
 
 
 @dataclass(slots=True)
@@ -125,7 +128,7 @@ class ChatCall:
         request = self.request
         tools = [] if request.tool_choice == "none" else list(request.tools)
         # before routing, so a refused request changes nothing: the calls a grammar will write
-        check_call_grammars(self.engine, _grammar_calls(request, tools), tools)
+        check_call_grammars(self.engine, _grammar_calls(request, tools), tools, request.tool_positions)
         digests = [t.digest for t in request.turns]
         route = self.router.route(request.turns, request.session_id)
         base = len(route.session.digests)
@@ -232,7 +235,7 @@ def required_call(conversation: Conversation, tool_choice: Any, tools: ToolSpecs
     return names[max(range(len(names)), key=scores.__getitem__)]
 
 
-def tool_call_format(engine: Any, name: str, tools: ToolSpecs) -> ResponseFormat | None:
+def tool_call_format(engine: Any, name: str, tools: ToolSpecs, positions: Sequence[int] = ()) -> ResponseFormat | None:
     """The grammar of a call to ``name``: ``<tool_call>{"name": ..., "arguments":
     ...}</tool_call>`` with the arguments valid against the tool's schema, so a required
     call has every required argument of the right type whatever the model. ``None``
@@ -247,7 +250,7 @@ def tool_call_format(engine: Any, name: str, tools: ToolSpecs) -> ResponseFormat
     from clm_middleware.structured.grammar import compiler_for  # xgrammar loads on first use
 
     index = next(i for i, t in enumerate(tools) if t["function"]["name"] == name)
-    field = f"tools[{index}].function.parameters"
+    field = f"tools[{positions[index] if positions else index}].function.parameters"
     parameters = tools[index]["function"].get("parameters")
     fmt = ResponseFormat.tool_call(name, parameters, (OPEN, CLOSE), field=field)
     try:
@@ -265,12 +268,13 @@ def tool_call_format(engine: Any, name: str, tools: ToolSpecs) -> ResponseFormat
     return fmt
 
 
-def check_call_grammars(engine: Any, names: Sequence[str], tools: ToolSpecs) -> None:
-    """Raise ``ConfigError`` naming the tool (``tools[2].function.parameters``) unless a
-    call of each of ``names`` compiles to a grammar on ``engine`` (``tool_call_format``).
-    Compiled grammars are cached per engine, so a re-sent tool list costs a lookup."""
+def check_call_grammars(engine: Any, names: Sequence[str], tools: ToolSpecs, positions: Sequence[int] = ()) -> None:
+    """Raise ``ConfigError`` naming the tool (``tools[2].function.parameters``, at its
+    ``positions`` entry where given) unless a call of each of ``names`` compiles to a
+    grammar on ``engine`` (``tool_call_format``). Compiled grammars are cached per
+    engine, so a re-sent tool list costs a lookup."""
     for name in names:
-        tool_call_format(engine, name, tools)
+        tool_call_format(engine, name, tools, positions)
 
 
 def _grammar_calls(request: ChatRequest, tools: ToolSpecs) -> list[str]:

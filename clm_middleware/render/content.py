@@ -59,7 +59,8 @@ def block_text(block: Any) -> str | None:
         output = block.get("output")
         return output if isinstance(output, str) else _as_json(output)
     if kind == "document" and isinstance(block.get("source"), dict) and block["source"].get("type") == "text":
-        return join_text_parts(str(p) for p in (block.get("title"), block["source"].get("data", "")) if p)
+        title, data = block.get("title"), _body_text(block["source"].get("data"))
+        return join_text_parts(str(p) for p in (title, data) if p)
     if kind is None:
         return _as_json(block)  # a tool's plain dict, e.g. [{"temp": 21}]
     return f"[{kind} omitted]"  # image, audio, video, file, a binary document

@@ -53,9 +53,9 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
         if getattr(body, legacy) is not None:  # answering as if it were absent would drop the functions
             message = f"{legacy}: the legacy function-calling API is not supported; send {use} (OpenAI's current form)"
             raise APIError(400, message, param=legacy)
-    tools = [spec.model_dump(exclude_none=True) for spec in body.tools or []]
-    check_tools(tools)
-    tools, tool_choice = _allowed_tools(body.tool_choice, tools)
+    sent = [spec.model_dump(exclude_none=True) for spec in body.tools or []]
+    check_tools(sent)
+    tools, tool_choice = _allowed_tools(body.tool_choice, sent)
     _check_tool_choice(tool_choice, tools)
     settings = GenerationSettings(
         max_new_tokens=body.max_completion_tokens or body.max_tokens or defaults.max_new_tokens,
@@ -75,6 +75,7 @@ def chat_request(body: ChatCompletionRequest, defaults: GenerationSettings, sess
         turns=[to_turn(message, index) for index, message in enumerate(body.messages)],
         settings=settings,
         tools=tools,
+        tool_positions=tuple(sent.index(tool) for tool in tools),  # allowed_tools may narrow them
         tool_choice=tool_choice,
         parallel_tool_calls=bool(body.parallel_tool_calls),
         response_format=_response_format(body),

@@ -67,7 +67,8 @@ class GrammarCompiler:
         info = xgrammar.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids)
         )
-        self._compiler = xgrammar.GrammarCompiler(info)
+        # xgrammar's own cache is unbounded by default: the LRU below is the only one kept
+        self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
         special = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
         padding = set(range(len(tokenizer), vocab_size))
         vocab = info.decoded_vocab

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -119,19 +120,38 @@ def nested_at(schema: Mapping[str, Any], pointer: str) -> dict[str, Any]:
     for _, node in schema_nodes(result):
         ref = node.get("$ref")
         local = isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
-        if local and not ref.startswith(("#/$defs/", "#/definitions/")):
+        if local and not urllib.parse.unquote(ref).startswith(("#/$defs/", "#/definitions/")):
             node["$ref"] = "#" + pointer + ref[1:]  # type: ignore[index]
         for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
             if isinstance(node.get(exclusive), bool):
                 flag = node.pop(exclusive)  # type: ignore[attr-defined]
                 if flag and bound in node:
                     node[exclusive] = node.pop(bound)  # type: ignore[index,attr-defined]
-        if node.get("type") == "integer":  # a whole-number bound, as the grammar needs: "minimum": 0.5 is 1
-            for bound, rounded in (("minimum", math.ceil), ("maximum", math.floor)):
-                value = node.get(bound)
-                if isinstance(value, float) and math.isfinite(value):
-                    node[bound] = rounded(value)  # type: ignore[index]
+        _whole_number_bounds(node)
     return result
+
+
+def _whole_number_bounds(node: Any) -> None:
+    """An integer's fractional bounds as the whole numbers they admit, as the grammar
+    needs them: ``minimum`` 0.5 is 1, ``exclusiveMinimum`` 0.5 is ``minimum`` 1,
+    ``exclusiveMaximum`` 2.5 is ``maximum`` 2 (a type list of ``integer`` and ``null``
+    too; one with ``number`` admits fractions and is left as it is)."""
+    kind = node.get("type")
+    kinds = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else []
+    if "integer" not in kinds or "number" in kinds:
+        return
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        value = node.get(exclusive)
+        if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+            del node[exclusive]  # > 0.5 is >= 1 among integers, < 2.5 is <= 2: the bound rounded below
+            other = node.get(bound)
+            node[bound] = (
+                value if not isinstance(other, int | float) else (max if bound == "minimum" else min)(value, other)
+            )
+    for bound, rounded in (("minimum", math.ceil), ("maximum", math.floor)):
+        value = node.get(bound)
+        if isinstance(value, float) and math.isfinite(value):
+            node[bound] = rounded(value)
 
 
 def without_patterns(schema: Any) -> Any:

@@ -151,6 +151,16 @@ def _hello(model_id: str, **extra) -> dict:
             ]
             for choice in (
                 {"tool_choice": "required"},
+                # allowed_tools shows the model the bad tool alone: still named where the client put it
+                {
+                    "tool_choice": {
+                        "type": "allowed_tools",
+                        "allowed_tools": {
+                            "mode": "required",
+                            "tools": [{"type": "function", "function": {"name": "get_weather"}}],
+                        },
+                    }
+                },
                 {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
                 {"tool_choice": "auto", "response_format": {"type": "json_object"}},
                 {"tool_choice": "required", "stream": True},

@@ -163,3 +163,25 @@ def test_without_patterns_drops_the_keyword_not_a_property_called_pattern():
     schema = {"type": "object", "properties": {"pattern": {"type": "string", "pattern": "^\\p{L}+$"}}}
     assert without_patterns(schema) == {"type": "object", "properties": {"pattern": {"type": "string"}}}
     assert schema["properties"]["pattern"]["pattern"] == "^\\p{L}+$"
+
+
+@pytest.mark.parametrize(
+    ("bounds", "whole"),
+    [
+        ({"type": "integer", "minimum": 0.5, "exclusiveMinimum": True}, {"minimum": 1}),  # draft 4, then rounded
+        ({"type": "integer", "exclusiveMinimum": 0.5}, {"minimum": 1}),
+        ({"type": "integer", "maximum": 2.5, "exclusiveMaximum": True}, {"maximum": 2}),
+        ({"type": ["integer", "null"], "minimum": 0.5}, {"minimum": 1}),
+        ({"type": "integer", "exclusiveMinimum": 0.5, "minimum": 3}, {"minimum": 3}),  # the tighter bound
+        ({"type": ["integer", "number"], "minimum": 0.5}, {"minimum": 0.5}),  # fractions admitted: as it is
+    ],
+)
+def test_an_integers_fractional_bounds_become_the_whole_numbers_they_admit(bounds, whole):
+    kind = {"type": bounds["type"]}
+    assert nested_at({"properties": {"a": bounds}}, "/x")["properties"]["a"] == {**kind, **whole}
+
+
+def test_a_percent_encoded_reference_into_the_definitions_is_kept_as_they_move(engine):
+    schema = {"type": "object", "properties": {"c": {"$ref": "#/%24defs/A"}}, "$defs": {"A": {"type": "string"}}}
+    fmt = ResponseFormat.tool_call("f", schema, ("<tool_call>", "</tool_call>"))
+    assert accepts(engine, fmt, _call('{"c": "x"}')) and not accepts(engine, fmt, _call('{"c": 1}'))
