@@ -24,7 +24,6 @@ of those blocks the pool still caches.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import uuid
 import weakref
@@ -277,10 +276,13 @@ class _PressureListener:
 def _close_all(sessions: OrderedDict[str, Session]) -> None:
     """Close every conversation of ``sessions`` (their blocks go back to the pool); one
     whose turn still runs in another thread (a shutdown that outlasted its grace period)
-    is left to end, and the others are closed all the same."""
+    is left to end, without its store row when it never saved a turn, and the others
+    are closed all the same."""
     for session in sessions.values():
-        with contextlib.suppress(ConversationBusyError):
+        try:
             session.conversation.close()
+        except ConversationBusyError:
+            session.conversation.forget_unsaved_row()
     sessions.clear()
 
 

@@ -842,6 +842,14 @@ class Conversation:
     def _release_cache_locked(self) -> int:
         return self._held.give_back(self.engine.pool, self.reclaimer)
 
+    def forget_unsaved_row(self) -> None:
+        """Remove this conversation's store row if it never saved a turn, even while a
+        turn runs in another thread (a shutdown that cannot wait for a first turn): no
+        empty row stays of a turn the process never finishes. A turn that does end after
+        this saves its row anew, whole."""
+        if self.store is not None and not self._saved:
+            self.store.unregister(self.id)
+
     @_one_caller
     def abandon(self) -> None:
         """Close a conversation whose first call failed: one that never saved a turn also

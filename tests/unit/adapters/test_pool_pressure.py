@@ -194,3 +194,41 @@ def test_a_listed_conversation_id_reaches_its_conversation_even_where_a_name_sha
     assert router.listed(other.conversation.id) is other
     assert router.named("nm") is other  # the name follows its latest branch
     router.close()
+
+
+def test_a_router_closed_while_a_first_turn_runs_leaves_no_empty_store_row_of_it(tiny_model, tiny_tok, tmp_path):
+    """A server's shutdown that outlasted its grace period had left an empty row of a
+    conversation whose first turn was still computing; one that saved a turn keeps its row."""
+    import threading
+
+    from clm_middleware.engine import Engine
+    from clm_middleware.store import Store
+
+    computing, go_on = threading.Event(), threading.Event()
+
+    def hold_the_first_token(generated, logits):
+        computing.set()
+        go_on.wait(timeout=30)
+        return logits
+
+    engine = Engine(tiny_model, tiny_tok, logits_processors=[hold_the_first_token])
+    path = tmp_path / "s.db"
+    make = lambda cid: Conversation(engine, conversation_id=cid, tagging="signals", max_new_tokens=2, store=path)  # noqa: E731
+    router = SessionRouter(make, pool=engine.pool)
+    saved = router.route([_turn("user", "an answered chat")]).session
+    saved.conversation.add("user", "an answered chat")
+    go_on.set()
+    saved.conversation.respond()
+    router.done(saved, [_turn("user", "an answered chat").digest])
+    go_on.clear()
+    running = router.route([_turn("user", "a first turn, still computing")]).session
+    running.conversation.add("user", "a first turn, still computing")
+    worker = threading.Thread(target=running.conversation.respond)
+    worker.start()
+    assert computing.wait(timeout=30)
+    router.close()
+    assert Store(path, read_only=True).conversation_ids() == [saved.conversation.id]
+    go_on.set()  # a turn that does end after all saves its row anew, whole
+    worker.join(timeout=30)
+    stored = Store(path, read_only=True).load(running.conversation.id)
+    assert stored.record.turn == 1 and [m.role for m in stored.messages] == ["user", "assistant"]
