@@ -255,15 +255,14 @@ def tool_call_format(engine: Any, name: str, tools: ToolSpecs, positions: Sequen
     fmt = ResponseFormat.tool_call(name, parameters, (OPEN, CLOSE), field=field)
     try:
         compiler_for(engine).compile(fmt, field=field)
-    except ConfigError:
+    except ConfigError as as_given:
         lenient = ResponseFormat.tool_call(name, without_patterns(parameters), (OPEN, CLOSE), field=field)
         if lenient == fmt:
             raise
         try:
             compiler_for(engine).compile(lenient, field=field)
         except ConfigError:
-            compiler_for(engine).compile(fmt, field=field)  # the error of the schema as given
-            raise
+            raise as_given from None  # the error of the schema as given
         return lenient
     return fmt
 

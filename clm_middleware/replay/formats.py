@@ -177,9 +177,7 @@ def _documents_per_line(text: str, path: Path, fmt: str, skipped: list[Transcrip
                 raise located from None
             skipped.append(located)
             continue
-        named = isinstance(document, dict) and any(
-            document.get(k) is not None for k in ("id", "conversation_id", "task_id")
-        )
+        named = isinstance(document, dict) and any(document.get(k) is not None for k in _ID_KEYS)
         for transcript in read:  # a line without an id of its own is named by its line
             conversation = transcript.conversation_id if named else f"{path.stem}-{number}"
             transcripts.append(dataclasses.replace(transcript, conversation_id=conversation, source=str(path)))
@@ -246,7 +244,7 @@ def _openai_conversation(item: Any, number: int, path: str, where: str) -> Trans
     messages = item.get("messages", item.get("traj", item.get("conversations")))
     if not isinstance(messages, list):
         raise TranscriptError(path, None, f'{where}: expected a "messages" list')
-    name = _conversation_name(item, ("id", "conversation_id", "task_id"), number)
+    name = _conversation_name(item, _ID_KEYS, number)
     messages_read = _openai_messages(messages, path, f"{where}.messages")
     if "system" in item:  # Anthropic's and many request logs' layout: the system prompt beside the messages
         system = _checked(
@@ -378,6 +376,9 @@ def _sharegpt_call(value: str) -> dict[str, Any]:
     except json.JSONDecodeError:
         return {"name": "unknown", "arguments": value}
     return call if isinstance(call, dict) else {"name": "unknown", "arguments": call}
+
+
+_ID_KEYS = ("id", "conversation_id", "task_id")  # what names a conversation, in that order
 
 
 def _conversation_name(item: dict[str, Any], keys: tuple[str, ...], number: int) -> str:

@@ -214,7 +214,7 @@ def _content_text(content: Any, path: str, line: int | None, role: str) -> str:
                 parts.append(part)
             elif not isinstance(part, dict):
                 raise TranscriptError(path, line, f'"content[{index}]" is not a part ({type(part).__name__!r})')
-            elif part.get("type", "text") is not None and not isinstance(part.get("type", "text"), str):
+            elif part.get("type") is not None and not isinstance(part["type"], str):
                 raise TranscriptError(
                     path, line, f'"content[{index}].type" must be a string, got {type(part["type"]).__name__}'
                 )

@@ -110,12 +110,12 @@ def for_grammar(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 def nested_at(schema: Mapping[str, Any], pointer: str) -> dict[str, Any]:
     """``schema`` as it must read placed at ``pointer`` inside another schema (a tool's
-        parameters under a call's ``/properties/arguments``): a local reference to it
-        (``"#"``, ``"#/properties/a"``, as zod writes a repeated schema) points under
-        ``pointer``; one into ``$defs`` or ``definitions`` is kept, those move to the new
-        root. A draft-4 boolean ``exclusiveMinimum`` / ``exclusiveMaximum`` (OpenAPI 3.0) is
-        written as its number, as draft 6 on reads it, and an integer's fractional
-    ``minimum`` / ``maximum`` as the whole number it admits. Never changes its argument."""
+    parameters under a call's ``/properties/arguments``): a local reference to it
+    (``"#"``, ``"#/properties/a"``, as zod writes a repeated schema) points under
+    ``pointer``; one into ``$defs`` or ``definitions`` is kept, those move to the new
+    root. A draft-4 boolean ``exclusiveMinimum`` / ``exclusiveMaximum`` (OpenAPI 3.0) is
+    written as its number, as draft 6 on reads it, and an integer's fractional bounds
+    as the whole numbers they admit (``_whole_number_bounds``). Never changes its argument."""
     result = copy.deepcopy(dict(schema))
     for _, node in schema_nodes(result):
         ref = node.get("$ref")
