@@ -91,6 +91,7 @@ class Generation(Iterator[int]):
         # wait for a long prompt; ``TurnCancelled`` then ends the iteration. Its optional
         # ``waiting()`` is asked instead while a remote server has not answered yet
         self.cancelled: Callable[[], bool] | None = None
+        self.abandoned = False  # set by abandon(): nothing more is computed for this call
         self._tokenizer = tokenizer
         self._steps = steps_factory(request, self)
 
@@ -104,7 +105,14 @@ class Generation(Iterator[int]):
         return self
 
     def close(self) -> None:
-        """Stop early; what was computed so far is still stored."""
+        """Stop early, the reply complete as it stands (a token cap, a repeat): what was
+        computed so far is still stored, and the prompt's asked-for signals still come."""
+        self._steps.close()
+
+    def abandon(self) -> None:
+        """Stop early for a caller that undoes its turn: stored as ``close()`` does, but an
+        engine computes nothing more for it (a remote engine's scorer skips the prompt)."""
+        self.abandoned = True
         self._steps.close()
 
     def stopped(self) -> bool:

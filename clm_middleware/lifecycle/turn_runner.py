@@ -198,7 +198,7 @@ class TurnRunner:
         except BaseException:
             c.turn -= 1
             if generation is not None:  # failed or cancelled (a closed stream): its blocks go back
-                generation.close()
+                generation.abandon()
                 c.engine.pool.release(list(reversed(generation.block_ids)))
                 generation.block_ids = []
             # what restoring and compacting changed goes back: the older turns read as before

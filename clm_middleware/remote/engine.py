@@ -395,6 +395,13 @@ class RemoteEngine:
                 stats.decode_s = time.perf_counter() - started
             # after the reply, so the scorer's prefill never delays the first token
             self._observe_locally(request, result)
+        except GeneratorExit:
+            # the caller ended the reply (its token cap, a repeat): the prompt's signals
+            # still come, unless the caller undoes the turn (Generation.abandon)
+            events.close()
+            if not result.abandoned:
+                self._observe_locally(request, result)
+            raise
         finally:
             events.close()
             if first_at is not None and not stats.decode_s:  # a stream its caller closed early

@@ -179,6 +179,9 @@ def test_replay_through_the_engine_hits_the_servers_cache_on_turns_without_a_com
         assert turn["cached_tokens"] >= 0.9 * turn["prompt_tokens"], turn
     assert any(t["compaction"] for t in turns)  # the budget did act
     assert max(t["context_tokens"] for t in turns[5:]) <= REPLAY_BUDGET + 2 * REPLY_TOKENS
+    # the scorer labelled every turn, those whose reply the token cap or a repeat ended too
+    assert any(t["generated_tokens"] == REPLY_TOKENS or "repetition_cut" in t["reply_flags"] for t in turns)
+    assert {t["tagging_mode"] for t in turns} == {"signals"}
 
 
 def _chat_reply(url: str, messages: list[dict[str, str]]) -> str:
