@@ -32,6 +32,7 @@ from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
 from clm_middleware.engine.protocol import ServingEngine
 from clm_middleware.lifecycle.config import GenerationSettings
+from clm_middleware.lifecycle.renderer import system_join_ids
 from clm_middleware.models.loading import DEFAULT_MODEL
 from clm_middleware.render import ChatFormat
 from clm_middleware.structured import ResponseFormat
@@ -614,10 +615,13 @@ class ChatCLM(BaseChatModel):
         rendered = [(t.role if chat.supports_role(t.role) else "user", chat.encode(t.text)) for t in turns]
         section = system_sections(engine, [convert_to_openai_tool(tool) for tool in tools or ()], None)
         if section:
-            if rendered and rendered[0][0] == "system":
-                rendered[0] = ("system", [*rendered[0][1], *chat.encode("\n\n" + section)])
+            section_ids = chat.encode(section)
+            if rendered and rendered[0][0] == "system":  # as the renderer joins them: the section first
+                content = rendered[0][1]
+                joined = [*section_ids, *system_join_ids(chat, content), *content] if content else section_ids
+                rendered[0] = ("system", joined)
             else:
-                rendered.insert(0, ("system", chat.encode(section)))
+                rendered.insert(0, ("system", section_ids))
         return len(chat.render(rendered, add_generation_prompt=True))
 
     # -------------------------------------------------------------- parts

@@ -45,7 +45,7 @@ from clm_middleware.lifecycle.segmenter import has_code_block, unclosed_fence
 from clm_middleware.lifecycle.segments import MessageRecord, Segment, SegmentId
 from clm_middleware.render import ChatFormat
 
-SYSTEM_JOIN = "\n\n"
+SYSTEM_JOIN = "\n\n"  # between a system block's preamble (tools section, protocol) and the system message
 DIGEST_TITLE = "Notes from earlier turns:"
 
 
@@ -69,7 +69,6 @@ class ContextRenderer:
         self.markers = markers
         self.preamble_ids = chat_format.encode(preamble) if preamble else []
         self._ids_cache: dict[str, list[int]] = {}
-        self._separator_cache: dict[tuple[str, bool], list[int]] = {}
         self.tool_role = "tool" if chat_format.supports_role("tool") else "user"
 
     def marker_ids(self, segment: SegmentId) -> list[int]:
@@ -98,7 +97,7 @@ class ContextRenderer:
             ids.extend(self.preamble_ids)
             if visible:
                 if self.preamble_ids:
-                    ids.extend(self._encoded(SYSTEM_JOIN))
+                    ids.extend(system_join_ids(self.format, visible[0].visible_ids))
                 self._segments(ids, rendered, visible, messages[0].segment_ids[0])
             ids.extend(glue.footer_ids)
         else:
@@ -170,34 +169,26 @@ class ContextRenderer:
                 separator, merged = separator or " ", False  # whole, before the marker
             if merged and separator.endswith(" "):
                 if separator[:-1]:  # the last space is inside the segment's first token
-                    ids.extend(self._separator_ids(separator[:-1], before_space=True))
+                    ids.extend(self.format.separator_ids(separator[:-1], before_space=True))
             elif separator:
-                ids.extend(self._separator_ids(separator))
+                ids.extend(self.format.separator_ids(separator))
             if self.markers and segment.role != "system":
                 ids.extend(self._encoded(f"[{segment.id}]") if spaced else self.marker_ids(segment.id))
             start = len(ids)
             ids.extend(segment.visible_ids)
             rendered.spans[segment.id] = (start, len(ids))
 
-    def _separator_ids(self, separator: str, *, before_space: bool = False) -> list[int]:
-        """A separator's ids as they are inside the whole message: a GPT-2-style
-        pre-tokenizer splits ``\n\n`` before a word into two ``Ċ``, not one ``ĊĊ``.
-        ``before_space``: what precedes a word that carries its own space (``Ġ-``)."""
-        cached = self._separator_cache.get((separator, before_space))
-        if cached is None:
-            after = " a" if before_space else "a"
-            word = self.format.encode(after)
-            joined = self.format.encode(separator + after)
-            inside = joined[: len(joined) - len(word)]
-            cached = inside if inside and joined[len(inside) :] == word else self.format.encode(separator)
-            self._separator_cache[(separator, before_space)] = cached
-        return cached
-
     def _encoded(self, text: str) -> list[int]:
         cached = self._ids_cache.get(text)
         if cached is None:
             cached = self._ids_cache[text] = self.format.encode(text)
         return cached
+
+
+def system_join_ids(chat_format: ChatFormat, content_ids: Sequence[int]) -> list[int]:
+    """``SYSTEM_JOIN``'s ids before a system message's ``content_ids``, as the template's one
+    string tokenizes them (SmolLM2: ``Ċ`` ``Ċ`` before a word, not the ``ĊĊ`` it reads alone)."""
+    return chat_format.separator_ids(SYSTEM_JOIN, before_space=chat_format.leads_with_space(content_ids))
 
 
 def _digest_segments(folded: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment]) -> list[list[Segment]]:

@@ -97,6 +97,7 @@ class ChatFormat:
     glue: dict[str, RoleGlue] = field(default_factory=dict)
     control_ids: frozenset[int] = frozenset()  # special tokens: only the glue may hold them
     _leading_space: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
+    _separators: dict[tuple[str, bool], list[int]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ChatFormat:
@@ -158,6 +159,21 @@ class ChatFormat:
         if joined and len(joined) <= len(plain) and self.leads_with_space(joined):
             return joined
         return plain
+
+    def separator_ids(self, separator: str, *, before_space: bool = False) -> list[int]:
+        """A separator's ids as they are inside the text it joins: a GPT-2-style
+        pre-tokenizer splits ``\n\n`` before a word into two ``Ċ``, not the one ``ĊĊ`` it
+        reads alone. ``before_space``: what precedes a word that carries its own space
+        (``Ġ-``). The ids are the caller's to read, never to change."""
+        cached = self._separators.get((separator, before_space))
+        if cached is None:
+            after = " a" if before_space else "a"
+            word = self.encode(after)
+            joined = self.encode(separator + after)
+            inside = joined[: len(joined) - len(word)]
+            cached = inside if inside and joined[len(inside) :] == word else self.encode(separator)
+            self._separators[(separator, before_space)] = cached
+        return cached
 
     def leads_with_space(self, token_ids: Sequence[int]) -> bool:
         """Whether the first token carries a space before its text (``Ġ`` / ``▁``):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from clm_middleware.engine import Engine, Generation
 from clm_middleware.engine.penalties import penalty_processors
-from clm_middleware.lifecycle.renderer import SYSTEM_JOIN
+from clm_middleware.lifecycle.renderer import system_join_ids
 from clm_middleware.lifecycle.reply_quality import has_artifact, reply_flags, shows_machinery
 from clm_middleware.render import ChatFormat
 from clm_middleware.replay.report import TurnRecord
@@ -119,12 +119,13 @@ class SystemHead:
     def __init__(self, chat_format: ChatFormat, tools_section: str | None) -> None:
         self.format = chat_format
         self.section = chat_format.encode(tools_section) if tools_section else []
-        self.join = chat_format.encode(SYSTEM_JOIN) if tools_section else []
 
     def system_message(self, content_ids: list[int]) -> list[int]:
         """The first system message, the tools section before its content."""
-        joined = [*self.section, *self.join, *content_ids] if self.section and content_ids else self.section
-        return self.format.message_ids("system", joined or content_ids)
+        if not (self.section and content_ids):
+            return self.format.message_ids("system", self.section or content_ids)
+        join = system_join_ids(self.format, content_ids)
+        return self.format.message_ids("system", [*self.section, *join, *content_ids])
 
     def before_first(self, first_role: str | None) -> list[int]:
         """What precedes a first message that is not a system message (or nothing yet)."""

@@ -11,6 +11,8 @@ from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
 from clm_middleware.lifecycle.reply_quality import has_artifact
 from clm_middleware.models import ScriptedReplies
+from clm_middleware.render.chat_format import ChatFormat
+from clm_middleware.replay.plain import SystemHead
 
 SYSTEM = "You are a helpful airline customer support agent."
 QUICKSTART = [
@@ -69,6 +71,46 @@ def test_a_context_that_fits_has_the_ids_of_the_bare_chat_template(smol_engine):
     assert sum(len(m.segment_ids) for m in chat.history) > len(messages)  # sentences are segments
     assert chat.context_ids == bare_ids
     chat.close()
+
+
+TOOLS_SECTION = "You may call this tool:\n<tools>\n{}\n</tools>"
+
+
+def _template_ids(tokenizer, messages) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tokenize=True)
+    return list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+
+
+def test_a_tools_section_joins_the_system_message_as_the_template_tokenizes_their_one_text(smol_engine):
+    """The blank line between a tools section (or a JSON instruction) and the system
+    message's own text reads ``Ċ`` ``Ċ`` inside the one string the template tokenizes, not
+    the ``ĊĊ`` it reads alone: both managed and plain prompts hold the template's ids."""
+    tokenizer = smol_engine.tokenizer
+    for system in (SYSTEM, " You are terse."):  # a word, and a word that carries its own space
+        messages = [{"role": "system", "content": TOOLS_SECTION + "\n\n" + system}, {"role": "user", "content": "Hi"}]
+        chat = Conversation(smol_engine, system_prompt=system, tagging="signals", budget=smol_engine.max_positions)
+        chat.set_tools_prompt(TOOLS_SECTION)
+        chat.add("user", "Hi")
+        assert chat.context_ids == _template_ids(tokenizer, messages)
+        chat.close()
+        chat_format = ChatFormat.from_tokenizer(tokenizer)
+        head = SystemHead(chat_format, TOOLS_SECTION).system_message(chat_format.encode(system))
+        assert head == _template_ids(tokenizer, messages[:1])
+
+
+def test_chatclm_counts_a_history_with_tools_as_many_tokens_as_its_reply_was_shown(smol_engine):
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    from clm_middleware.adapters import ChatCLM
+
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    llm = ChatCLM(engine=smol_engine, max_tokens=4, tagging="signals")
+    history = [SystemMessage("You are a helpful assistant."), HumanMessage("Weather in Lima?")]
+    reply = llm.bind_tools([get_weather]).invoke(history)
+    assert reply.usage_metadata["input_tokens"] == llm.get_num_tokens_from_messages(history, tools=[get_weather])
 
 
 def test_a_reply_generated_in_tokens_the_tokenizer_would_not_use_is_kept_as_its_text_tokenizes(smol_engine):
