@@ -44,8 +44,8 @@ from .tools import (
     type_text,
 )
 
-JSON_INSTRUCTION = "Respond with a single JSON object and nothing else."
-JSON_INSTRUCTION_WITH_TOOLS = "Call a tool, or respond with a single JSON object and nothing else."
+JSON_INSTRUCTION = "Respond with a single JSON {} and nothing else."
+JSON_INSTRUCTION_WITH_TOOLS = "Call a tool, or respond with a single JSON {} and nothing else."
 ToolSpecs = Sequence[dict[str, Any]]
 
 
@@ -203,7 +203,10 @@ def system_sections(engine: ServingEngine, tools: ToolSpecs, response_format: Re
     if tools:
         sections.append(tools_prompt(tools, template_tools_section(engine.tokenizer, tools)))
     if response_format is not None:
-        sections.append((JSON_INSTRUCTION_WITH_TOOLS if tools else JSON_INSTRUCTION) + shape_text(response_format))
+        instruction = JSON_INSTRUCTION_WITH_TOOLS if tools else JSON_INSTRUCTION
+        schema = response_format.schema
+        what = "value" if schema is not None and schema.get("type", "object") != "object" else "object"
+        sections.append(instruction.format(what) + shape_text(response_format))
     return "\n\n".join(sections) or None
 
 
@@ -220,7 +223,9 @@ def shape_text(response_format: ResponseFormat) -> str:
         for name, spec in (schema.get("properties") or {}).items()
         if isinstance(spec, dict) and isinstance(spec.get("description"), str) and spec["description"]
     ]
-    about = f" ({schema['description']})" if isinstance(schema.get("description"), str) else ""
+    about = (
+        f" ({schema['description']})" if isinstance(schema.get("description"), str) and schema["description"] else ""
+    )
     return f" Its shape: {type_text(schema, schema)}{about}" + "".join(notes)
 
 

@@ -26,11 +26,12 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, R
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
 from clm_middleware.engine.protocol import ServingEngine
+from clm_middleware.errors import ConfigError
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.lifecycle.renderer import system_join_ids
 from clm_middleware.models.loading import DEFAULT_MODEL
@@ -41,9 +42,10 @@ from .chat_call import ChatAnswer, ChatCall, ChatRequest, system_sections
 from .messages import to_turn
 from .sessions import SessionRouter
 from .settings import (
+    call_setting,
     chat_settings,
     check_settings,
-    number_setting,
+    config_error,
     resolve_aliases,
     stop_list,
     unknown_arguments,
@@ -245,6 +247,14 @@ class ChatCLM(BaseChatModel):
     _routers: dict[str, SessionRouter] = PrivateAttr(default_factory=dict)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
+    def __init__(self, **data: Any) -> None:
+        """Every refused argument is a ``ConfigError`` naming it (as a refused per-call one
+        is), not pydantic's ``ValidationError`` around it."""
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise config_error(error) from error
+
     @model_validator(mode="before")
     @classmethod
     def _known_arguments(cls, values: Any) -> Any:
@@ -387,10 +397,7 @@ class ChatCLM(BaseChatModel):
         its tool's schema.
         """
         kwargs.pop("strict", None)  # as ChatOpenAI takes it; a call is written under its schema anyway
-        formatted = [convert_to_openai_tool(tool) for tool in tools]
-        check_tools(formatted)
-        # a name no bound tool has, or a call required with no tool bound, fails here
-        required_tool(tool_choice, formatted)
+        formatted = _openai_tools(tools, tool_choice)
         return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     def with_structured_output(
@@ -582,9 +589,9 @@ class ChatCLM(BaseChatModel):
         request = ChatRequest(
             turns=[to_turn(message, index) for index, message in enumerate(messages)],
             settings=self._settings(stop, kwargs),
-            tools=kwargs.get("tools") or [],
+            tools=_openai_tools(kwargs.get("tools") or [], kwargs.get("tool_choice")),
             tool_choice=kwargs.get("tool_choice"),
-            parallel_tool_calls=bool(kwargs.get("parallel_tool_calls", False)),
+            parallel_tool_calls=_flag(kwargs, "parallel_tool_calls"),
             response_format=_response_format(kwargs.get("response_format")),
             session_id=self._session_id(kwargs),
         )
@@ -695,18 +702,19 @@ class ChatCLM(BaseChatModel):
         stops = [*stop_list(self.stop), *stop_list(stop), *stop_list(kwargs.get("stop"))]
         # an argument given as None means "the default", as OpenAI-style code passes it
         kwargs = resolve_aliases({name: value for name, value in kwargs.items() if value is not None})
+        setting = functools.partial(call_setting, self, kwargs)
         return chat_settings(
-            max_new_tokens=number_setting(kwargs, "max_tokens", self.max_tokens, int),
-            temperature=number_setting(kwargs, "temperature", self.temperature, float),
-            top_p=number_setting(kwargs, "top_p", self.top_p, float),
-            top_k=kwargs.get("top_k", self.top_k),
-            min_p=kwargs.get("min_p", self.min_p),
-            seed=kwargs.get("seed", self.seed),
+            max_new_tokens=setting("max_tokens"),
+            temperature=setting("temperature"),
+            top_p=setting("top_p"),
+            top_k=setting("top_k"),
+            min_p=setting("min_p"),
+            seed=setting("seed"),
             stop=tuple(dict.fromkeys(stops)),
-            repetition_penalty=kwargs.get("repetition_penalty", self.repetition_penalty),
-            frequency_penalty=number_setting(kwargs, "frequency_penalty", self.frequency_penalty, float),
-            presence_penalty=number_setting(kwargs, "presence_penalty", self.presence_penalty, float),
-            no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", self.no_repeat_ngram_size),
+            repetition_penalty=setting("repetition_penalty"),
+            frequency_penalty=setting("frequency_penalty"),
+            presence_penalty=setting("presence_penalty"),
+            no_repeat_ngram_size=setting("no_repeat_ngram_size"),
             logit_bias=kwargs.get("logit_bias") or (),
         )
 
@@ -757,6 +765,36 @@ class ChatCLM(BaseChatModel):
         return message
 
 
+def _openai_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]]:
+    """``tools`` in OpenAI's form, checked as ``bind_tools`` checks them, also where a call
+    passes them itself (``invoke(..., tools=[...])``, ``bind(tools=...)``): a tool LangChain
+    cannot convert, a malformed schema, or a ``tool_choice`` no bound tool meets is a
+    ``ConfigError`` naming it."""
+    if isinstance(tools, str | bytes | dict) or not isinstance(tools, Sequence):
+        raise ConfigError("tools", f"must be a list of tools, got {type(tools).__name__}")
+    formatted = []
+    for index, tool in enumerate(tools):
+        try:
+            formatted.append(convert_to_openai_tool(tool))
+        except ValueError as error:  # "Unsupported function", with what LangChain accepts
+            raise ConfigError(f"tools[{index}]", " ".join(str(error).split())) from None
+    check_tools(formatted)
+    # a name no bound tool has, or a call required with no tool bound, fails here
+    required_tool(tool_choice, formatted)
+    return formatted
+
+
+def _flag(kwargs: dict[str, Any], name: str) -> bool:
+    """A per-call switch; anything but a bool (``"false"``, which ``bool()`` reads as true)
+    is a ``ConfigError`` naming it."""
+    value = kwargs.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ConfigError(name, f"must be true or false, got {value!r}")
+    return value
+
+
 _SCHEMA_KEYWORDS = ("type", "properties", "anyOf", "oneOf", "allOf", "$ref", "enum", "const")
 
 
@@ -769,6 +807,8 @@ def _json_schema(schema: dict[str, Any] | type) -> dict[str, Any]:
         wrapper = schema.get("json_schema") if schema.get("type") == "json_schema" else schema
         if isinstance(wrapper, dict) and isinstance(wrapper.get("schema"), dict) and "name" in wrapper:
             return {"title": wrapper["name"], **wrapper["schema"]}
+        if "properties" not in schema and schema.get("type", "object") != "object":
+            return dict(schema)  # an array's, a string's: convert_to_json_schema keeps an object's keys only
     converted = convert_to_json_schema(schema)
     if not any(key in converted for key in _SCHEMA_KEYWORDS):
         raise ValueError(

@@ -10,8 +10,11 @@ field), and a model path that is not there fails now, not at the first ``invoke`
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Collection, Sequence
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from clm_middleware.errors import ConfigError
 
@@ -181,13 +184,38 @@ def stop_list(stop: str | Sequence[str] | None) -> list[str]:
     return list(stop)
 
 
-def number_setting(kwargs: dict[str, Any], name: str, default: float | int, kind: type[int] | type[float]) -> Any:
-    """A per-call numeric setting (``invoke(..., temperature=0.2)``) as ``kind``, else the
-    model's; a value that is no number is a ``ConfigError`` naming it."""
-    value = kwargs.get(name, default)
+def call_setting(model: Any, kwargs: dict[str, Any], name: str) -> Any:
+    """A per-call setting (``invoke(..., temperature=0.2)``) validated as the constructor
+    validates ``model``'s field of that name (``"0.1"`` reads as 0.1; ``max_tokens=2.7``
+    is refused, never cut to 2), else the model's own value. A bool where a number belongs
+    or a value the field refuses is a ``ConfigError`` naming it."""
+    if name not in kwargs:
+        return getattr(model, name)
+    value = kwargs[name]
+    if isinstance(value, bool):
+        raise ConfigError(name, f"must be a number, got {value!r}")
     try:
-        if isinstance(value, bool):
-            raise TypeError
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(name, f"must be a number, got {value!r}") from None
+        return _field_adapter(type(model), name).validate_python(value)
+    except ValidationError as error:
+        raise ConfigError(name, f"{_problem(error)}, got {value!r}") from None
+
+
+@functools.cache
+def _field_adapter(model_class: type, name: str) -> TypeAdapter:
+    return TypeAdapter(model_class.model_fields[name].annotation)
+
+
+def config_error(error: ValidationError) -> ConfigError:
+    """The ``ConfigError`` a constructor's ``ValidationError`` stands for: the library's own,
+    raised by a validator, or one naming the field pydantic refused."""
+    first = error.errors()[0]
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, ConfigError):
+        return cause
+    where = ".".join(str(part) for part in first["loc"]) or "ChatCLM"
+    return ConfigError(where, f"{_problem(error)}, got {first.get('input')!r}")
+
+
+def _problem(error: ValidationError) -> str:
+    message = error.errors()[0]["msg"]  # "Input should be a valid integer, got a number with ..."
+    return message[:1].lower() + message[1:]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from clm_middleware.engine import CallStats, Engine, Generation, penalty_processors
@@ -83,6 +83,10 @@ class TurnRunner:
         if not c.messages:
             raise ConfigError("messages", "there is nothing to answer yet; add a user message first")
         structured = settings.response_format is not None and forced is None
+        if structured:
+            # the grammar ends the reply with its document; a stop string, text a JSON string
+            # may hold, ends nothing (stop=["Paris"] had cut '{"city": "', parsed as city="")
+            settings = replace(settings, stop=())
         # a schema the grammar rejects, or a reply_prefix it cannot continue, fails before the turn starts;
         # a remote engine samples on its server, so its own grammar enforces the format there
         local = c.engine.sees_logits

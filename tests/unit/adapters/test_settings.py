@@ -2,10 +2,9 @@
 
 import pytest
 from langchain_core.messages import HumanMessage
-from pydantic import ValidationError
 
 from clm_middleware.adapters import ChatCLM
-from clm_middleware.errors import ModelNotFoundError
+from clm_middleware.errors import ConfigError, ModelNotFoundError
 
 
 @pytest.mark.parametrize(
@@ -29,10 +28,13 @@ from clm_middleware.errors import ModelNotFoundError
         ({"device": "tpu"}, "device: unknown device"),
         ({"approximate_reuse": 2.0}, "approximate_reuse: must be in"),
         ({"approximate_reuse": 0.15, "paged_kv": True}, "paged_kv: approximate reuse"),
+        # pydantic's own refusals, named as ours are
+        ({"temperature": "warm"}, "temperature: input should be a valid number.*'warm'"),
+        ({"max_tokens": 2.7}, "max_tokens: input should be a valid integer.*fractional part"),
     ],
 )
-def test_an_unknown_argument_or_a_bad_setting_fails_at_construction(arguments, message):
-    with pytest.raises(ValidationError, match=message):
+def test_an_unknown_argument_or_a_bad_setting_fails_at_construction_with_a_config_error(arguments, message):
+    with pytest.raises(ConfigError, match=message):
         ChatCLM(model="tiny", **arguments)
 
 
@@ -63,13 +65,32 @@ def test_a_model_path_that_is_not_there_fails_at_construction(tmp_path):
     ],
 )
 def test_an_unknown_per_call_argument_fails_before_the_turn(call, message):
-    from clm_middleware.errors import ConfigError
-
     chat = ChatCLM(model="tiny", max_tokens=4)
     with pytest.raises(ConfigError, match=message):
         call(chat)
     reply = chat.invoke("hi", temperature=0.0, repeat_penalty=1.1)  # known names, aliases too
     assert reply.response_metadata["turn"] == 1  # the refused call left no turn behind
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"max_tokens": 2.7}, "max_tokens: input should be a valid integer.*fractional"),
+        ({"min_p": "a tenth"}, "min_p: input should be a valid number"),
+        ({"repetition_penalty": [1.2]}, "repetition_penalty: "),
+        ({"top_k": True}, "top_k: must be a number"),
+        ({"parallel_tool_calls": "false"}, "parallel_tool_calls: must be true or false"),
+        ({"tools": "get_weather"}, "tools: must be a list of tools"),
+        ({"tools": [5]}, r"tools\[0\]: Unsupported function"),
+        ({"tools": [{"name": "f", "parameters": {"type": "object", "required": "a"}}]}, "parameters.required"),
+        ({"tool_choice": "required"}, "tool_choice"),  # required, with no tool bound
+    ],
+)
+def test_a_bad_per_call_setting_or_tool_is_a_config_error_naming_it_before_the_turn(scripted_llm, arguments, message):
+    llm, _ = scripted_llm("Fine.")
+    with pytest.raises(ConfigError, match=message):
+        llm.invoke("hi", **arguments)
+    assert llm.invoke("hi", max_tokens=2.0, min_p="0.1").response_metadata["turn"] == 1  # as the constructor reads them
 
 
 def test_a_stop_string_is_one_stop_and_none_arguments_mean_the_defaults(scripted_llm):

@@ -44,6 +44,30 @@ def test_json_schema_makes_the_reply_valid_where_the_model_writes_invalid_json(s
     assert list(json.loads(result["raw"].content)) == ["name", "age"]
 
 
+@pytest.mark.parametrize("method", ["json_schema", "json_mode", "function_calling"])
+def test_a_stop_string_inside_a_structured_reply_does_not_cut_its_document(scripted_llm, method):
+    """The grammar ends the reply with its document: stop=["Ana"] had cut '{"name": "'
+    and LangChain's parser read a Person with an empty name, or no call at all."""
+    reply = '"name": "Ana", "age": 34}' + ("}</tool_call>" if method == "function_calling" else "")
+    llm, _ = scripted_llm(reply, stop=["Ana"])
+    schema = None if method == "json_mode" else Person
+    result = llm.with_structured_output(schema, method=method).invoke("Ana is 34.")
+    assert (result if method == "json_mode" else result.model_dump()) == {"name": "Ana", "age": 34}
+
+
+@pytest.mark.parametrize(
+    ("schema", "reply", "expected"),
+    [
+        ({"title": "Names", "type": "array", "items": {"type": "string"}}, '["Ana", "Bo"]', ["Ana", "Bo"]),
+        ({"type": "string", "enum": ["red", "green"]}, '"green"', "green"),
+    ],
+)
+def test_a_json_schema_dict_whose_root_is_no_object_constrains_and_parses(scripted_llm, schema, reply, expected):
+    # convert_to_json_schema had kept the title alone: "not a JSON schema", though it names a type
+    llm, _ = scripted_llm(reply)
+    assert llm.with_structured_output(schema, method="json_schema").invoke("Names?") == expected
+
+
 @pytest.mark.parametrize("method", ["json_schema", "json_mode"])
 def test_a_random_model_answers_with_parseable_structured_output(random_llm, method):
     structured = random_llm.with_structured_output(Person if method == "json_schema" else None, method=method)
@@ -199,3 +223,17 @@ def test_the_instruction_shows_the_schemas_shape_and_descriptions_not_its_keywor
     text = shape_text(ResponseFormat.from_schema(Order.model_json_schema()))
     assert text.startswith(" Its shape: {item: string, tags?: string[]} (An order.)")
     assert "\n    item: What was ordered" in text and '"type"' not in text and "items" not in text
+
+
+def test_the_instruction_names_the_roots_kind_and_adds_no_empty_description(engine):
+    from clm_middleware.adapters.chat_call import system_sections
+    from clm_middleware.structured import ResponseFormat
+
+    names = system_sections(engine, [], ResponseFormat.from_schema({"type": "array", "items": {"type": "string"}}))
+    assert names == "Respond with a single JSON value and nothing else. Its shape: string[]"
+
+    class Pet(BaseModel):  # no docstring: pydantic writes no description, a TypedDict an empty one
+        name: str
+
+    pet = system_sections(engine, [], ResponseFormat.from_schema({**Pet.model_json_schema(), "description": ""}))
+    assert pet == "Respond with a single JSON object and nothing else. Its shape: {name: string}"
