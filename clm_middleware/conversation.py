@@ -759,7 +759,9 @@ class Conversation:
             "tagging": self.config.tagging.mode,
             "protocol_context": self.protocol_context,
             "protocol_calibration": self.calibration.as_dict() if self.calibration else None,
-            "parse_rate": self.tagger.parse_rate,
+            # over the turns that asked for a block, as the replay report's; None: none asked
+            # (auto on a model that failed calibration starts from a history of failures)
+            "parse_rate": _mean([float(t.parse_ok) for t in log if t.parse_ok is not None]),
             "reply_flags": dict(Counter(flag for t in log for flag in t.reply_flags)),
             "reply_nll": _mean([t.reply_nll for t in log if t.reply_nll is not None]),
             "held_blocks": len(self._held.chain) + self.reclaimer.held_blocks,

@@ -270,6 +270,7 @@ def test_auto_never_shows_the_protocol_to_a_model_that_fails_calibration(convers
     assert [(s.protocol_context, s.tagging_mode) for s in stats] == [(False, "signals")] * 3
     assert "[seg_" not in conversation.context and "Label segments" not in conversation.context
     assert [m.content for m in conversation.history if m.role == "assistant"] == ["No block here."] * 3
+    assert conversation.stats()["parse_rate"] is None  # no turn asked for a block, as the replay report says
 
 
 def test_auto_switches_to_signals_after_a_parse_failure_streak(converse, scripted):
@@ -279,6 +280,7 @@ def test_auto_switches_to_signals_after_a_parse_failure_streak(converse, scripte
     assert [s.tagging_mode for s in stats] == ["signals"] * 7
     assert [s.protocol_context for s in stats] == [True] * 5 + [False] * 2
     assert conversation.tagger.parse_rate == 0.0 and not conversation.protocol_context
+    assert conversation.stats()["parse_rate"] == 0.0  # the five turns that asked parsed no block
     assert "[seg_" not in conversation.context
 
 
