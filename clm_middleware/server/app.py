@@ -58,14 +58,15 @@ def create_app(service: ChatService, *, max_body_bytes: int = MAX_BODY_BYTES) ->
     model_id = service.config.model_id
     created = int(time.time())
 
-    if service.config.allowed_origins:  # preflights answered here; accounting, added after, counts them
-        app.add_middleware(
-            _CORSWithErrorObjects,
-            allow_origins=list(service.config.allowed_origins),
-            allow_methods=["*"],
-            allow_headers=["*"],
-            expose_headers=["Retry-After"],
-        )
+    # preflights answered here, also with no origin allowed (a refusal naming --allowed-origins,
+    # not a 405); accounting, added after, counts them
+    app.add_middleware(
+        _CORSWithErrorObjects,
+        allow_origins=list(service.config.allowed_origins),
+        allow_methods=["*"],
+        allow_headers=["*"],
+        expose_headers=["Retry-After"],
+    )
     app.add_middleware(
         RequestAccounting, metrics=service.metrics, max_body_bytes=max_body_bytes, routes=app.router.routes
     )

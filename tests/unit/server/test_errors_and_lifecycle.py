@@ -424,6 +424,9 @@ def test_cors_is_off_by_default_allowed_origins_answer_preflights_and_others_get
     preflight = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"}
     closed = httpx.options(server.api + "/chat/completions", headers=preflight, timeout=TIMEOUT_S)
     assert "access-control-allow-origin" not in closed.headers  # same-origin only unless asked
+    assert _error(closed, 400)["code"] == "cors_not_allowed"  # as serve.md says (it was a plain 405)
+    plain = httpx.get(server.api + "/models", headers={"Origin": "http://ui.example"}, timeout=TIMEOUT_S)
+    assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
     live = launch(tmp_path, "--allowed-origins", "http://ui.example")
     try:
         asked = {**preflight, "Access-Control-Request-Headers": "authorization, content-type"}
