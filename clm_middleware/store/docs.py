@@ -50,9 +50,10 @@ again). A store whose pages are damaged is a `StoreError` naming the file on loa
 row that does not read back (a value that is not its JSON or not of its type, a segment
 a message lists that is gone, messages gone from a conversation with turns or segments,
 a token id outside the vocabulary): a conversation is loaded whole or not at all. A read
-(`clm stats`, `Conversation.load`) never writes (a path given to `load` is checked
+(`clm stats`, `Conversation.load`) never writes the store (a path given to `load` is checked
 read-only first, then opened for the saves to come where the file and its directory
-are writable), and reads a store in a read-only directory too (an
+are writable; in a writable directory SQLite leaves its empty `-wal` and its `-shm`
+index beside the file, as it does for any reader of a WAL database), and reads a store in a read-only directory too (an
 archive, another user's; SQLite cannot make the `-shm` file there, so the file is read
 as immutable), unless a `-wal` file of writes not merged yet lies beside it: copy both
 to a writable directory then. A conversation attached to a store after its first turns
