@@ -254,9 +254,9 @@ def run_files(
                 retention = run_variant(name, engine, item.transcripts, item.probes, driver_factory, lifecycle, mode)
             except ClmError as error:
                 failures.append(VariantFailure(item.path, item.label, name, error))
-                stderr.print(f"[red]error:[/red] {escape(f'{item.label} · {name}: {error.message}')}", highlight=False)
-                if len(failures) == len(planned):
+                if len(failures) == len(planned):  # nothing left to run: the run's error says it, once
                     raise failures_error(failures[:1]) from error
+                stderr.print(f"[red]error:[/red] {escape(f'{item.label} · {name}: {error.message}')}", highlight=False)
                 continue
             results.append(per_variant(item, name, engine, lifecycle, retention))
         per_file.append(results)
