@@ -1,5 +1,6 @@
 """SmolLM2-135M with quantization="int4": the Q4_1 file's own codes, the replies' likelihood of fp32."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from clm_middleware.replay.runner import PlainChatDriver, ReplayOptions, replay
 from clm_middleware.replay.transcript import read_jsonl
 
 DATA = Path(__file__).parent.parent / "data"
+REPLIES = 10
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,10 @@ def int4_engine() -> Engine:
 
 
 def reply_nll(engine: Engine) -> float:
-    [transcript] = read_jsonl(DATA / "lisbon_trip.jsonl")
+    """Over the bundled chat's first ten replies: the whole chat measured the same gap
+    (3.1083 fp32, 3.1072 int4) in four times the suite's time."""
+    [whole] = read_jsonl(DATA / "lisbon_trip.jsonl")
+    transcript = dataclasses.replace(whole, messages=whole.messages[: REPLIES * 2])
     options = ReplayOptions(mode="prefix", teacher_force=True)
     chat = ChatFormat.from_tokenizer(engine.tokenizer)
     report = ReplayReport(mode="prefix", model="smollm2")
@@ -41,7 +46,7 @@ def test_the_4_bit_codes_are_the_gguf_files_own(int4_engine):
 
 
 def test_int4_keeps_the_replies_likelihood_and_answers_in_sentences(smol_engine, int4_engine):
-    # measured 3.1083 (fp32) and 3.1051 (int4) on the bundled chat, teacher-forced
+    # measured 3.1831 (fp32) and 3.1841 (int4), teacher-forced
     assert abs(reply_nll(int4_engine) - reply_nll(smol_engine)) < 0.02
     chat = ChatFormat.from_tokenizer(int4_engine.tokenizer)
     prompt = chat.render([("user", chat.encode("Name three colours."))])
