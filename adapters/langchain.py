@@ -7,7 +7,7 @@ import contextvars
 import copy
 import functools
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -26,7 +26,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, R
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
 from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
@@ -620,13 +620,13 @@ class ChatCLM(BaseChatModel):
         chat = ChatFormat.from_tokenizer(engine.tokenizer)
         turns = [to_turn(message, index) for index, message in enumerate(messages)]
         rendered = [(t.role if chat.supports_role(t.role) else "user", chat.encode(t.text)) for t in turns]
-        section = system_sections(engine, [convert_to_openai_tool(tool) for tool in tools or ()], None)
+        section = system_sections(engine, _openai_tools(tools or [], None), None)
         if section:
             section_ids = chat.encode(section)
             if rendered and rendered[0][0] == "system":  # as the renderer joins them: the section first
                 content = rendered[0][1]
-                joined = [*section_ids, *system_join_ids(chat, content), *content] if content else section_ids
-                rendered[0] = ("system", joined)
+                join = system_join_ids(chat, turns[0].text)
+                rendered[0] = ("system", [*section_ids, *join, *content] if content else section_ids)
             else:
                 rendered.insert(0, ("system", section_ids))
         return len(chat.render(rendered, add_generation_prompt=True))
@@ -770,7 +770,7 @@ def _openai_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]]:
     passes them itself (``invoke(..., tools=[...])``, ``bind(tools=...)``): a tool LangChain
     cannot convert, a malformed schema, or a ``tool_choice`` no bound tool meets is a
     ``ConfigError`` naming it."""
-    if isinstance(tools, str | bytes | dict) or not isinstance(tools, Sequence):
+    if isinstance(tools, str | bytes | dict) or not isinstance(tools, Iterable):
         raise ConfigError("tools", f"must be a list of tools, got {type(tools).__name__}")
     formatted = []
     for index, tool in enumerate(tools):
@@ -785,14 +785,30 @@ def _openai_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]]:
 
 
 def _flag(kwargs: dict[str, Any], name: str) -> bool:
-    """A per-call switch; anything but a bool (``"false"``, which ``bool()`` reads as true)
-    is a ``ConfigError`` naming it."""
+    """A per-call switch, read as pydantic reads a bool (``clm serve``'s request schema
+    too): ``"false"``, which ``bool()`` reads as true, is false; a value that names no
+    truth value is a ``ConfigError`` naming it."""
     value = kwargs.get(name)
     if value is None:
         return False
-    if not isinstance(value, bool):
-        raise ConfigError(name, f"must be true or false, got {value!r}")
-    return value
+    try:
+        return _BOOL.validate_python(value)
+    except ValidationError:
+        raise ConfigError(name, f"must be true or false, got {value!r}") from None
+
+
+_BOOL = TypeAdapter(bool)
+
+
+def _root_is_no_object(schema: dict[str, Any]) -> bool:
+    """Whether a dict is a JSON schema whose root is no object: an array's, a string's, an
+    ``enum``'s or a union's (``{"type": "function", ...}``, an OpenAI tool, is no schema)."""
+    if "properties" in schema:
+        return False
+    kind = schema.get("type")
+    if kind is None:
+        return any(key in schema for key in ("enum", "const", "anyOf", "oneOf"))
+    return kind in ("array", "string", "number", "integer", "boolean", "null") or isinstance(kind, list)
 
 
 _SCHEMA_KEYWORDS = ("type", "properties", "anyOf", "oneOf", "allOf", "$ref", "enum", "const")
@@ -807,8 +823,8 @@ def _json_schema(schema: dict[str, Any] | type) -> dict[str, Any]:
         wrapper = schema.get("json_schema") if schema.get("type") == "json_schema" else schema
         if isinstance(wrapper, dict) and isinstance(wrapper.get("schema"), dict) and "name" in wrapper:
             return {"title": wrapper["name"], **wrapper["schema"]}
-        if "properties" not in schema and schema.get("type", "object") != "object":
-            return dict(schema)  # an array's, a string's: convert_to_json_schema keeps an object's keys only
+        if _root_is_no_object(schema):
+            return dict(schema)  # convert_to_json_schema would keep an object's keys only
     converted = convert_to_json_schema(schema)
     if not any(key in converted for key in _SCHEMA_KEYWORDS):
         raise ValueError(

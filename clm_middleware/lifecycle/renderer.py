@@ -41,6 +41,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import regex
+
 from clm_middleware.lifecycle.segmenter import has_code_block, unclosed_fence
 from clm_middleware.lifecycle.segments import MessageRecord, Segment, SegmentId
 from clm_middleware.render import ChatFormat
@@ -97,7 +99,9 @@ class ContextRenderer:
             ids.extend(self.preamble_ids)
             if visible:
                 if self.preamble_ids:
-                    ids.extend(system_join_ids(self.format, visible[0].visible_ids))
+                    shown = visible[0].visible_text  # after its separator, when the message's first shows
+                    first = visible[0].separator + shown if visible[0].id == messages[0].segment_ids[0] else shown
+                    ids.extend(system_join_ids(self.format, first))
                 self._segments(ids, rendered, visible, messages[0].segment_ids[0])
             ids.extend(glue.footer_ids)
         else:
@@ -169,7 +173,7 @@ class ContextRenderer:
                 separator, merged = separator or " ", False  # whole, before the marker
             if merged and separator.endswith(" "):
                 if separator[:-1]:  # the last space is inside the segment's first token
-                    ids.extend(self.format.separator_ids(separator[:-1], before_space=True))
+                    ids.extend(self.format.separator_ids(separator[:-1], after=" a"))
             elif separator:
                 ids.extend(self.format.separator_ids(separator))
             if self.markers and segment.role != "system":
@@ -185,10 +189,15 @@ class ContextRenderer:
         return cached
 
 
-def system_join_ids(chat_format: ChatFormat, content_ids: Sequence[int]) -> list[int]:
-    """``SYSTEM_JOIN``'s ids before a system message's ``content_ids``, as the template's one
-    string tokenizes them (SmolLM2: ``Ċ`` ``Ċ`` before a word, not the ``ĊĊ`` it reads alone)."""
-    return chat_format.separator_ids(SYSTEM_JOIN, before_space=chat_format.leads_with_space(content_ids))
+def system_join_ids(chat_format: ChatFormat, content: str) -> list[int]:
+    """``SYSTEM_JOIN``'s ids before a system message's ``content``, as the template's one
+    string tokenizes them (SmolLM2: ``Ċ`` ``Ċ`` before a word, not the ``ĊĊ`` it reads
+    alone; ``ĊĊ`` ``Ċ`` before ``\nYou``): only the content's leading whitespace and
+    first word can merge with it."""
+    return chat_format.separator_ids(SYSTEM_JOIN, after=_HEAD.match(content).group() or "a")
+
+
+_HEAD = regex.compile(r"\s*\S{0,16}")
 
 
 def _digest_segments(folded: Sequence[MessageRecord], segments: Mapping[SegmentId, Segment]) -> list[list[Segment]]:

@@ -339,6 +339,7 @@ class RemoteEngine:
         logprobs_whole = True  # result.token_logprobs has one value per id so far
         first_at = None
         last_at = 0.0
+        closed_at = 0.0  # when the caller closed the stream early, before the scorer's work
         events = self.client.stream("/v1/completions", body, cancelled=result.cancelled)
         try:
             for raw in events:
@@ -397,15 +398,17 @@ class RemoteEngine:
             self._observe_locally(request, result)
         except GeneratorExit:
             # the caller ended the reply (its token cap, a repeat): the prompt's signals
-            # still come, unless the caller undoes the turn (Generation.abandon)
+            # still come, unless the caller undoes the turn (Generation.abandon); the
+            # scorer's time is observe_s, not decoding
             events.close()
+            closed_at = time.perf_counter()
             if not result.abandoned:
                 self._observe_locally(request, result)
             raise
         finally:
             events.close()
             if first_at is not None and not stats.decode_s:  # a stream its caller closed early
-                stats.decode_s = time.perf_counter() - first_at
+                stats.decode_s = (closed_at or time.perf_counter()) - first_at
             generated = [] if forced else result.token_ids
             self.slots.record(claim, request.prompt + generated)
             stats.cached_tokens = min(len(request.prompt), last.cached_tokens or 0)

@@ -160,19 +160,19 @@ class ChatFormat:
             return joined
         return plain
 
-    def separator_ids(self, separator: str, *, before_space: bool = False) -> list[int]:
-        """A separator's ids as they are inside the text it joins: a GPT-2-style
-        pre-tokenizer splits ``\n\n`` before a word into two ``Ċ``, not the one ``ĊĊ`` it
-        reads alone. ``before_space``: what precedes a word that carries its own space
-        (``Ġ-``). The ids are the caller's to read, never to change."""
-        cached = self._separators.get((separator, before_space))
+    def separator_ids(self, separator: str, *, after: str = "a") -> list[int]:
+        """A separator's ids as they are inside the text it joins, before ``after`` (the
+        start of what follows): a GPT-2-style pre-tokenizer splits ``\n\n`` before a word
+        into two ``Ċ``, not the one ``ĊĊ`` it reads alone, and merges it with a newline
+        that follows (``ĊĊ`` ``Ċ`` before ``\nYou``); ``" a"``: before a word that carries
+        its own space (``Ġ-``). The ids are the caller's to read, never to change."""
+        cached = self._separators.get((separator, after))
         if cached is None:
-            after = " a" if before_space else "a"
             word = self.encode(after)
             joined = self.encode(separator + after)
             inside = joined[: len(joined) - len(word)]
             cached = inside if inside and joined[len(inside) :] == word else self.encode(separator)
-            self._separators[(separator, before_space)] = cached
+            self._separators[(separator, after)] = cached
         return cached
 
     def leads_with_space(self, token_ids: Sequence[int]) -> bool:

@@ -124,7 +124,7 @@ class SystemHead:
         """The first system message, the tools section before its content."""
         if not (self.section and content_ids):
             return self.format.message_ids("system", self.section or content_ids)
-        join = system_join_ids(self.format, content_ids)
+        join = system_join_ids(self.format, self.format.tokenizer.decode(content_ids[:8]))
         return self.format.message_ids("system", [*self.section, *join, *content_ids])
 
     def before_first(self, first_role: str | None) -> list[int]:

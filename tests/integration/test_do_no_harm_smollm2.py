@@ -86,7 +86,8 @@ def test_a_tools_section_joins_the_system_message_as_the_template_tokenizes_thei
     message's own text reads ``Ċ`` ``Ċ`` inside the one string the template tokenizes, not
     the ``ĊĊ`` it reads alone: both managed and plain prompts hold the template's ids."""
     tokenizer = smol_engine.tokenizer
-    for system in (SYSTEM, " You are terse."):  # a word, and a word that carries its own space
+    # a word, a word that carries its own space, a newline the blank line merges with (ĊĊ Ċ)
+    for system in (SYSTEM, " You are terse.", "\nYou are terse.\n"):
         messages = [{"role": "system", "content": TOOLS_SECTION + "\n\n" + system}, {"role": "user", "content": "Hi"}]
         chat = Conversation(smol_engine, system_prompt=system, tagging="signals", budget=smol_engine.max_positions)
         chat.set_tools_prompt(TOOLS_SECTION)
@@ -108,9 +109,12 @@ def test_chatclm_counts_a_history_with_tools_as_many_tokens_as_its_reply_was_sho
         return "sunny"
 
     llm = ChatCLM(engine=smol_engine, max_tokens=4, tagging="signals")
-    history = [SystemMessage("You are a helpful assistant."), HumanMessage("Weather in Lima?")]
-    reply = llm.bind_tools([get_weather]).invoke(history)
-    assert reply.usage_metadata["input_tokens"] == llm.get_num_tokens_from_messages(history, tools=[get_weather])
+    for system in ("You are a helpful assistant.", "\nYou are a helpful assistant.\n"):
+        history = [SystemMessage(system), HumanMessage("Weather in Lima?")]
+        reply = llm.bind_tools([get_weather]).invoke(history)
+        assert reply.usage_metadata["input_tokens"] == llm.get_num_tokens_from_messages(history, tools=[get_weather])
+        llm.conversation(reply.response_metadata["conversation_id"]).close()  # the engine is shared with later tests
+    assert smol_engine.pool.stats().blocks_in_use == 0
 
 
 def test_a_reply_generated_in_tokens_the_tokenizer_would_not_use_is_kept_as_its_text_tokenizes(smol_engine):

@@ -5,7 +5,6 @@ import warnings
 
 import pytest
 import torch
-from pydantic import ValidationError
 
 from adapters.langchain import ChatCLM
 from clm_middleware.cli.setup import engine_description, sibling_engine
@@ -137,7 +136,7 @@ def test_with_paged_kv_the_step_reads_the_pool_blocks_as_the_paged_forward_does(
 
 
 def test_a_serving_engine_refuses_local_engine_settings():
-    with pytest.raises(ValidationError, match=r"compile_decode: applies to the local engine"):
+    with pytest.raises(ConfigError, match=r"compile_decode: applies to the local engine"):
         ChatCLM(model="tiny", engine_url="http://127.0.0.1:9", compile_decode=True)
 
 

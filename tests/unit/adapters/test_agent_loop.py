@@ -30,7 +30,7 @@ CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Porto"}}</tool
 
 def test_bind_tools_tool_call_tool_message_final_answer(scripted_llm):
     llm, script = scripted_llm(CALL, "The weather in Porto is sunny.")
-    agent = llm.bind_tools([get_weather, add])
+    agent = llm.bind_tools({"weather": get_weather, "add": add}.values())  # any iterable, as ChatOpenAI takes
     question = HumanMessage("What is the weather in Porto?")
     call = agent.invoke([question])
     assert call.content == ""

@@ -79,7 +79,7 @@ def test_an_unknown_per_call_argument_fails_before_the_turn(call, message):
         ({"min_p": "a tenth"}, "min_p: input should be a valid number"),
         ({"repetition_penalty": [1.2]}, "repetition_penalty: "),
         ({"top_k": True}, "top_k: must be a number"),
-        ({"parallel_tool_calls": "false"}, "parallel_tool_calls: must be true or false"),
+        ({"parallel_tool_calls": "maybe"}, "parallel_tool_calls: must be true or false"),
         ({"tools": "get_weather"}, "tools: must be a list of tools"),
         ({"tools": [5]}, r"tools\[0\]: Unsupported function"),
         ({"tools": [{"name": "f", "parameters": {"type": "object", "required": "a"}}]}, "parameters.required"),
@@ -90,7 +90,8 @@ def test_a_bad_per_call_setting_or_tool_is_a_config_error_naming_it_before_the_t
     llm, _ = scripted_llm("Fine.")
     with pytest.raises(ConfigError, match=message):
         llm.invoke("hi", **arguments)
-    assert llm.invoke("hi", max_tokens=2.0, min_p="0.1").response_metadata["turn"] == 1  # as the constructor reads them
+    # as the constructor reads them; "false" is false, as clm serve's request schema reads it
+    assert llm.invoke("hi", max_tokens=2.0, min_p="0.1", parallel_tool_calls="false").response_metadata["turn"] == 1
 
 
 def test_a_stop_string_is_one_stop_and_none_arguments_mean_the_defaults(scripted_llm):

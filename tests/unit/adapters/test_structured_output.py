@@ -60,6 +60,13 @@ def test_a_stop_string_inside_a_structured_reply_does_not_cut_its_document(scrip
     [
         ({"title": "Names", "type": "array", "items": {"type": "string"}}, '["Ana", "Bo"]', ["Ana", "Bo"]),
         ({"type": "string", "enum": ["red", "green"]}, '"green"', "green"),
+        ({"title": "Colour", "enum": ["red", "green"]}, '"red"', "red"),
+        # an OpenAI tool is no schema: its parameters are (as before the roots above were read)
+        (
+            {"type": "function", "function": {"name": "pet", "parameters": {"type": "object", "properties": {}}}},
+            "}",
+            {},
+        ),
     ],
 )
 def test_a_json_schema_dict_whose_root_is_no_object_constrains_and_parses(scripted_llm, schema, reply, expected):
