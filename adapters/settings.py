@@ -197,7 +197,7 @@ def call_setting(model: Any, kwargs: dict[str, Any], name: str) -> Any:
     try:
         return _field_adapter(type(model), name).validate_python(value)
     except ValidationError as error:
-        raise ConfigError(name, f"{_problem(error)}, got {value!r}") from None
+        raise ConfigError(name, f"{_problem(error.errors()[0])}, got {value!r}") from None
 
 
 @functools.cache
@@ -213,9 +213,10 @@ def config_error(error: ValidationError) -> ConfigError:
     if isinstance(cause, ConfigError):
         return cause
     where = ".".join(str(part) for part in first["loc"]) or "ChatCLM"
-    return ConfigError(where, f"{_problem(error)}, got {first.get('input')!r}")
+    return ConfigError(where, f"{_problem(first)}, got {first.get('input')!r}")
 
 
-def _problem(error: ValidationError) -> str:
-    message = error.errors()[0]["msg"]  # "Input should be a valid integer, got a number with ..."
+def _problem(detail: Any) -> str:
+    """One of pydantic's error details as a clause: "input should be a valid integer, ..."."""
+    message = detail["msg"]
     return message[:1].lower() + message[1:]

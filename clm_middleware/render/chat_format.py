@@ -97,7 +97,7 @@ class ChatFormat:
     glue: dict[str, RoleGlue] = field(default_factory=dict)
     control_ids: frozenset[int] = frozenset()  # special tokens: only the glue may hold them
     _leading_space: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
-    _separators: dict[tuple[str, bool], list[int]] = field(default_factory=dict, repr=False, compare=False)
+    _separators: dict[tuple[str, str], list[int]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ChatFormat:
