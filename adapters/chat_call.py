@@ -145,6 +145,9 @@ class ChatCall:
             required = required_call(conversation, request.tool_choice, tools) if tools else None
             prefix = call_head(required, tools) if required else None
             settings = request.settings
+            if not tools and shows_calls(request.turns):
+                # a call the model copies from the history could not run: it answers instead
+                settings = dataclasses.replace(settings, forbid_tool_calls=True)
             if tools and not request.parallel_tool_calls:
                 settings = dataclasses.replace(settings, end_after=(*settings.end_after, CLOSE))
             if json_format is not None:
@@ -193,6 +196,11 @@ class ChatCall:
             self.router.forget(route.session)
             return
         self.router.done(route.session, digests[:base])
+
+
+def shows_calls(turns: Sequence[Turn]) -> bool:
+    """Whether an assistant message of ``turns`` holds a tool call as the model reads it."""
+    return any(turn.role == "assistant" and OPEN in turn.text for turn in turns)
 
 
 def system_sections(engine: ServingEngine, tools: ToolSpecs, response_format: ResponseFormat | None) -> str | None:

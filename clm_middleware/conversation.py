@@ -1165,7 +1165,7 @@ _GENERATION_ARGUMENTS = (
     "no_repeat_ngram_size",
     "response_format",
 )
-_GENERATION_BEYOND = ("end_after", "block_tokens", "logit_bias", "cut_repeats")
+_GENERATION_BEYOND = ("end_after", "block_tokens", "logit_bias", "cut_repeats", "forbid_tool_calls")
 
 
 def check_budget_fits_engine(budget: int | None, engine: ServingEngine) -> None:

@@ -49,6 +49,10 @@ class GenerationSettings:
     # end a reply before the first sentence it repeats, and stop generating there
     # (lifecycle/reply_quality.py): a repeated sentence tells the user nothing
     cut_repeats: bool = True
+    # the reply cannot open a tool call (structured/call_ban.py: no line starts with '<',
+    # no '<tool'); a remote engine, which shows no logits, ends the reply where one opens.
+    # For a history that shows calls while this reply may make none (tool_choice="none")
+    forbid_tool_calls: bool = False
     # structured output (clm_middleware/structured/): the reply is one JSON object, or
     # JSON valid against a schema, by grammar; a dict is read as OpenAI's response_format
     response_format: ResponseFormat | None = None

@@ -45,6 +45,7 @@ from clm_middleware.structured.server_side import ServerFormat
 
 if TYPE_CHECKING:
     from clm_middleware.conversation import Conversation
+    from clm_middleware.structured.call_ban import CallOpeningBan
     from clm_middleware.structured.constraint import GrammarConstraint
     from clm_middleware.structured.grammar import GrammarCompiler
 
@@ -268,9 +269,15 @@ class TurnRunner:
         asks_block = c.protocol_context and c.tagger.asks_for_block(c.turn) and not structured
         forced_ids = c.encode_content(forced, "assistant") if forced else None
         processors = penalty_processors(settings, c.engine.generation_defaults)
-        if settings.logit_bias:
-            check_logit_bias(settings.logit_bias, c.engine.vocab_size)
-            processors = (LogitBias(settings.logit_bias), *processors)
+        bias = settings.logit_bias
+        check_logit_bias(bias, c.engine.vocab_size)
+        ban = self._call_ban() if settings.forbid_tool_calls and not structured and forced is None else None
+        if ban is not None and c.engine.sees_logits:
+            processors = (*processors, ban)  # last: a banned token stays banned
+        elif ban is not None:  # the server samples: a static ban, for the whole reply
+            bias = tuple((dict(bias) | dict(ban.everywhere)).items())
+        if bias:
+            processors = (LogitBias(bias), *processors)
         if forced is not None:
             max_new, stops = 1, ()
         elif structured:
@@ -342,6 +349,11 @@ class TurnRunner:
         return first_repeated_sentence(
             cut_at_stop(written, settings.stop, given)[since:]
         ) is not None and inside_string(written)
+
+    def _call_ban(self) -> CallOpeningBan:
+        from clm_middleware.structured.call_ban import call_ban_for  # xgrammar loads on first use
+
+        return call_ban_for(self.conversation.engine)
 
     def _grammars(self) -> GrammarCompiler:
         from clm_middleware.structured.grammar import compiler_for  # xgrammar loads on first use

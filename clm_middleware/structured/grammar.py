@@ -36,6 +36,7 @@ from clm_middleware.structured.keywords import for_grammar
 
 ANY_OBJECT_SCHEMA = {"type": "object"}  # with strict_mode=False: any keys, any JSON values
 MEMO_KEY = "structured.grammar_compiler"  # its slot in Engine.memo
+INFO_KEY = "structured.tokenizer_info"  # the engine's vocabulary as xgrammar reads it, in Engine.memo
 COMPILED_KEPT = 256  # compiled grammars an engine's compiler keeps (a few MB each at most)
 _NUMBER_BYTES = frozenset(b"0123456789.eE+-")  # what a JSON number literal is written with
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # xgrammar's "[15:54:05] /project/cpp/x.cc:42: "
@@ -57,14 +58,13 @@ class GrammarCompiler:
       ``json.loads`` rejects. Banning them keeps every document strict JSON.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: frozenset[int]) -> None:
-        if tokenizer is None:
-            raise ConfigError("response_format", "structured output needs an engine created with a tokenizer")
-        if not stop_ids:
-            raise ConfigError("response_format", "structured output needs a stop token (the model has no EOS id)")
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, stop_ids: frozenset[int], info: xgrammar.TokenizerInfo | None = None
+    ) -> None:
+        check_vocabulary(tokenizer, stop_ids)
         self.vocab_size = vocab_size
         self.stop_ids = stop_ids
-        info = xgrammar.TokenizerInfo.from_huggingface(
+        info = info or xgrammar.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids)
         )
         # xgrammar's own cache is unbounded by default: the LRU below is the only one kept
@@ -182,11 +182,34 @@ def _closes(text: bytes) -> bool:
     return False
 
 
+def check_vocabulary(tokenizer: Any, stop_ids: frozenset[int]) -> None:
+    """``ConfigError`` where a grammar cannot be run: no tokenizer, or no stop token."""
+    if tokenizer is None:
+        raise ConfigError("response_format", "structured output needs an engine created with a tokenizer")
+    if not stop_ids:
+        raise ConfigError("response_format", "structured output needs a stop token (the model has no EOS id)")
+
+
+def tokenizer_info(engine: Any) -> xgrammar.TokenizerInfo:
+    """The engine's vocabulary as xgrammar reads it (``decoded_vocab``: each token's
+    bytes, for any tokenizer kind), built on first use (~0.4 s for a 49k vocabulary) and
+    kept in ``engine.memo``."""
+    info = engine.memo.get(INFO_KEY)
+    if info is None:
+        check_vocabulary(engine.tokenizer, engine.default_stop_ids)
+        built = xgrammar.TokenizerInfo.from_huggingface(
+            engine.tokenizer, vocab_size=engine.vocab_size, stop_token_ids=sorted(engine.default_stop_ids)
+        )
+        info = engine.memo.setdefault(INFO_KEY, built)  # two first users: one wins
+    return info
+
+
 def compiler_for(engine: Any) -> GrammarCompiler:
-    """The engine's compiler, built on first use (reading a 49k vocabulary takes ~0.4 s)
-    and kept in ``engine.memo``: per engine, shared by its conversations, never global."""
+    """The engine's compiler, built on first use and kept in ``engine.memo``: per engine,
+    shared by its conversations, never global."""
     compiler = engine.memo.get(MEMO_KEY)
     if compiler is None:
-        built = GrammarCompiler(engine.tokenizer, engine.vocab_size, engine.default_stop_ids)
+        info = tokenizer_info(engine)
+        built = GrammarCompiler(engine.tokenizer, engine.vocab_size, engine.default_stop_ids, info)
         compiler = engine.memo.setdefault(MEMO_KEY, built)  # two first users: one compiler wins
     return compiler

@@ -56,3 +56,25 @@ def test_a_required_tool_call_on_smollm2_names_the_tool_with_object_arguments(sm
     reply = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], tool_choice="required")
     (call,) = reply.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments), dict)
+
+
+@pytest.mark.parametrize("tool_choice", ["none", None])
+def test_after_a_tool_result_a_reply_that_may_call_no_tool_answers_instead_of_copying_the_call(
+    smol_server, tool_choice
+):
+    """SmolLM2 given a tool's result copied the call before it as text
+    ('<tool_call>{"name": "get_weather", ...}</tool_call>') where no tool may be called
+    (tool_choice="none", or no tools sent); it now answers from the result."""
+    client = OpenAI(base_url=smol_server.api, api_key="unused", timeout=300, max_retries=0)
+    model = client.models.list().data[0].id
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Rain, 12°C in Paris."},
+    ]
+    tools = {"tools": [WEATHER_TOOL], "tool_choice": tool_choice} if tool_choice else {}
+    reply = client.chat.completions.create(model=model, messages=messages, **tools)
+    message = reply.choices[0].message
+    assert not message.tool_calls and message.content.strip(), message
+    assert "<" not in message.content and not has_artifact(message.content), message.content

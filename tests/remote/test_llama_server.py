@@ -287,6 +287,20 @@ def test_chatclm_with_engine_url_answers_through_the_server_and_reads_its_cache(
     assert second.usage_metadata["input_token_details"]["cache_read"] > 0
 
 
+def test_after_a_tool_result_a_reply_through_the_server_opens_no_copied_call(llama_server):
+    """Where no tool may be called, the server is sent a ban (logit_bias) on the tokens that
+    open one: SmolLM2 had copied the call before the result as text."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from clm_middleware.adapters import ChatCLM
+
+    llm = ChatCLM(engine_url=f"openai:{llama_server.url}", engine_signals="none", tagging="rules", max_tokens=24)
+    call = {"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}
+    history = [HumanMessage("Weather in Paris?"), AIMessage("", tool_calls=[call])]
+    reply = llm.invoke([*history, ToolMessage("Rain, 12°C in Paris.", tool_call_id="call_1")])
+    assert reply.content.strip() and "<" not in reply.content and not reply.tool_calls, reply
+
+
 @contextlib.contextmanager
 def serving_in_front(llama_server, tmp_path: Path, max_tokens: int) -> Iterator[tuple[Any, str]]:
     """``clm serve`` on loopback in front of the llama-server, and the openai client for it
