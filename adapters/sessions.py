@@ -133,14 +133,16 @@ class SessionRouter:
                     branches.append(cid)
             route.session.busy = True
             self._sessions.move_to_end(route.session.conversation.id)
-            self._evict_idle()
             return route
 
     def done(self, session: Session, digests: Sequence[str]) -> None:
-        """The call finished: ``digests`` are now the conversation's messages."""
+        """The call finished: ``digests`` are now the conversation's messages. Only now,
+        beyond ``max_sessions``, do idle sessions other than this one close: a call that
+        fails (and abandons the session it made) closes none."""
         with self._lock:
             session.digests = list(digests)
             session.busy = False
+            self._evict_idle(keep=session)
 
     def abandon(self, route: Route) -> None:
         """Undo a ``new`` or ``fork`` route whose call failed: the conversation it created
@@ -245,9 +247,9 @@ class SessionRouter:
         self._sessions[session.conversation.id] = session
         return session
 
-    def _evict_idle(self) -> None:
+    def _evict_idle(self, keep: Session) -> None:
         while len(self._sessions) > self.max_sessions:
-            victim = next((s for s in self._sessions.values() if not s.busy), None)
+            victim = next((s for s in self._sessions.values() if not s.busy and s is not keep), None)
             if victim is None:
                 return
             del self._sessions[victim.conversation.id]

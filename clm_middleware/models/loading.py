@@ -256,6 +256,8 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
+    if _is_complete(target):  # another process converted it since the caller looked
+        return
     if target.exists():  # present but incomplete: a crashed conversion
         shutil.rmtree(target, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))

@@ -18,6 +18,7 @@ only that). ``clm_error_to_api`` maps the library's errors:
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
@@ -103,6 +104,11 @@ def unexpected_error(error: BaseException) -> APIError:
     return APIError(500, "the server hit an internal error; see its log", code="internal_error")
 
 
+# how pydantic names the member of a union it tried, in an error's location: a plain type
+# ("str"), a validator ("function-after"), or a parametrised one ("list[str]", "literal[...]")
+_UNION_MEMBER = re.compile(r"str|int|float|bool|none|dict|list|function-(after|before|wrap|plain)|[\w-]+\[.*\]", re.S)
+
+
 def validation_param(location: tuple) -> str | None:
     """``("body", "messages", 3, "role")`` → ``messages[3].role``."""
     parts = [p for p in location if p != "body"]
@@ -110,7 +116,7 @@ def validation_param(location: tuple) -> str | None:
     for part in parts:
         if isinstance(part, int):
             text += f"[{part}]"
-        elif part in ("str", "list[ContentPart]", "function-after", "literal['none','auto','required']"):
+        elif _UNION_MEMBER.fullmatch(part):
             continue  # which member of a union pydantic tried: not a field
         else:
             text += f".{part}" if text else str(part)

@@ -232,3 +232,19 @@ def test_a_router_closed_while_a_first_turn_runs_leaves_no_empty_store_row_of_it
     worker.join(timeout=30)
     stored = Store(path, read_only=True).load(running.conversation.id)
     assert stored.record.turn == 1 and [m.role for m in stored.messages] == ["user", "assistant"]
+
+
+def test_beyond_max_sessions_a_finished_call_closes_the_least_recently_used_idle_one_and_a_failed_call_none(
+    make_engine,
+):
+    engine = make_engine(max_blocks=64)
+    make = lambda cid: Conversation(engine, conversation_id=cid, tagging="signals", max_new_tokens=4)  # noqa: E731
+    router = SessionRouter(make, max_sessions=2, pool=engine.pool)
+    oldest, newer = _answered(router, "the first chat"), _answered(router, "the second chat")
+    failed = router.route([_turn("user", "a third chat whose call fails")])
+    router.abandon(failed)  # as ChatCall does when the turn raises (a prompt over the window)
+    assert router.sessions() == [oldest, newer] and router.evicted == 0
+    third = _answered(router, "a third chat, answered")
+    assert router.sessions() == [newer, third] and router.evicted == 1
+    router.close()
+    assert engine.pool.stats().blocks_in_use == 0
