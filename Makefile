@@ -24,8 +24,11 @@ $(STAMP): pyproject.toml | $(PY)
 demo: $(STAMP)
 	$(CLM) replay examples/transcripts/lisbon_trip.jsonl --mode clm --budget 1024 --max-new-tokens 48
 
+# Two pytest-xdist workers, a test file each at a time (module fixtures such as a live
+# server stay in one worker); each loads its own SmolLM2 for the integration tests.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -m "not remote"
+	$(PY) -m pytest -m "not remote" -n $(TEST_WORKERS) --dist loadfile
 
 # The lifecycle layer in front of a real llama.cpp server (tests/remote/). The first run
 # compiles llama-server from the llama-cpp-python sdist (see the script; minutes on 2

@@ -16,7 +16,10 @@ from clm_middleware.conversation import Conversation
 from clm_middleware.engine import Engine
 from clm_middleware.models import ScriptedReplies, tiny_llama, tiny_tokenizer
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# the cores are shared among pytest-xdist's workers (`make test` runs two), so that two
+# workers on two cores do not each run two threads
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
 
 
 @pytest.fixture(scope="session")
