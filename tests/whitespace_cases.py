@@ -8,4 +8,9 @@ WHITESPACE_MESSAGES = [
     "Title.\n\n\n\nBody of the note.",
     "Hello   there.    How   are you doing today?",
     "Question here?\n\n\n",
+    # leading whitespace joins the header's newline in the template's text (ĊĠĠĠ, Ċĉ)
+    "  I need a taxi to the station.",
+    "\t\tMy booking reference is QX-4471.",
+    "    def add(a, b):\n        return a + b\nWhat does this do?",
+    "\n\n\n  A note after blank lines.",
 ]

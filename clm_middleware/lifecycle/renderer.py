@@ -171,13 +171,20 @@ class ContextRenderer:
                 separator = separator if segment.id == first else ""
             elif self.markers or not separator:
                 separator, merged = separator or " ", False  # whole, before the marker
-            if merged and separator.endswith(" "):
-                if separator[:-1]:  # the last space is inside the segment's first token
-                    ids.extend(self.format.separator_ids(separator[:-1], after=" a"))
-            elif separator:
-                ids.extend(self.format.separator_ids(separator))
+            run, after = (separator[:-1], " a") if merged and separator.endswith(" ") else (separator, "a")
+            marker = []
             if self.markers and segment.role != "system":
-                ids.extend(self._encoded(f"[{segment.id}]") if spaced else self.marker_ids(segment.id))
+                marker = self._encoded(f"[{segment.id}]") if spaced else self.marker_ids(segment.id)
+            following = [*marker, *segment.visible_ids][:1]
+            if not position and ids and run:
+                # a message's leading whitespace joins the newline before it, as in the template's text
+                joined = self.format.whitespace_run_ids(ids[-1], run, following[0] if following else None)
+                if joined is not None:
+                    ids[-1:] = joined
+                    run = ""
+            if run:  # with merged, the last space is inside the segment's first token
+                ids.extend(self.format.separator_ids(run, after=after))
+            ids.extend(marker)
             start = len(ids)
             ids.extend(segment.visible_ids)
             rendered.spans[segment.id] = (start, len(ids))

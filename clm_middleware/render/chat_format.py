@@ -98,6 +98,7 @@ class ChatFormat:
     control_ids: frozenset[int] = frozenset()  # special tokens: only the glue may hold them
     _leading_space: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
     _separators: dict[tuple[str, str], list[int]] = field(default_factory=dict, repr=False, compare=False)
+    _runs: dict[tuple[int, str, int | None], list[int] | None] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ChatFormat:
@@ -175,6 +176,29 @@ class ChatFormat:
             self._separators[(separator, after)] = cached
         return cached
 
+    def whitespace_run_ids(self, previous_id: int, run: str, next_id: int | None) -> list[int] | None:
+        """The ids of ``previous_id``'s text then ``run`` (whitespace), as one string
+        tokenizes them before the token ``next_id`` (None: the text ends there), where
+        they differ from ``previous_id`` then ``run``'s own ids: a header's closing newline
+        and a message's leading whitespace are one run in the template's text (SmolLM2:
+        ``Ċ`` + ``ĠĠĠ`` reads ``ĊĠĠĠ`` before `` def``). None where nothing merges: a
+        special or non-whitespace ``previous_id``, an empty run, or a tokenizer that
+        does not end the joined text with ``next_id``. The ids are the caller's to read."""
+        key = (previous_id, run, next_id)
+        if key in self._runs:
+            return self._runs[key]
+        before = "" if previous_id in self.control_ids else self.tokenizer.decode([previous_id])
+        merged = None
+        if run and before and before.isspace():
+            following = [next_id] if next_id is not None else []
+            text = before + run + (self.tokenizer.decode(following) if following else "")
+            joined = self.encode(text)
+            inside = joined[: len(joined) - len(following)]
+            if joined[len(inside) :] == following and self.tokenizer.decode(inside) == before + run:
+                merged = inside if inside != [previous_id, *self.encode(run)] else None
+        self._runs[key] = merged
+        return merged
+
     def leads_with_space(self, token_ids: Sequence[int]) -> bool:
         """Whether the first token carries a space before its text (``Ġ`` / ``▁``):
         such ids need no separating space before them."""
@@ -228,7 +252,18 @@ class ChatFormat:
                 f"the chat template cannot render a {role!r} message",
                 hint=f"roles it renders: {sorted(self.glue)}",
             ) from None
-        return [*glue.header_ids, *content_ids, *glue.footer_ids]
+        header, content = list(glue.header_ids), list(content_ids)
+        # leading whitespace joins the header's closing newline, as in the template's text
+        lead = next((i for i, token in enumerate(content) if not self._is_whitespace(token)), len(content))
+        if header and lead:
+            run = self.tokenizer.decode(content[:lead])
+            merged = self.whitespace_run_ids(header[-1], run, content[lead] if lead < len(content) else None)
+            if merged is not None:
+                header, content = header[:-1], [*merged, *content[lead:]]
+        return [*header, *content, *glue.footer_ids]
+
+    def _is_whitespace(self, token_id: int) -> bool:
+        return token_id not in self.control_ids and self.tokenizer.decode([token_id]).isspace()
 
     def header_ids(self, role: str) -> list[int]:
         """What opens a ``role`` message, before its content (SmolLM2's user: ``<|im_start|>user\\n``)."""

@@ -71,6 +71,20 @@ def test_a_message_with_any_whitespace_has_the_bare_chat_templates_ids(smol_engi
     assert prompt == tok.encode(expected, add_special_tokens=False)
 
 
+@pytest.mark.parametrize("text", WHITESPACE_MESSAGES)
+def test_the_plain_modes_render_a_message_with_any_whitespace_as_the_bare_template(smol_engine, text):
+    """``prefix``, ``truncate`` and ``stateless`` render whole messages (``ChatFormat.message_ids``):
+    a leading run of whitespace joins the header's newline there too."""
+    from clm_middleware.render.chat_format import ChatFormat
+
+    tok = smol_engine.tokenizer
+    chat = ChatFormat.from_tokenizer(tok)
+    messages = [("user", text), ("assistant", "  Fine."), ("user", "\n\nAnd?")]
+    prompt = chat.render([(role, chat.encode(content)) for role, content in messages])
+    expected = tok.apply_chat_template([{"role": r, "content": c} for r, c in messages], add_generation_prompt=True)
+    assert prompt == list(expected if isinstance(expected, list) else expected["input_ids"])
+
+
 def test_a_gguf_that_was_never_converted_gives_its_tokenizer_without_converting_the_weights(smol_engine, tmp_path):
     """Behind --engine, --model names the served model for its tokenizer only: a large
     GGUF must not be de-quantized to fp32 for that."""
