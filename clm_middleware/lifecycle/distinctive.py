@@ -220,3 +220,20 @@ def missing_from(required: set[str], text: str) -> set[str]:
     """Which of ``required`` do not occur in ``text`` (case-insensitive substring match)."""
     haystack = text.casefold()
     return {token for token in required if token not in haystack}
+
+
+def unstated(facts: set[str], text: str) -> set[str]:
+    """Which of ``facts`` ``text`` states neither as written (``missing_from``) nor as the
+    same words in the same order, however joined: a reply that runs two sentences together
+    ("Je ne sais pas.Bien sûr", read as a dotted name) states no fact that "pas. Bien"
+    does not. Stricter matching is the compressor's (``missing_from``): a summary keeps a
+    token as written."""
+    missing = missing_from(facts, text)
+    if not missing:
+        return missing
+    words = f" {_words(text)} "
+    return {fact for fact in missing if f" {_words(fact)} " not in words}
+
+
+def _words(text: str) -> str:
+    return " ".join(regex.findall(r"\w+", text.casefold()))

@@ -20,7 +20,7 @@ from clm_middleware.lifecycle.calibration import record_runtime_failure
 from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
 from clm_middleware.lifecycle.compaction import CompactionResult, calls_a_tool
 from clm_middleware.lifecycle.config import GenerationSettings
-from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from
+from clm_middleware.lifecycle.distinctive import distinctive_tokens, missing_from, unstated
 from clm_middleware.lifecycle.observation import record_observation
 from clm_middleware.lifecycle.protocol import CLOSE_TAG, block_may_follow, could_open_block
 from clm_middleware.lifecycle.renderer import RenderedContext, digest_lines
@@ -477,7 +477,7 @@ class TurnRunner:
         a repeat to drop."""
         facts = distinctive_tokens(text)
         visible = " ".join(s.visible_text for s in self.conversation.live_segments() if s.visible)
-        return bool(facts and missing_from(facts, visible))
+        return bool(facts and unstated(facts, visible))
 
     def _drop_loop(self, segment: Segment, turn: int) -> Decision:
         """A generated reply that is a repetition loop, or mostly repeats an earlier reply

@@ -767,3 +767,17 @@ def test_a_reply_reading_the_notes_back_leaves_the_context_and_the_user_gets_it(
     assert any(d.reason == "repetition loop" for d in reply.decisions)  # it left the context at once
     after = conversation.context.split("Something cheap in the north, please.")[-1]
     assert notes[0] not in after and notes[1] not in after
+
+
+def test_a_repeat_that_runs_two_sentences_together_is_no_new_fact_and_leaves_the_context(converse, scripted):
+    """'pas.Bien' reads as a dotted name (a distinctive token), but its words stand in the
+    earlier reply in the same order: the repeat states nothing new (an unseen French chat
+    had kept such a reply, and the next one copied it)."""
+    first = "Je ne sais pas. Bien sûr, je ne sais pas ce que vous voulez dire par là."
+    second = "Je ne sais pas.Bien sûr, je ne sais pas ce que vous voulez dire par là."
+    engine, _ = scripted(first, second)
+    conversation = converse(engine=engine, max_new_tokens=200)
+    conversation.send("Parlez-vous français?")
+    repeat = conversation.send("Vraiment?")
+    assert "repeats_earlier_reply" in repeat.stats.reply_flags
+    assert "pas.Bien" not in conversation.context
