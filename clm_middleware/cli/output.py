@@ -118,7 +118,8 @@ def summary_table(report: ReplayReport) -> Table:
     table.add_column("value", justify="right")
     rows: list[tuple[str, Any]] = [("turns", totals["turns"])]
     if report.failures or report.settings.get("on_error") == "skip":
-        rows.append(("failed turns (skipped)", totals["failed_turns"]))
+        skipped = report.settings.get("on_error") == "skip"
+        rows.append(("failed turns (skipped)" if skipped else "failed turns (the run stopped)", totals["failed_turns"]))
         if totals["skipped_records"]:
             rows.append(("unreadable records (skipped)", totals["skipped_records"]))
     rows += [

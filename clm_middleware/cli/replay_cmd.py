@@ -218,6 +218,14 @@ def replay(
                 on_failure=lambda failure: failed(failure, advance),
             )
 
+    def show() -> None:
+        if not quiet:
+            stdout.print(turn_table(report, width=stdout.width))
+            replies = replies_text(report)
+            if replies is not None:
+                stdout.print(replies)
+        stdout.print(summary_table(report))
+
     def stop() -> None:  # a failed turn under --on-error stop, Ctrl-C or SIGTERM
         report.complete = False
         save()
@@ -225,15 +233,12 @@ def replay(
             for failure in report.failures[told:]:  # the one a stop raised on
                 lines.emit(lines.failure_line(failure))
             lines.emit(lines.totals_line(report))
+        elif report.turns:  # the turns that finished, as a run that ends shows them
+            show()
 
     finish_on_failure(run, stop, stderr, reports=report_path is not None)
     save()
     if json_lines:
         lines.emit(lines.totals_line(report))
         return
-    if not quiet:
-        stdout.print(turn_table(report, width=stdout.width))
-        replies = replies_text(report)
-        if replies is not None:
-            stdout.print(replies)
-    stdout.print(summary_table(report))
+    show()

@@ -80,7 +80,8 @@ def extra_metrics(
         extras.append(("facts retained", lambda r: _retention(r)))
     totals = [report.totals() for report in reports.values()]
     if any(t["reply_nll"] is not None for t in totals):
-        extras.append(("reply NLL, teacher-forced (nats/token)", _reply_nll))
+        # over the replies fed as recorded: all under --teacher-force, else recorded tool calls and the like
+        extras.append(("reply NLL, recorded replies (nats/token)", _reply_nll))
     if any(t["generated_replies"] for t in totals):
         extras.append(
             (

@@ -59,10 +59,11 @@ OVERSIZED = [
 
 def test_on_error_stop_is_the_default_and_ends_the_replay_at_the_failing_turn(tmp_path):
     path = write_transcript(tmp_path / "long.jsonl", OVERSIZED)
-    code, _, err = replay(str(path), "--report", str(tmp_path / "r.json"))
+    code, out, err = replay(str(path), "--report", str(tmp_path / "r.json"))
     report = json.loads((tmp_path / "r.json").read_text())
     assert code == 1 and "turn 2" in err
     assert report["complete"] is False and [t["turn"] for t in report["turns"]] == [1]
+    assert "prefill" in out and "failed turns (the run stopped)" in out  # as a run that ends prints them
 
 
 def test_on_error_skip_records_the_failed_turn_with_its_error_and_replays_the_next(tmp_path):
