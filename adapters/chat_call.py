@@ -145,7 +145,7 @@ class ChatCall:
             required = required_call(conversation, request.tool_choice, tools) if tools else None
             prefix = call_head(required, tools) if required else None
             settings = request.settings
-            if not tools and shows_calls(request.turns):
+            if not tools and answers_a_result(request.turns):
                 # a call the model copies from the history could not run: it answers instead
                 settings = dataclasses.replace(settings, forbid_tool_calls=True)
             if tools and not request.parallel_tool_calls:
@@ -198,9 +198,11 @@ class ChatCall:
         self.router.done(route.session, digests[:base])
 
 
-def shows_calls(turns: Sequence[Turn]) -> bool:
-    """Whether an assistant message of ``turns`` holds a tool call as the model reads it."""
-    return any(turn.role == "assistant" and OPEN in turn.text for turn in turns)
+def answers_a_result(turns: Sequence[Turn]) -> bool:
+    """Whether the reply follows a tool's result (the last message) to a call an assistant
+    message of ``turns`` made: where a small model copies that call instead of answering.
+    Later replies (after a user message) may write markup freely (an HTML page)."""
+    return bool(turns) and turns[-1].role == "tool" and any(t.role == "assistant" and OPEN in t.text for t in turns)
 
 
 def system_sections(engine: ServingEngine, tools: ToolSpecs, response_format: ResponseFormat | None) -> str | None:

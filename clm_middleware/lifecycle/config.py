@@ -51,7 +51,7 @@ class GenerationSettings:
     cut_repeats: bool = True
     # the reply cannot open a tool call (structured/call_ban.py: no line starts with '<',
     # no '<tool'); a remote engine, which shows no logits, ends the reply where one opens.
-    # For a history that shows calls while this reply may make none (tool_choice="none")
+    # For a reply to a tool's result that may make no call (tool_choice="none")
     forbid_tool_calls: bool = False
     # structured output (clm_middleware/structured/): the reply is one JSON object, or
     # JSON valid against a schema, by grammar; a dict is read as OpenAI's response_format

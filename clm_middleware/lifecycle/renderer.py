@@ -175,10 +175,9 @@ class ContextRenderer:
             marker = []
             if self.markers and segment.role != "system":
                 marker = self._encoded(f"[{segment.id}]") if spaced else self.marker_ids(segment.id)
-            following = [*marker, *segment.visible_ids][:1]
             if not position and ids and run:
                 # a message's leading whitespace joins the newline before it, as in the template's text
-                joined = self.format.whitespace_run_ids(ids[-1], run, following[0] if following else None)
+                joined = self.format.whitespace_run_ids(ids[-1], run, [*marker, *segment.visible_ids[:4]])
                 if joined is not None:
                     ids[-1:] = joined
                     run = ""

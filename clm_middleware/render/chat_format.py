@@ -98,7 +98,10 @@ class ChatFormat:
     control_ids: frozenset[int] = frozenset()  # special tokens: only the glue may hold them
     _leading_space: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
     _separators: dict[tuple[str, str], list[int]] = field(default_factory=dict, repr=False, compare=False)
-    _runs: dict[tuple[int, str, int | None], list[int] | None] = field(default_factory=dict, repr=False, compare=False)
+    _runs: dict[tuple[int, str, tuple[int, ...]], list[int] | None] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    _whitespace: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ChatFormat:
@@ -138,7 +141,7 @@ class ChatFormat:
             preamble_ids=tuple(_encode(tokenizer, preamble)),
             generation_prompt_ids=tuple(_encode(tokenizer, generation[len(base) :])),
             glue=glue,
-            control_ids=_control_ids(tokenizer),
+            control_ids=special_token_ids(tokenizer),
         )
 
     def encode(self, text: str) -> list[int]:
@@ -176,26 +179,31 @@ class ChatFormat:
             self._separators[(separator, after)] = cached
         return cached
 
-    def whitespace_run_ids(self, previous_id: int, run: str, next_id: int | None) -> list[int] | None:
+    def whitespace_run_ids(self, previous_id: int, run: str, following: Sequence[int]) -> list[int] | None:
         """The ids of ``previous_id``'s text then ``run`` (whitespace), as one string
-        tokenizes them before the token ``next_id`` (None: the text ends there), where
+        tokenizes them before the ids ``following`` (empty: the text ends there), where
         they differ from ``previous_id`` then ``run``'s own ids: a header's closing newline
         and a message's leading whitespace are one run in the template's text (SmolLM2:
-        ``Ċ`` + ``ĠĠĠ`` reads ``ĊĠĠĠ`` before `` def``). None where nothing merges: a
-        special or non-whitespace ``previous_id``, an empty run, or a tokenizer that
-        does not end the joined text with ``next_id``. The ids are the caller's to read."""
-        key = (previous_id, run, next_id)
+        ``Ċ`` + ``ĠĠĠ`` reads ``ĊĠĠĠ`` before `` def``). Of ``following``, the fewest ids
+        that decode to whole characters are read (a Cyrillic or CJK letter spans several
+        byte tokens). None where nothing merges: a special or non-whitespace
+        ``previous_id``, an empty run, or a tokenizer that does not end the joined text
+        with those ids. The ids are the caller's to read."""
+        head = _whole_characters(self.tokenizer, following)
+        if head is None:
+            return None
+        key = (previous_id, run, tuple(head))
         if key in self._runs:
             return self._runs[key]
         before = "" if previous_id in self.control_ids else self.tokenizer.decode([previous_id])
         merged = None
         if run and before and before.isspace():
-            following = [next_id] if next_id is not None else []
-            text = before + run + (self.tokenizer.decode(following) if following else "")
-            joined = self.encode(text)
-            inside = joined[: len(joined) - len(following)]
-            if joined[len(inside) :] == following and self.tokenizer.decode(inside) == before + run:
+            joined = self.encode(before + run + (self.tokenizer.decode(head) if head else ""))
+            inside = joined[: len(joined) - len(head)]
+            if joined[len(inside) :] == head and self.tokenizer.decode(inside) == before + run:
                 merged = inside if inside != [previous_id, *self.encode(run)] else None
+        if len(self._runs) >= _RUNS_KEPT:  # keyed by what clients send: bounded
+            self._runs.clear()
         self._runs[key] = merged
         return merged
 
@@ -257,13 +265,17 @@ class ChatFormat:
         lead = next((i for i, token in enumerate(content) if not self._is_whitespace(token)), len(content))
         if header and lead:
             run = self.tokenizer.decode(content[:lead])
-            merged = self.whitespace_run_ids(header[-1], run, content[lead] if lead < len(content) else None)
+            merged = self.whitespace_run_ids(header[-1], run, content[lead : lead + _FOLLOWING_READ])
             if merged is not None:
                 header, content = header[:-1], [*merged, *content[lead:]]
         return [*header, *content, *glue.footer_ids]
 
     def _is_whitespace(self, token_id: int) -> bool:
-        return token_id not in self.control_ids and self.tokenizer.decode([token_id]).isspace()
+        cached = self._whitespace.get(token_id)
+        if cached is None:
+            text = "" if token_id in self.control_ids else self.tokenizer.decode([token_id])
+            cached = self._whitespace[token_id] = bool(text) and text.isspace()
+        return cached
 
     def header_ids(self, role: str) -> list[int]:
         """What opens a ``role`` message, before its content (SmolLM2's user: ``<|im_start|>user\\n``)."""
@@ -281,6 +293,21 @@ class ChatFormat:
         if add_generation_prompt:
             ids.extend(self.generation_prompt_ids)
         return ids
+
+
+_RUNS_KEPT = 4096  # whitespace runs whose merged ids ChatFormat keeps
+_FOLLOWING_READ = 4  # ids after a run, enough to end inside no character (UTF-8: 4 bytes at most)
+
+
+def _whole_characters(tokenizer: Any, ids: Sequence[int]) -> list[int] | None:
+    """The fewest of ``ids`` (none for none) that decode without a split character; None
+    if even all of them end inside one."""
+    for count in range(min(len(ids), _FOLLOWING_READ) + 1):
+        if not count and ids:
+            continue
+        if "\ufffd" not in tokenizer.decode(list(ids[:count])):
+            return list(ids[:count])
+    return None
 
 
 def _renderer(tokenizer: Any):
@@ -304,7 +331,10 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _control_ids(tokenizer: Any) -> frozenset[int]:
+def special_token_ids(tokenizer: Any) -> frozenset[int]:
+    """Every special token's id: ``all_special_ids`` and the added tokens marked special
+    (transformers 5 lists only BOS/EOS/UNK in the first; SmolLM2's ``<file_sep>`` and
+    the rest are in the second)."""
     ids = set(getattr(tokenizer, "all_special_ids", None) or ())
     for token_id, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
         if getattr(added, "special", False):

@@ -109,14 +109,19 @@ def unexpected_error(error: BaseException) -> APIError:
 _UNION_MEMBER = re.compile(r"str|int|float|bool|none|dict|list|function-(after|before|wrap|plain)|[\w-]+\[.*\]", re.S)
 
 
+# the request's fields whose keys are the client's own (a value checked per key): after
+# them a part is a key, however it reads ({"metadata": {"str": 5}} → metadata.str)
+_KEYED_FIELDS = frozenset({"metadata", "logit_bias"})
+
+
 def validation_param(location: tuple) -> str | None:
     """``("body", "messages", 3, "role")`` → ``messages[3].role``."""
     parts = [p for p in location if p != "body"]
     text = ""
-    for part in parts:
+    for index, part in enumerate(parts):
         if isinstance(part, int):
             text += f"[{part}]"
-        elif _UNION_MEMBER.fullmatch(part):
+        elif _UNION_MEMBER.fullmatch(part) and not (index and parts[index - 1] in _KEYED_FIELDS):
             continue  # which member of a union pydantic tried: not a field
         else:
             text += f".{part}" if text else str(part)

@@ -1,5 +1,5 @@
-"""A reply that cannot open a tool call: for a chat whose history shows calls while this
-reply may make none (``tool_choice="none"``, or no tools offered to it).
+"""A reply that cannot open a tool call: for a reply to a tool's result that may make no
+call (``tool_choice="none"``, or no tools offered to it; ``chat_call.answers_a_result``).
 
 A small model given a tool's result often copies the call it sees before it
 (``<tool_call>{"name": "get_weather", ...``) instead of answering from the result, and
@@ -25,6 +25,8 @@ Invariants:
 A remote engine samples on its server, where no processor runs: there the same tokens
 are banned for the whole reply by OpenAI's ``logit_bias`` (``everywhere``), so no ``<``
 opens a tag within a line either (SmolLM2: 7 tokens, ``<``, `` <``, ``</``, ``<<``...).
+The ban is asked for only where the copy happens, right after a tool's result: a later
+reply (an HTML page asked for) starts its lines with ``<`` freely.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 
 from clm_middleware.engine.penalties import MAX_LOGIT_BIAS
+from clm_middleware.render.chat_format import special_token_ids
 from clm_middleware.render.tool_calls import OPEN
 from clm_middleware.structured.grammar import tokenizer_info
 
@@ -98,7 +101,9 @@ def call_ban_for(engine: Any) -> CallOpeningBan:
     ban = engine.memo.get(MEMO_KEY)
     if ban is None:
         texts = list(tokenizer_info(engine).decoded_vocab)
-        special = frozenset(int(i) for i in getattr(engine.tokenizer, "all_special_ids", ()) or ())
-        built = CallOpeningBan(texts, engine.vocab_size, special | engine.default_stop_ids)
+        exempt = special_token_ids(engine.tokenizer) | engine.default_stop_ids
+        # a special token that is itself an opener (a vocabulary's own <tool_call>) stays banned
+        exempt = frozenset(i for i in exempt if i >= len(texts) or HEAD not in texts[i])
+        built = CallOpeningBan(texts, engine.vocab_size, exempt)
         ban = engine.memo.setdefault(MEMO_KEY, built)
     return ban

@@ -71,7 +71,7 @@ def test_a_message_with_any_whitespace_has_the_bare_chat_templates_ids(smol_engi
     assert prompt == tok.encode(expected, add_special_tokens=False)
 
 
-@pytest.mark.parametrize("text", WHITESPACE_MESSAGES)
+@pytest.mark.parametrize("text", [*WHITESPACE_MESSAGES, "  Привет, мир.", "  日本語です。", "   😀 smile"])
 def test_the_plain_modes_render_a_message_with_any_whitespace_as_the_bare_template(smol_engine, text):
     """``prefix``, ``truncate`` and ``stateless`` render whole messages (``ChatFormat.message_ids``):
     a leading run of whitespace joins the header's newline there too."""

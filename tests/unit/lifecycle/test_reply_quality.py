@@ -437,7 +437,9 @@ def test_the_repeat_cut_takes_bounded_time_on_long_runs(pieces):
     started = time.perf_counter()
     first_repeated_sentence(text)
     repeat_in_progress(text)
-    assert time.perf_counter() - started < 2.0  # linear: 40k characters of "a" took 80 s before
+    assert (
+        time.perf_counter() - started < 5.0
+    )  # linear: 40k characters of "a" took 80 s before (slack: two test workers share the cores)
 
 
 def test_a_reply_cut_inside_a_character_ends_before_it_and_equals_its_stream(tiny_tok):

@@ -126,6 +126,7 @@ def _hello(model_id: str, **extra) -> dict:
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": ["a", 1]}, "stop[1]"),  # not "stop.list[str][1]": the union's member is no field
         ({"stop": 5}, "stop"),
+        ({"metadata": {"str": 5}}, "metadata.str"),  # a client's key, though it reads as a type's name
         ({"logit_bias": {"hello": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 500}}, "logit_bias"),
         ({"logit_bias": {"999999": 1}}, "logit_bias"),  # outside the vocabulary

@@ -7,6 +7,8 @@ import re
 
 import torch
 
+from clm_middleware.adapters.chat_call import answers_a_result
+from clm_middleware.adapters.messages import Turn, turn_digest
 from clm_middleware.conversation import Conversation
 from clm_middleware.lifecycle.config import GenerationSettings
 from clm_middleware.structured.call_ban import CallOpeningBan, call_ban_for
@@ -74,3 +76,18 @@ def test_a_reply_pushed_toward_a_call_opening_writes_none(engine):
 
 def _fields(settings: GenerationSettings) -> dict:
     return {name: getattr(settings, name) for name in GenerationSettings.__dataclass_fields__}
+
+
+def test_only_a_reply_to_a_tools_result_is_kept_from_opening_a_call():
+    """The copy happens right after the result; a later reply may write markup (an HTML
+    page asked for had looped on code fences under the ban)."""
+
+    def turns(*pairs: tuple[str, str]) -> list[Turn]:
+        return [Turn(role, text, turn_digest(role, text)) for role, text in pairs]
+
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    history = [("user", "Weather in Paris?"), ("assistant", call), ("tool", "Rain, 12C.")]
+    assert answers_a_result(turns(*history))
+    later = [*history, ("assistant", "It rains."), ("user", "Write a minimal HTML page titled Hello.")]
+    assert not answers_a_result(turns(*later))
+    assert not answers_a_result(turns(("user", f"What does {call} mean?"), ("tool", "a result")))
