@@ -217,15 +217,20 @@ def test_streamed_answers_with_repeats_add_up_to_the_final_answer():
     assert shown + stream.finish(final) == final and "One two three. One" not in shown
 
 
-def test_a_templated_reply_with_a_new_fact_stays_in_the_context(converse, scripted):
-    first = "Your booking is confirmed and your reference is AB-1234, is there anything else I can help with?"
-    second = "Your booking is confirmed and your reference is ZK-9876, is there anything else I can help with?"
+def _second_reply(converse, scripted, first: str, second: str):
+    """The second of two scripted replies, and the context after it."""
     engine, _ = scripted(first, second)
     conversation = converse(engine=engine, max_new_tokens=300)
     conversation.send("Book the hotel.")
-    reply = conversation.send("And the flight.")
+    return conversation.send("And the flight."), conversation.context
+
+
+def test_a_templated_reply_with_a_new_fact_stays_in_the_context(converse, scripted):
+    first = "Your booking is confirmed and your reference is AB-1234, is there anything else I can help with?"
+    second = "Your booking is confirmed and your reference is ZK-9876, is there anything else I can help with?"
+    reply, context = _second_reply(converse, scripted, first, second)
     assert reply.stats.reply_flags == ["repeats_earlier_reply"]
-    assert "ZK-9876" in conversation.context and "AB-1234" in conversation.context
+    assert "ZK-9876" in context and "AB-1234" in context
 
 
 def test_a_hostile_marker_echo_reaches_neither_the_user_nor_the_context(converse, scripted):
@@ -777,9 +782,6 @@ def test_a_repeat_that_runs_two_sentences_together_is_no_new_fact_and_leaves_the
     had kept such a reply, and the next one copied it)."""
     first = "Je ne sais pas. Bien sûr, je ne sais pas ce que vous voulez dire par là."
     second = "Je ne sais pas.Bien sûr, je ne sais pas ce que vous voulez dire par là."
-    engine, _ = scripted(first, second)
-    conversation = converse(engine=engine, max_new_tokens=200)
-    conversation.send("Parlez-vous français?")
-    repeat = conversation.send("Vraiment?")
+    repeat, context = _second_reply(converse, scripted, first, second)
     assert "repeats_earlier_reply" in repeat.stats.reply_flags
-    assert "pas.Bien" not in conversation.context
+    assert "pas.Bien" not in context
