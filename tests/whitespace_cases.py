@@ -13,4 +13,7 @@ WHITESPACE_MESSAGES = [
     "\t\tMy booking reference is QX-4471.",
     "    def add(a, b):\n        return a + b\nWhat does this do?",
     "\n\n\n  A note after blank lines.",
+    # sentences with nothing between them (Chinese, Japanese): no space is added
+    "我今天早上喝了一杯很好喝的咖啡。然后我去公园散步了很长时间。",
+    "How are you? 我叫李雷，很高兴认识你。My name is Li Lei and I live here.",
 ]

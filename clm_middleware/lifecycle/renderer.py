@@ -169,8 +169,9 @@ class ContextRenderer:
             separator, merged = segment.separator, spaced  # merged: its last space is in the first token
             if not position:
                 separator = separator if segment.id == first else ""
-            elif self.markers or not separator:
+            elif self.markers:
                 separator, merged = separator or " ", False  # whole, before the marker
+            # no marker: a segment glued to the one before (Chinese "。然后", "pas.Bien") stays glued
             run, after = (separator[:-1], " a") if merged and separator.endswith(" ") else (separator, "a")
             marker = []
             if self.markers and segment.role != "system":
