@@ -47,10 +47,13 @@ def _occurs(answer: str, text: str) -> bool:
     return regex.search(pattern, text, regex.IGNORECASE | regex.V1) is not None
 
 
+_PROBE_KEYS = frozenset({"question", "answer", "alternatives"})
+
+
 def read_probes(path: str | Path) -> list[Probe]:
     """The probes of a JSON file: a non-empty list of ``{"question", "answer"}`` objects,
-    each with optional ``"alternatives"`` (a list of strings). Anything else is a
-    ``TranscriptError`` naming the file and the probe."""
+    each with optional ``"alternatives"`` (a list of strings) and no other key. Anything
+    else is a ``TranscriptError`` naming the file and the probe."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM, as Windows editors write: as transcripts
@@ -70,6 +73,9 @@ def read_probes(path: str | Path) -> list[Probe]:
     for number, item in enumerate(data):
         if not isinstance(item, dict) or not isinstance(item.get("answer"), str) or not item["answer"].strip():
             raise TranscriptError(str(path), None, f'probe {number}: needs a non-empty string "answer"')
+        if unknown := sorted(set(item) - _PROBE_KEYS):  # a misspelt "alternatives" would count nothing
+            known = ", ".join(f'"{key}"' for key in sorted(_PROBE_KEYS))
+            raise TranscriptError(str(path), None, f"probe {number}: unknown key {unknown[0]!r} (a probe has {known})")
         alternatives = item.get("alternatives") or []
         if not isinstance(alternatives, list) or not all(isinstance(a, str) for a in alternatives):
             raise TranscriptError(str(path), None, f'probe {number}: "alternatives" must be a list of strings')

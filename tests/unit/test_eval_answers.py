@@ -205,6 +205,10 @@ def test_a_probes_file_that_is_not_json_is_a_clean_error_naming_it(tmp_path):
             b'[{"question": "Colour?", "answer": "vermilion", "alternatives": "crimson"}]',
             'probe 0: "alternatives" must be a list',
         ),
+        (  # a misspelt key: its alternatives would never have counted
+            b'[{"question": "Colour?", "answer": "vermilion", "alternative": ["crimson"]}]',
+            "probe 0: unknown key 'alternative'",
+        ),
     ],
 )
 def test_a_probes_file_that_cannot_be_probes_is_named_with_what_is_wrong(tmp_path, content, message):
