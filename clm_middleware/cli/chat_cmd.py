@@ -99,7 +99,10 @@ def chat(
     json_lines: bool,
     **engine_options: Any,
 ) -> None:
-    """Chat with a managed model. After each reply it shows what was cached and decided."""
+    """Chat with a managed model. After each reply it shows what was cached and decided.
+
+    Each input line is one message (a multi-line paste is one message per line); to send
+    a whole transcript, replay it with `clm replay`."""
     check_engine_options(engine_options)  # a clash of engine options, before any model loads
     from clm_middleware.cli import json_lines as lines
     from clm_middleware.cli.setup import build_engine
