@@ -225,6 +225,9 @@ class Conversation:
         )
         self.compactor = Compactor(self.config, self.compressor, self.prompt_length)
         self.reclaimer = Reclaimer(self.engine.pool, self.config.k)
+        # tokens forget() took out of the context since the last turn: counted in the next
+        # turn's dropped_tokens, as a compaction's drops are
+        self.forgotten_tokens = 0
         self.messages: list[MessageRecord] = []
         self.fold = 0  # messages before this index are rendered in the digest
         self._live = LiveIndex(self.config.k)  # messages that can still matter (lifecycle/live.py)
@@ -730,6 +733,7 @@ class Conversation:
             spans = self._last_render.spans if self._last_render else {}
             if target.id in spans:
                 self.reclaimer.hold(target.id, self.blocks_of(target.id), self.turn)
+            self.forgotten_tokens += len(target.visible_ids)
             target.status, target.removed_round = Status.DROPPED, self.turn
         self._record_user_decision(target, Label.DROP, "forgotten")
         return target

@@ -250,6 +250,8 @@ class TurnRunner:
         c.reclaimer.release_due(turn)
         warm = self._work_ahead(turn, stats, decisions)
         stats.prefix_tokens = len(prefix_ids)
+        stats.dropped_tokens += c.forgotten_tokens  # what the user forgot before this turn left with it
+        c.forgotten_tokens = 0
         self._finish_stats(stats, rendered, generation, decisions, started, warm)
         c.last_reply = Reply(answer_text, turn, reply_segment.id, decisions, stats, generation.finish_reason)
         c.journal.decisions(decisions)

@@ -188,6 +188,16 @@ def test_pinned_segments_survive_budget_pressure_and_forget_removes_them_and_the
         conversation.pin("seg_999")
 
 
+def test_what_the_user_forgets_counts_in_the_next_turns_dropped_tokens(converse):
+    conversation = converse()
+    conversation.send("Remember the code WX-5521 for the locker, it matters.")
+    forgotten = conversation.forget(conversation.segments[0].id)
+    after = conversation.send("What else should I pack?")
+    assert after.stats.dropped_tokens == len(forgotten.token_ids) > 0
+    assert conversation.send("Thanks.").stats.dropped_tokens == 0  # counted once
+    assert conversation.stats()["dropped_tokens"] == len(forgotten.token_ids)
+
+
 def test_a_forgotten_system_prompt_takes_its_turn_with_it(converse, tiny_tok):
     """As any message that leaves the context: the prompt starts as the chat template's
     does without a system message, not with an empty system turn."""
