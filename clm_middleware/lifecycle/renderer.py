@@ -46,6 +46,7 @@ import regex
 from clm_middleware.lifecycle.segmenter import has_code_block, unclosed_fence
 from clm_middleware.lifecycle.segments import MessageRecord, Segment, SegmentId
 from clm_middleware.render import ChatFormat
+from clm_middleware.render.chat_format import FOLLOWING_READ
 
 SYSTEM_JOIN = "\n\n"  # between a system block's preamble (tools section, protocol) and the system message
 DIGEST_TITLE = "Notes from earlier turns:"
@@ -178,7 +179,7 @@ class ContextRenderer:
                 marker = self._encoded(f"[{segment.id}]") if spaced else self.marker_ids(segment.id)
             if not position and ids and run:
                 # a message's leading whitespace joins the newline before it, as in the template's text
-                joined = self.format.whitespace_run_ids(ids[-1], run, [*marker, *segment.visible_ids[:4]])
+                joined = self.format.whitespace_run_ids(ids[-1], run, [*marker, *segment.visible_ids[:FOLLOWING_READ]])
                 if joined is not None:
                     ids[-1:] = joined
                     run = ""

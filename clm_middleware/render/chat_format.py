@@ -265,7 +265,7 @@ class ChatFormat:
         lead = next((i for i, token in enumerate(content) if not self._is_whitespace(token)), len(content))
         if header and lead:
             run = self.tokenizer.decode(content[:lead])
-            merged = self.whitespace_run_ids(header[-1], run, content[lead : lead + _FOLLOWING_READ])
+            merged = self.whitespace_run_ids(header[-1], run, content[lead : lead + FOLLOWING_READ])
             if merged is not None:
                 header, content = header[:-1], [*merged, *content[lead:]]
         return [*header, *content, *glue.footer_ids]
@@ -296,15 +296,13 @@ class ChatFormat:
 
 
 _RUNS_KEPT = 4096  # whitespace runs whose merged ids ChatFormat keeps
-_FOLLOWING_READ = 4  # ids after a run, enough to end inside no character (UTF-8: 4 bytes at most)
+FOLLOWING_READ = 4  # ids after a run, enough to end inside no character (UTF-8: 4 bytes at most)
 
 
 def _whole_characters(tokenizer: Any, ids: Sequence[int]) -> list[int] | None:
     """The fewest of ``ids`` (none for none) that decode without a split character; None
     if even all of them end inside one."""
-    for count in range(min(len(ids), _FOLLOWING_READ) + 1):
-        if not count and ids:
-            continue
+    for count in range(1 if ids else 0, min(len(ids), FOLLOWING_READ) + 1):
         if "\ufffd" not in tokenizer.decode(list(ids[:count])):
             return list(ids[:count])
     return None
