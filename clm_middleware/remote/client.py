@@ -19,8 +19,10 @@ never holds a cancelled turn (an HTTP client that left) for the read timeout.
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import queue
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -35,6 +37,10 @@ from clm_middleware.errors import ClmError, RemoteEngineError, TurnCancelled
 RETRY_ATTEMPTS = 4  # ~0.25 + 0.5 + 1 s of waiting: a server restart, not an outage
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 600.0  # a long prompt's prefill on a CPU server sends nothing for minutes
+# a JSON call (the model list, /props, /tokenize) a working server answers at once: one that
+# accepts the connection and says nothing (hung, stopped, a proxy) is said within this, not
+# after READ_TIMEOUT_S (clm serve's start-up had waited 10 minutes in silence)
+JSON_TIMEOUT_S = 30.0
 CANCEL_POLL_S = 0.25  # how often a waiting stream asks whether its caller went away
 DRAIN_S = 1.0  # after [DONE], how long the stream's end may take before the connection is dropped
 AGAIN = "the turn was undone and no message was lost; retry once the server is back"
@@ -59,6 +65,7 @@ class ClientConfig:
     retry_attempts: int = RETRY_ATTEMPTS
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     read_timeout_s: float = READ_TIMEOUT_S
+    json_timeout_s: float = JSON_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -135,7 +142,7 @@ class ServerClient:
     def _where(self, path: str) -> str:
         return f"the engine at {self.config.base_url.rstrip('/')}{path}"
 
-    def _retrying(self, attempt):
+    def _retrying(self, attempt, read_timeout_s: float | None = None):
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
             stop=stop_after_attempt(self.config.retry_attempts),
@@ -157,14 +164,22 @@ class ServerClient:
                 hint="check that the server runs and --engine names its address",
                 status=503,
             ) from error
+        except httpx.ReadTimeout as error:
+            raise RemoteEngineError(
+                f"{self._where('')} accepted the request but sent no answer within "
+                f"{read_timeout_s or self.config.read_timeout_s:g} s",
+                hint="check that the server at --engine is a serving engine and is not hung or stopped",
+            ) from error
         except httpx.HTTPError as error:  # the request went out; the server vanished or stalled before answering
             raise RemoteEngineError(
                 f"{self._where('')} stopped answering mid-request ({type(error).__name__}: {error})", hint=AGAIN
             ) from error
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None, missing_ok: bool) -> Any:
+        timeout = httpx.Timeout(self.config.json_timeout_s, connect=self.config.connect_timeout_s)
+
         def attempt() -> Any:
-            response = self._http.request(method, path, json=body)
+            response = self._http.request(method, path, json=body, timeout=timeout)
             if response.status_code == 503:
                 raise _Retryable(response.text)
             if missing_ok and response.status_code in (404, 405, 501):
@@ -172,7 +187,7 @@ class ServerClient:
             self._check(path, response)
             return response.json()
 
-        return self._retrying(attempt)
+        return self._retrying(attempt, self.config.json_timeout_s)
 
     def _open_stream(self, path: str, body: dict[str, Any]) -> httpx.Response:
         request = self._http.build_request("POST", path, json=body)
@@ -196,13 +211,31 @@ class ServerClient:
             if isinstance(detail, dict):
                 detail = detail.get("message", detail)
         except ValueError:
-            detail = response.text
+            detail = _readable(response.text)
         code = response.status_code
         hint = "check --engine-api-key" if code in (401, 403) else None
+        if code in (404, 405, 501):
+            hint = (
+                f"this server does not serve {path}: --engine needs an OpenAI-compatible serving engine that "
+                "takes token-id prompts there (vLLM, llama.cpp's llama-server)"
+            )
         # the engine judged the request itself invalid (a prompt over its context, a
         # parameter out of its range): the caller's to fix; anything else is the engine's
         status = 400 if code in (400, 413, 422) else 502
         raise RemoteEngineError(f"{self._where(path)} answered {code}: {str(detail)[:300]}", hint=hint, status=status)
+
+
+def _readable(text: str) -> str:
+    """An error page's text without its markup (a web server's HTML page, not the
+    300 characters of ``<!DOCTYPE HTML><html lang=...`` it opens with)."""
+    if not _TAG.search(text):
+        return text
+    text = _HIDDEN.sub(" ", text)
+    return " ".join(html.unescape(_TAG.sub(" ", text)).split())
+
+
+_TAG = re.compile(r"<[a-zA-Z!/][^>]*>")
+_HIDDEN = re.compile(r"<(head|script|style)\b.*?</\1\s*>", re.S | re.I)
 
 
 class _ReaderThread:

@@ -71,13 +71,39 @@ def test_an_engine_error_answer_carries_whose_it_is_to_the_http_front(engine_sta
     assert (api.retry_after is not None) == (status == 503)
 
 
-def test_an_html_error_page_is_a_502_naming_the_engine():
-    with LoopbackServer(on_post=_answer(500, b"<html><body>Bad things</body></html>", "text/html")) as engine:
+def test_an_html_error_page_is_a_502_naming_the_engine_with_the_pages_text_not_its_markup():
+    page = b"<!DOCTYPE html><html><head><title>x</title></head><body><h1>Bad things</h1> &amp; more</body></html>"
+    with LoopbackServer(on_post=_answer(500, page, "text/html")) as engine:
         client = _client(engine)
-        with pytest.raises(RemoteEngineError, match="answered 500: <html>") as raised:
+        with pytest.raises(RemoteEngineError, match=r"answered 500: Bad things & more$") as raised:
             client.post_json("/v1/completions", {})
         client.close()
     assert raised.value.status == 502
+
+
+def test_a_server_without_the_completions_endpoint_is_named_as_such():
+    """A static file server answers POST with a 501 page: its 300 characters of HTML were
+    the whole message (a helper's probe with a chat-only address)."""
+    with LoopbackServer() as engine:  # answers every method with http.server's 501 page
+        client = _client(engine)
+        with pytest.raises(RemoteEngineError, match="answered 501: Error response") as raised:
+            next(client.stream("/v1/completions", {"prompt": [1]}))
+        client.close()
+    assert "<" not in str(raised.value)
+    assert "does not serve /v1/completions" in (raised.value.hint or "")
+
+
+def test_a_json_call_to_a_server_that_never_answers_fails_within_its_own_timeout():
+    """clm serve's start-up asked a hung engine for its model list and waited the 600 s read
+    timeout in silence (a helper's probe)."""
+    with LoopbackServer(on_get=_Silent(stall_s=10.0)) as engine:
+        client = ServerClient(ClientConfig(engine.url, retry_attempts=1, json_timeout_s=0.5))
+        started = time.monotonic()
+        with pytest.raises(RemoteEngineError, match=r"sent no answer within 0\.5 s") as raised:
+            client.get_json("/v1/models")
+        assert time.monotonic() - started < 5.0
+        client.close()
+    assert engine.url in str(raised.value) and "hung" in (raised.value.hint or "")
 
 
 def test_an_event_that_is_not_json_is_a_remote_engine_error_not_a_crash():
