@@ -194,7 +194,7 @@ class Conversation:
 
             engine = Engine.from_pretrained()
         self.engine = engine
-        check_budget_fits_engine(self.config.budget, engine)
+        check_budget_fits_engine(self.config.budget, engine, self.generation.max_new_tokens)
         self.id = conversation_id
         self.cache_salt = cache_salt
         self.chat_format = ChatFormat.from_tokenizer(self.engine.tokenizer)
@@ -1172,17 +1172,29 @@ _GENERATION_ARGUMENTS = (
 _GENERATION_BEYOND = ("end_after", "block_tokens", "logit_bias", "cut_repeats", "forbid_tool_calls")
 
 
-def check_budget_fits_engine(budget: int | None, engine: ServingEngine) -> None:
-    """A budget over the positions the engine serves per request is refused at once: a
-    prompt would outgrow the engine turns before the budget folded anything (a remote
-    llama-server with 256 positions a slot failed at turn 4 of a replay at budget 512)."""
+def check_budget_fits_engine(budget: int | None, engine: ServingEngine, reply_tokens: int = 0) -> None:
+    """A budget that leaves the engine's window no room for a reply of ``reply_tokens``
+    after a prompt at the budget is refused at once. Over the window, a prompt would
+    outgrow the engine turns before the budget folded anything (a remote llama-server
+    with 256 positions a slot failed at turn 4 of a replay at budget 512); at the window,
+    every reply near the budget was cut within a few tokens (budget 1024 on a 1024-token
+    slot: "The hotel is very convenient, and it's", finish_reason ``length``)."""
     positions = engine.max_positions
-    if budget is None or not positions or budget <= positions:
+    if budget is None or not positions or budget + reply_tokens <= positions:
         return
+    slots = "a llama-server gives each slot its --ctx-size divided by --parallel"
+    if budget > positions:
+        raise ConfigError(
+            "budget",
+            f"{budget} tokens is over the {positions} positions the engine serves per request",
+            hint=f"lower the budget; {slots}",
+        )
     raise ConfigError(
         "budget",
-        f"{budget} tokens is over the {positions} positions the engine serves per request",
-        hint="lower the budget; a llama-server gives each slot its --ctx-size divided by --parallel",
+        f"{budget} tokens leaves no room for a reply of up to {reply_tokens} tokens (max_new_tokens) in the "
+        f"{positions} positions the engine serves per request (a budget of {positions - reply_tokens} or less "
+        "does): a reply near the budget would be cut at the window",
+        hint=f"lower the budget or max_new_tokens; {slots}",
     )
 
 

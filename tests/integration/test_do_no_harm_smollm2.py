@@ -63,7 +63,7 @@ def test_a_context_that_fits_has_the_ids_of_the_bare_chat_template(smol_engine):
         record = json.loads(line)
         messages.append({"role": record["role"], "content": record["content"]})
     messages.append({"role": "user", "content": "Thanks.\n\nOne more thing. Is 7pm OK?\n1. first\n2. second"})
-    chat = Conversation(smol_engine, tagging="signals", budget=smol_engine.max_positions)  # labels wait: it fits
+    chat = Conversation(smol_engine, tagging="signals", budget=smol_engine.max_positions - 256)  # labels wait: it fits
     for message in messages:
         chat.add(message["role"], message["content"])
     bare = smol_engine.tokenizer.apply_chat_template(messages, tokenize=True)
@@ -89,7 +89,9 @@ def test_a_tools_section_joins_the_system_message_as_the_template_tokenizes_thei
     # a word, a word that carries its own space, a newline the blank line merges with (ĊĊ Ċ)
     for system in (SYSTEM, " You are terse.", "\nYou are terse.\n"):
         messages = [{"role": "system", "content": TOOLS_SECTION + "\n\n" + system}, {"role": "user", "content": "Hi"}]
-        chat = Conversation(smol_engine, system_prompt=system, tagging="signals", budget=smol_engine.max_positions)
+        chat = Conversation(
+            smol_engine, system_prompt=system, tagging="signals", budget=smol_engine.max_positions - 256
+        )
         chat.set_tools_prompt(TOOLS_SECTION)
         chat.add("user", "Hi")
         assert chat.context_ids == _template_ids(tokenizer, messages)

@@ -163,7 +163,7 @@ def test_without_a_budget_a_drop_label_on_a_users_question_waits_and_the_rest_ap
 
 
 def test_under_a_budget_labels_wait_until_the_prompt_would_exceed_it(converse):
-    conversation = converse(tagging="rules", budget=4096)
+    conversation = converse(tagging="rules", budget=4000)
     for text in ("ok thanks", "cool", "great thanks", "ok", "thanks a lot", "nice", "ok cool", "fine"):
         conversation.send(text)
     acks = [s for s in conversation.segments if s.kind == "ack" and s.role == "user"]
@@ -409,6 +409,18 @@ def test_a_budget_the_system_block_alone_fills_fails_at_once_and_names_it(conver
         conversation.add("system", "From now on, answer in the style of a ship's log, please. " * 3)
     assert [m.role for m in conversation.history] == ["user", "assistant"]  # the refused message is gone
     assert conversation.send("and again").turn == 2
+
+
+def test_a_budget_that_leaves_the_window_no_room_for_a_reply_is_refused_with_the_budget_that_fits(converse, engine):
+    positions = engine.max_positions
+    with pytest.raises(
+        ConfigError, match=rf"no room for a reply of up to 64 tokens .* {positions} positions"
+    ) as raised:
+        converse(budget=positions - 10, max_new_tokens=64)
+    assert f"a budget of {positions - 64} or less does" in str(raised.value)
+    with pytest.raises(ConfigError, match=rf"over the {positions} positions"):
+        converse(budget=positions + 1)
+    converse(budget=positions - 64, max_new_tokens=64).close()
 
 
 def test_a_turn_refused_for_the_budget_says_what_the_system_block_takes_of_it(converse):
