@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 
 from clm_middleware.errors import ClmError
-from clm_middleware.evaluation.probes import Probe, read_probes, retention
+from clm_middleware.evaluation.probes import Probe, read_probes, retention, said_context
 from clm_middleware.replay.formats import probes_beside
 from clm_middleware.replay.report import ReplayReport
 from clm_middleware.replay.runner import ReplayOptions
@@ -61,7 +61,7 @@ def add_retention(report: ReplayReport, drivers: list[Any], probes: list[Probe])
     if len(drivers) > 1:
         report.extra["final_contexts"] = {d.conversation_id: d.context for d in drivers}
     if probes:  # a file of several conversations: a fact counts where its conversation kept it
-        retained, lost = retention(probes, "\n".join(d.context for d in drivers))
+        retained, lost = retention(probes, said_context(drivers))
         report.extra["retention"] = {"retained": retained, "probes": len(probes), "lost": [p.answer for p in lost]}
 
 

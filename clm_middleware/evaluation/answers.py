@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clm_middleware.engine import Engine
-from clm_middleware.evaluation.probes import Probe
+from clm_middleware.evaluation.probes import Probe, said_context
 from clm_middleware.evaluation.retention import VariantResult
 from clm_middleware.evaluation.retention import overall as replay_overall
 from clm_middleware.render import ChatFormat
@@ -155,7 +155,7 @@ def answer_variant(
 ) -> AnswersResult:
     """Ask every probe of ``driver``'s final context (any replay driver: it has ``context_ids``)."""
     chat_format = ChatFormat.from_tokenizer(engine.tokenizer)
-    context_ids, context_text = driver.context_ids, driver.context
+    context_ids, context_text = driver.context_ids, said_context([driver])
     result = AnswersResult(name=name, context_tokens=len(context_ids), replay=replay)
     for probe in probes:
         result.answers.append(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import regex
 
@@ -91,6 +93,18 @@ def write_probes(path: str | Path, probes: list[Probe]) -> None:
         json.dumps([p.as_dict() for p in probes], indent=2, ensure_ascii=False) + "\n",
         encoding="utf-8",
     )
+
+
+def said_context(drivers: Sequence[Any]) -> str:
+    """The final contexts of replay ``drivers`` (each with ``context`` and
+    ``tools_section``) as one text, without the tools section each shows in its system
+    message: an answer that only the middleware's own instructions hold (its example call
+    names "Paris") was not retained from the conversation."""
+    contexts = []
+    for driver in drivers:
+        context, section = driver.context, driver.tools_section
+        contexts.append(context.replace(section, "", 1) if section else context)
+    return "\n".join(contexts)
 
 
 def retention(probes: list[Probe], context: str) -> tuple[int, list[Probe]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clm_middleware.engine import Engine
-from clm_middleware.evaluation.probes import Probe, retention
+from clm_middleware.evaluation.probes import Probe, retention, said_context
 from clm_middleware.lifecycle.compressor import check_faithful
 from clm_middleware.replay.report import ReplayReport
 from clm_middleware.replay.runner import ReplayOptions, replay
@@ -77,7 +77,7 @@ def run_variant(
     report = ReplayReport(mode=mode, model=engine.model_name, settings={"variant": name})
     replay(transcripts, make_factory(engine, options, lifecycle), report, teacher_force=True)
     drivers = lifecycle.drivers  # one per conversation of the file: a fact counts where its conversation kept it
-    retained, lost = retention(probes, "\n".join(d.context for d in drivers))
+    retained, lost = retention(probes, said_context(drivers))
     totals = report.totals()
     result = VariantResult(
         name=name,

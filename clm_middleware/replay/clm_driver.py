@@ -16,6 +16,10 @@ class ClmDriver:
         self.conversation = conversation
         self._answered = len(conversation.messages)  # messages after the last reply
 
+    @property
+    def tools_section(self) -> str | None:
+        return self.conversation.tools_prompt
+
     def discard_turn(self) -> None:
         """The unanswered messages go (``Conversation.discard``); an assistant message
         that opened the transcript stays, since ``discard`` keeps answered history."""

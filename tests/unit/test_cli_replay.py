@@ -300,6 +300,27 @@ def test_declared_tools_are_shown_alike_in_every_mode(tmp_path, system):
     assert ("You are a weather bot." in contexts["prefix"]) is system
 
 
+@pytest.mark.parametrize("mode", ["prefix", "truncate", "clm"])
+def test_an_answer_only_the_tools_section_holds_is_not_retained(tmp_path, mode):
+    """The tools section's example call names "Paris": a probe answered "Paris" counted as
+    retained in every mode although no message said it (a helper's probe)."""
+    spec = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    messages = [{"role": "user", "content": "What time is it in Oslo?"}, {"role": "assistant", "content": "Noon."}]
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps({"messages": messages, "tools": [spec]}))
+    probes = tmp_path / "probes.json"
+    probes.write_text(json.dumps([{"question": "Which city?", "answer": "Paris"}, {"question": "?", "answer": "Oslo"}]))
+    report = tmp_path / "r.json"
+    arguments = ["replay", str(path), "--model", "tiny", "--mode", mode, "--teacher-force", "--probes", str(probes)]
+    result = CliRunner().invoke(
+        cli, [*arguments, *(["--budget", "2000"] if mode != "prefix" else []), "--report", str(report)]
+    )
+    assert result.exit_code == 0, result.output
+    written = json.loads(report.read_text())
+    assert '"city": "Paris"' in written["final_context"]  # the example is shown to the model
+    assert written["retention"] == {"retained": 1, "probes": 2, "lost": ["Paris"]}
+
+
 def test_a_terminated_replay_writes_the_report_of_its_finished_turns(tmp_path):
     """``kill`` / ``timeout`` send SIGTERM: handled as Ctrl-C is (exit 143, not a lost run)."""
     import os
