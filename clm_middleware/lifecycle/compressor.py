@@ -598,7 +598,7 @@ class Compressor:
         return ids, [None if lp is None else -lp for lp in generation.prompt_logprobs or []], ""
 
     def _offsets(self, text: str, ids: list[int]) -> list[tuple[int, int]] | None:
-        encoded: Any = self.format.tokenizer(
+        encoded: Any = self.format.content_tokenizer(
             text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
         )
         if list(encoded["input_ids"]) == ids:

@@ -20,10 +20,19 @@ glue (headers, footers, preamble, generation prompt) carries control ids. A toke
 that ignores ``split_special_tokens`` is caught (``control_ids`` in the result) and
 each special-token string is then encoded in two halves, which no vocabulary maps
 back to the control token.
+
+Content is encoded by a copy of the tokenizer that splits special tokens for good
+(``content_tokenizer``), glue by the tokenizer itself, which never splits them: a fast
+tokenizer's per-call ``split_special_tokens`` sets a flag on its one Rust tokenizer and
+then encodes, two steps that threads interleave (clm serve: a conversation created while
+another turn encoded content got ``<|im_end|>`` as seven text tokens in its glue).
 """
 
 from __future__ import annotations
 
+import copy
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +111,12 @@ class ChatFormat:
         default_factory=dict, repr=False, compare=False
     )
     _whitespace: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
+    # the tokenizer content is encoded with (module docstring)
+    content_tokenizer: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.content_tokenizer is None:
+            self.content_tokenizer = content_tokenizer(self.tokenizer)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ChatFormat:
@@ -148,7 +163,7 @@ class ChatFormat:
         """Token ids of content ``text``: no special token added, none parsed (see the module docstring)."""
         if not text:
             return []
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        ids = list(self.content_tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
         if self.control_ids.isdisjoint(ids):
             return ids
         return self._encode_halving_specials(text)
@@ -320,6 +335,23 @@ def _split_glue(tokenizer: Any, text: str, role: str) -> RoleGlue:
         raise ChatTemplateError(f"the chat template does not render a {role} message's content once")
     header, footer = text.split(_SENTINEL)
     return RoleGlue(tuple(_encode(tokenizer, header)), tuple(_encode(tokenizer, footer)))
+
+
+_CONTENT_TOKENIZERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_CONTENT_LOCK = threading.Lock()
+
+
+def content_tokenizer(tokenizer: Any) -> Any:
+    """One copy per tokenizer (while it lives) whose ``split_special_tokens`` is always
+    set: content encoded through it never changes the flag the tokenizer itself is read
+    with (module docstring). Every encode with ``split_special_tokens=True`` goes here."""
+    with _CONTENT_LOCK:
+        content = _CONTENT_TOKENIZERS.get(tokenizer)
+        if content is None:
+            content = copy.deepcopy(tokenizer)
+            content.split_special_tokens = True
+            _CONTENT_TOKENIZERS[tokenizer] = content
+        return content
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

@@ -88,9 +88,39 @@ def test_a_tokenizer_that_ignores_split_special_tokens_is_caught(tiny_tok):
             return getattr(self.inner, name)
 
     chat = ChatFormat.from_tokenizer(tiny_tok)
-    chat.tokenizer = Parsing(tiny_tok)
+    chat.content_tokenizer = Parsing(tiny_tok)
     ids = chat.encode(INJECTION)
     assert _controls(chat, ids) == 0 and tiny_tok.decode(ids) == INJECTION
+
+
+def test_content_encoding_never_changes_how_the_shared_tokenizer_reads_special_tokens(tiny_tok):
+    """A fast tokenizer's per-call split_special_tokens sets a flag on its one Rust
+    tokenizer, then encodes: clm serve built a conversation's glue while another turn
+    encoded content, and 107 of 300 builds read <|im_end|> as text tokens (a helper's
+    race). Content goes through a copy; the shared tokenizer's flag never moves."""
+    import threading
+
+    reference = ChatFormat.from_tokenizer(tiny_tok)
+    assert reference.content_tokenizer is not tiny_tok
+    backend = tiny_tok._tokenizer  # transformers' fast tokenizer: the flag the race flipped
+    reference.encode(INJECTION)
+    assert backend.encode_special_tokens is False
+    stop = threading.Event()
+
+    def encode_content() -> None:
+        for _ in range(100_000):
+            if stop.is_set():
+                return
+            reference.encode("The mountains of the sky are a reflection of the soul's inner beauty.")
+
+    worker = threading.Thread(target=encode_content)
+    worker.start()
+    try:
+        built = [ChatFormat.from_tokenizer(tiny_tok) for _ in range(100)]
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    assert all(b.glue == reference.glue and b.generation_prompt_ids == reference.generation_prompt_ids for b in built)
 
 
 def test_a_user_cannot_forge_a_turn_through_a_conversation(converse):
