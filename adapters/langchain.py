@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import copy
 import functools
@@ -482,14 +481,25 @@ class ChatCLM(BaseChatModel):
         # closes it, so the turn's own cleanup would wait for garbage collection: the turns
         # this stream starts are listed here, and stopped and undone when it is closed (a
         # sweep: the next call had found the conversation busy and forked)
+        # The list is set only while the inner stream advances: an async generator runs in
+        # its caller's context, so a list set across a ``yield`` stayed set in the caller's
+        # task after it broke out of the loop, and its next call (another ChatCLM's too)
+        # joined the abandoned stream's turns and was cancelled when that stream was
+        # collected (a helper's probe: break, then ainvoke raised TurnCancelled).
         turns: list[WorkerEvents] = []
-        marker = _STREAM_TURNS.set(turns)
+        inner = super().astream(input, config, stop=stop, **_session_kwargs(config, kwargs))
         try:
-            async for chunk in super().astream(input, config, stop=stop, **_session_kwargs(config, kwargs)):
+            while True:
+                marker = _STREAM_TURNS.set(turns)
+                try:
+                    chunk = await inner.__anext__()
+                except StopAsyncIteration:
+                    return
+                finally:
+                    _STREAM_TURNS.reset(marker)
                 yield chunk
         finally:
-            with contextlib.suppress(ValueError):  # closed from another context (collected): nothing to restore
-                _STREAM_TURNS.reset(marker)
+            await inner.aclose()
             for events in turns:
                 if not events.done:
                     await events.finished()

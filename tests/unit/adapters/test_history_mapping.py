@@ -265,6 +265,32 @@ def test_an_async_stream_closed_early_is_undone_before_the_next_call_which_exten
     assert conversation_of(again) == conversation_of(a1)  # extended, not forked
 
 
+def test_a_call_after_breaking_out_of_an_async_stream_is_not_taken_for_one_of_its_turns(tiny_model, tiny_tok):
+    """``async for chunk in llm.astream(...): break`` left the stream's turn list set in the
+    caller's task: the next ainvoke (on any ChatCLM) joined it and was cancelled when the
+    abandoned stream was collected, TurnCancelled (a helper's probe)."""
+    import asyncio
+
+    from clm_middleware.adapters import ChatCLM
+    from clm_middleware.engine import Engine
+    from clm_middleware.models import ScriptedReplies
+
+    replies = ["word " * 60, "Paris.", "Rome."]
+    script = ScriptedReplies([*tiny_tok.encode(r, add_special_tokens=False), tiny_tok.eos_token_id] for r in replies)
+    engine = Engine(tiny_model, tiny_tok, logits_processors=[script])
+    llm = ChatCLM(engine=engine, tagging="signals", max_tokens=80)
+
+    async def break_then_ask():
+        async for _ in llm.astream([HumanMessage("Write a haiku about the sea.")]):
+            break
+        same = await llm.ainvoke([HumanMessage("What is the capital of France?")])
+        other = await ChatCLM(engine=engine, tagging="signals", max_tokens=80).ainvoke([HumanMessage("And Italy?")])
+        return same, other
+
+    same, other = asyncio.run(asyncio.wait_for(break_then_ask(), timeout=60))
+    assert (same.content, other.content) == ("Paris.", "Rome.")
+
+
 class _TokenCounter(BaseCallbackHandler):
     def __init__(self) -> None:
         super().__init__()
