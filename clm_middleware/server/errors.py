@@ -72,12 +72,13 @@ def clm_error_to_api(error: ClmError) -> APIError:
     if isinstance(error, ConfigError):
         return APIError(400, str(error), param=error.field)
     if isinstance(error, PoolTooSmallError):
-        message = _for_a_client(error, "lower max_tokens or shorten the messages")
+        message = _for_a_client(error, "lower max_tokens or shorten the messages", POOL_FLAG)
         return APIError(400, message, param="messages", code="context_length_exceeded")
     if isinstance(error, ContextWindowError | ContextBudgetError):
-        return APIError(400, str(error), param="messages", code="context_length_exceeded")
+        message = _for_a_client(error, "shorten the messages", "the server's --budget sets what a prompt may hold")
+        return APIError(400, message, param="messages", code="context_length_exceeded")
     if isinstance(error, PoolExhaustedError):
-        message = _for_a_client(error, "retry after Retry-After seconds")
+        message = _for_a_client(error, "retry after Retry-After seconds", POOL_FLAG)
         return APIError(503, message, code="pool_exhausted", retry_after=RETRY_AFTER_S)
     if isinstance(error, RemoteEngineError):
         log.error("the serving engine failed a request: %s", error)
@@ -90,13 +91,17 @@ def clm_error_to_api(error: ClmError) -> APIError:
     return APIError(500, str(error), code="internal_error")
 
 
-def _for_a_client(error: ClmError, what_to_do: str) -> str:
-    """A pool error's message in the request's terms: the library's ``max_new_tokens`` is
-    the request's ``max_tokens``, and its hint (``max_kv_bytes``, ``max_blocks``: Python
+POOL_FLAG = "the server's --max-kv-bytes sizes the pool"
+
+
+def _for_a_client(error: ClmError, what_to_do: str, server_flag: str) -> str:
+    """An error's message in the request's terms: the library's ``max_new_tokens`` is the
+    request's ``max_tokens``, and its hint (``max_kv_bytes``, ``budget=...``: Python
     arguments, the operator's) gives way to ``what_to_do`` for the client and the server's
-    flag that sizes the pool."""
+    flag that decides it (a context-window error had told a client to "set a context
+    budget (budget=...)")."""
     message = error.message.replace("max_new_tokens", "max_tokens")
-    return f"{message} ({what_to_do}; the server's --max-kv-bytes sizes the pool)"
+    return f"{message} ({what_to_do}; {server_flag})"
 
 
 def unexpected_error(error: BaseException) -> APIError:

@@ -285,6 +285,7 @@ def test_a_prompt_over_the_context_window_is_a_400_and_the_session_is_left_as_it
     for added in ([huge], [*own, huge]):  # the client's own assistant and tool messages are taken back too
         error = _error(_post(server.api, {**_hello(model_id), "messages": [*history, *added]}, session), 400)
         assert error["code"] == "context_length_exceeded"
+        assert "budget=" not in error["message"] and "shorten the messages" in error["message"]  # the client's terms
         assert httpx.get(server.api + "/sessions/too-long", timeout=TIMEOUT_S).json()["messages"] == 2
     short = {"role": "user", "content": "short again"}
     retried = _post(server.api, {**_hello(model_id), "messages": [*history, short]}, session).json()
