@@ -699,14 +699,20 @@ class Conversation:
     def context_tokens(self) -> int:
         return len(self.render_prompt(None, for_generation=False).token_ids)
 
-    def segment(self, segment: SegmentId | str) -> Segment:
+    def segment(self, segment: SegmentId | str | int) -> Segment:
+        """The segment named ``seg_N``, or numbered ``N`` (``3`` or ``"3"``, as ``context``
+        and ``clm chat``'s /segments show it)."""
+        if isinstance(segment, int) and not isinstance(segment, bool):
+            segment = segment_id(segment)
+        elif isinstance(segment, str) and segment.isdecimal():
+            segment = segment_id(int(segment))
         try:
             return self._segments[SegmentId(segment)]
         except KeyError:
             raise ConfigError("segment", f"no segment {segment!r} in conversation {self.id}") from None
 
     @_one_caller
-    def pin(self, segment: SegmentId | str) -> Segment:
+    def pin(self, segment: SegmentId | str | int) -> Segment:
         """Never drop or compress this segment; brings it back if it was removed.
 
         A stream left unfinished is closed first (its turn undone, its message taken
@@ -720,7 +726,7 @@ class Conversation:
         return target
 
     @_one_caller
-    def forget(self, segment: SegmentId | str) -> Segment:
+    def forget(self, segment: SegmentId | str | int) -> Segment:
         """Drop this segment from the context at the next turn (it stays in ``history``).
         Forgetting overrides a pin (the system prompt's included): a forgotten segment that
         a later message brings back is an ordinary one, not pinned again. A stream left

@@ -257,9 +257,8 @@ def _command(text: str, conversation: Any, console: Console) -> bool:
         if not argument:
             console.print(f"usage: {name} N (a segment number, or seg_N)")
             return True
-        segment_id = argument if argument.startswith("seg_") else f"seg_{argument}"
         try:
-            segment = conversation.pin(segment_id) if name == "/pin" else conversation.forget(segment_id)
+            segment = conversation.pin(argument) if name == "/pin" else conversation.forget(argument)
         except Exception as error:  # a ClmError names the segment; keep the chat going
             console.print(Text(str(error), style="red"))
             return True

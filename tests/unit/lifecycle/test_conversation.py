@@ -173,6 +173,20 @@ def test_under_a_budget_labels_wait_until_the_prompt_would_exceed_it(converse):
     assert all(t.text in conversation.context for t in acks)
 
 
+def test_a_segment_is_named_by_its_number_as_well_as_by_its_id(converse):
+    """``forget(3)`` said "no segment 3" while clm chat's /forget 3 worked (a helper's probe)."""
+    conversation = converse(budget=1000)
+    conversation.send("My booking code is BH-7741.")
+    first = conversation.history[0].segment_ids[0]
+    number = int(first.removeprefix("seg_"))
+    assert conversation.segment(number) is conversation.segment(str(number)) is conversation.segment(first)
+    assert conversation.forget(number).id == first
+    with pytest.raises(ConfigError, match="no segment 'seg_999'"):
+        conversation.pin(999)
+    with pytest.raises(ConfigError, match="no segment True"):
+        conversation.segment(True)
+
+
 def test_pinned_segments_survive_budget_pressure_and_forget_removes_them_and_their_pin(converse):
     conversation = converse(budget=360)
     conversation.send("Remember the code WX-5521 for the locker, it matters.")
