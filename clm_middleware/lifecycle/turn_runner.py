@@ -40,7 +40,7 @@ from clm_middleware.lifecycle.segments import (
 from clm_middleware.lifecycle.turn import Reply, TurnStats, decision_counts
 from clm_middleware.render.tool_calls import OPEN as TOOL_CALL_OPEN
 from clm_middleware.structured.array_watch import ArrayWatch
-from clm_middleware.structured.format import digits_loop_in_string, inside_string, number_loops
+from clm_middleware.structured.format import digits_loop_in_string, inside_string, number_loops, phrase_loop_in_string
 from clm_middleware.structured.server_side import ServerFormat
 
 if TYPE_CHECKING:
@@ -345,8 +345,9 @@ class TurnRunner:
         """A sentence repeats since the last close, and the document is inside a string
         value: a loop the grammar allows forever (``The cat was a cat, and the cat was
         a cat, ...``) and only the model could end; or a run of digits there repeats
-        itself (``"user_id": "1234567890123456789012..."``)."""
-        if digits_loop_in_string(written):
+        itself (``"user_id": "1234567890123456789012..."``), or a phrase with no sentence
+        mark (``"The movie The movie The movie``)."""
+        if digits_loop_in_string(written) or phrase_loop_in_string(written):
             return True
         return first_repeated_sentence(
             cut_at_stop(written, settings.stop, given)[since:]

@@ -187,15 +187,48 @@ def _check_types(schema: Mapping[str, Any], field: str) -> None:
 def inside_string(text: str) -> bool:
     """Whether JSON ``text`` (a prefix of a document) ends inside a string: an odd number
     of unescaped quotes so far."""
-    inside = escaped = False
-    for char in text:
+    return open_string_start(text) is not None
+
+
+def open_string_start(text: str) -> int | None:
+    """Where the string JSON ``text`` (a prefix of a document) ends inside begins (just
+    after its opening quote); None when it ends outside every string."""
+    start: int | None = None
+    escaped = False
+    for index, char in enumerate(text):
         if escaped:
             escaped = False
         elif char == "\\":
-            escaped = inside
+            escaped = start is not None
         elif char == '"':
-            inside = not inside
-    return inside
+            start = index + 1 if start is None else None
+    return start
+
+
+PHRASE_REPEATS = 3  # a phrase said this many times running inside one string value is a loop
+LONGEST_PHRASE = 8  # words
+LOOP_WORDS = 6  # the fewest words a phrase loop spans ("very very very" is a phrase, not a loop)
+_WORD = re.compile(r"\w+")
+
+
+def phrase_loop_in_string(text: str) -> bool:
+    """Whether JSON ``text`` (a prefix of a document) ends inside a string value whose
+    words end with one phrase of at most ``LONGEST_PHRASE`` words said
+    ``PHRASE_REPEATS`` times running, over ``LOOP_WORDS`` words at least (``"The movie
+    The movie The movie"``, SmolLM2 under a schema until ``max_tokens``): a loop with no
+    sentence mark for ``first_repeated_sentence`` to see. Case is ignored."""
+    start = open_string_start(text)
+    if start is None:
+        return False
+    words = _WORD.findall(text[start:].lower())
+    for period in range(1, LONGEST_PHRASE + 1):
+        span = max(period * PHRASE_REPEATS, LOOP_WORDS)
+        if len(words) < span:
+            break
+        tail = words[-span:]
+        if all(tail[i] == tail[i - period] for i in range(period, span)):
+            return True
+    return False
 
 
 LONGEST_NUMBER = 24  # characters: an int64 (19 digits and a sign) or a float's repr fits in fewer

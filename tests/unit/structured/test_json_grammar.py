@@ -179,6 +179,30 @@ def test_a_loop_inside_a_string_value_is_closed_and_the_document_finishes(script
     assert "string_loop_closed" in reply.stats.reply_flags
 
 
+def test_a_phrase_loop_with_no_sentence_mark_inside_a_string_is_closed(scripted):
+    """SmolLM2 on a movie schema: '{"title": "The movie The movie The movie ...' until
+    max_tokens, a loop no sentence or clause mark bounds (a helper's probe)."""
+    reply = scripted_document(scripted, '{"setup": "' + "The movie " * 16, JOKE)
+    joke = json.loads(reply.text)
+    assert reply.finish_reason == "stop" and set(joke) == {"setup", "punchline"}
+    assert joke["setup"].count("The movie") <= 3
+    assert reply.stats.reply_flags.count("string_loop_closed") == 1
+
+
+def test_phrase_loop_in_string_needs_a_phrase_said_three_times_running_over_six_words():
+    from clm_middleware.structured.format import phrase_loop_in_string
+
+    assert phrase_loop_in_string('{"title": "The movie The movie The movie')
+    assert phrase_loop_in_string('{"a": "x", "b": "Ha ha ha ha HA ha')
+    assert phrase_loop_in_string(
+        '{"t": "we went to the park and then we went to the park and then we went to the park and then'
+    )
+    assert not phrase_loop_in_string('{"title": "The movie The movie')  # twice
+    assert not phrase_loop_in_string('{"t": "It was very very very good')  # a phrase of three words
+    assert not phrase_loop_in_string('{"t": "The movie The movie The movie"')  # the string has ended
+    assert not phrase_loop_in_string('{"t": "a", "u": ["one two", "one two", "one two"')  # three strings, not one
+
+
 def test_inside_string_follows_quotes_and_escapes():
     from clm_middleware.structured.format import inside_string
 
