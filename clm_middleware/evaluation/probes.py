@@ -73,10 +73,11 @@ def read_probes(path: str | Path) -> list[Probe]:
         raise TranscriptError(str(path), None, 'expected a non-empty list like [{"question": ..., "answer": ...}]')
     probes = []
     for number, item in enumerate(data):
+        known = ", ".join(f'"{key}"' for key in sorted(_PROBE_KEYS))
         if not isinstance(item, dict) or not isinstance(item.get("answer"), str) or not item["answer"].strip():
-            raise TranscriptError(str(path), None, f'probe {number}: needs a non-empty string "answer"')
+            found = f" (it has {', '.join(map(repr, item))}; a probe has {known})" if isinstance(item, dict) else ""
+            raise TranscriptError(str(path), None, f'probe {number}: needs a non-empty string "answer"{found}')
         if unknown := sorted(set(item) - _PROBE_KEYS):  # a misspelt "alternatives" would count nothing
-            known = ", ".join(f'"{key}"' for key in sorted(_PROBE_KEYS))
             raise TranscriptError(str(path), None, f"probe {number}: unknown key {unknown[0]!r} (a probe has {known})")
         alternatives = item.get("alternatives") or []
         if not isinstance(alternatives, list) or not all(isinstance(a, str) for a in alternatives):

@@ -197,6 +197,8 @@ def _looks_like_json_lines(text: str) -> bool:
 
 
 def _detect(data: Any, path: str) -> str:
+    if data == [] or data == {}:
+        raise TranscriptError(path, None, "the file holds no messages")
     first = data[0] if isinstance(data, list) and data else data
     if _is_message_list(first):
         return "openai"  # a list of conversations, each a bare list of messages
@@ -236,16 +238,20 @@ def _is_message_list(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and "role" in value[0]
 
 
+_MESSAGES_KEYS = ("messages", "traj", "conversations")  # where a conversation object holds its messages
+
+
 def _openai_conversation(item: Any, number: int, path: str, where: str) -> Transcript:
     if isinstance(item, list):  # a bare list of messages
         return Transcript(f"{Path(path).stem}-{number}", _openai_messages(item, path, where), path)
     if not isinstance(item, dict):
         raise TranscriptError(path, None, f"{where}: expected an object with a messages list")
-    messages = item.get("messages", item.get("traj", item.get("conversations")))
+    key = next((k for k in _MESSAGES_KEYS if k in item), "messages")
+    messages = item.get(key)
     if not isinstance(messages, list):
         raise TranscriptError(path, None, f'{where}: expected a "messages" list')
     name = _conversation_name(item, _ID_KEYS, number)
-    messages_read = _openai_messages(messages, path, f"{where}.messages")
+    messages_read = _openai_messages(messages, path, f"{where}.{key}")  # an error names the file's own key
     if "system" in item:  # Anthropic's and many request logs' layout: the system prompt beside the messages
         system = _checked(
             lambda: message_from_record({"role": "system", "content": item["system"]}, path, None),

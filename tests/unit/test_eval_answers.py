@@ -209,6 +209,10 @@ def test_a_probes_file_that_is_not_json_is_a_clean_error_naming_it(tmp_path):
             b'[{"question": "Colour?", "answer": "vermilion", "alternative": ["crimson"]}]',
             "probe 0: unknown key 'alternative'",
         ),
+        (  # another tool's layout: the keys it has are named beside the ones a probe has
+            b'[{"q": "Colour?", "a": "vermilion"}]',
+            """probe 0: needs a non-empty string "answer" (it has 'q', 'a'; a probe has "alternatives",""",
+        ),
     ],
 )
 def test_a_probes_file_that_cannot_be_probes_is_named_with_what_is_wrong(tmp_path, content, message):
