@@ -133,6 +133,26 @@ def validation_param(location: tuple) -> str | None:
     return text or None
 
 
+_SHOULD_BE = "Input should be "
+
+
+def union_message(problems: list[dict], first: dict) -> str:
+    """``first``'s message, with those of the union members that failed beside it at the
+    same place: ``"content": 5`` is "Input should be a valid string, or a valid list"
+    (it had named only the string member, though a list of parts is taken too)."""
+    location = tuple(first.get("loc", ()))
+    said = [str(first.get("msg"))]
+    for problem in problems:
+        loc = tuple(problem.get("loc", ()))
+        message = str(problem.get("msg"))
+        if problem is first or len(loc) != len(location) or loc[:-1] != location[:-1] or message in said:
+            continue
+        if not (_UNION_MEMBER.fullmatch(str(loc[-1])) and _UNION_MEMBER.fullmatch(str(location[-1]))):
+            continue
+        said.append(message)
+    return said[0] + "".join(", or " + m.removeprefix(_SHOULD_BE) for m in said[1:])
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, error: APIError) -> JSONResponse:
@@ -159,7 +179,8 @@ def install_error_handlers(app: FastAPI) -> None:
             sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
             problem = f"the request body must be JSON with Content-Type: application/json; got {sent}"
             return APIError(400, problem).response()
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        said = union_message(problems, first)
+        message = f"{param}: {said}" if param else said
         return APIError(400, message, param=param).response()
 
     @app.exception_handler(StarletteHTTPException)

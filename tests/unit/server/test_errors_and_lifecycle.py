@@ -177,6 +177,14 @@ def test_a_bad_request_is_a_400_naming_the_field(server, model_id, change, param
     assert param.split("[")[0] in error["message"]
 
 
+@pytest.mark.parametrize("content", [5, {"text": "hi"}])
+def test_content_of_a_wrong_type_is_named_with_every_type_it_may_have(server, model_id, content):
+    """It had said only "Input should be a valid string", though a list of parts is taken too."""
+    error = _error(_post(server.api, {**_hello(model_id), "messages": [{"role": "user", "content": content}]}), 400)
+    assert error["param"] == "messages[0].content"
+    assert error["message"] == "messages[0].content: Input should be a valid string, or a valid list"
+
+
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
 def test_a_number_that_is_not_finite_is_a_400_saying_so(server, model_id, value):
     body = json.dumps(_hello(model_id, temperature=0.5)).replace("0.5", value)
