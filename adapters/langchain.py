@@ -220,6 +220,10 @@ class ChatCLM(BaseChatModel):
     (``on_llm_new_token``; the reply is the same); False, given, turns streaming off
     (``stream()`` yields the reply whole); unset, ``stream()`` streams and ``invoke``
     reports no token."""
+    stream_usage: bool = True
+    """As ChatOpenAI's and ChatAnthropic's: whether ``stream`` / ``astream`` put the
+    call's ``usage_metadata`` on their last chunk (also per call, ``stream(...,
+    stream_usage=False)``); ``invoke`` always carries it."""
     timeout: float | None = None
     """Accepted for compatibility (a LangChain standard parameter): the model runs in this
     process, so there is no request to time out."""
@@ -472,7 +476,9 @@ class ChatCLM(BaseChatModel):
     def stream(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: Stops = None, **kwargs: Any
     ) -> Iterator[AIMessageChunk]:
-        yield from super().stream(input, config, stop=stop, **_session_kwargs(config, kwargs))
+        with_usage = bool(kwargs.get("stream_usage", self.stream_usage))
+        for chunk in super().stream(input, config, stop=stop, **_session_kwargs(config, kwargs)):
+            yield chunk if with_usage else _without_usage(chunk)
 
     async def astream(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: Stops = None, **kwargs: Any
@@ -486,6 +492,7 @@ class ChatCLM(BaseChatModel):
         # task after it broke out of the loop, and its next call (another ChatCLM's too)
         # joined the abandoned stream's turns and was cancelled when that stream was
         # collected (a helper's probe: break, then ainvoke raised TurnCancelled).
+        with_usage = bool(kwargs.get("stream_usage", self.stream_usage))
         turns: list[WorkerEvents] = []
         inner = super().astream(input, config, stop=stop, **_session_kwargs(config, kwargs))
         try:
@@ -497,7 +504,7 @@ class ChatCLM(BaseChatModel):
                     return
                 finally:
                     _STREAM_TURNS.reset(marker)
-                yield chunk
+                yield chunk if with_usage else _without_usage(chunk)
         finally:
             await inner.aclose()
             for events in turns:
@@ -773,6 +780,11 @@ class ChatCLM(BaseChatModel):
         # whose args are the whole payload. A summed stream carries the valid calls only.
         message.invalid_tool_calls = list(answer.invalid_tool_calls)
         return message
+
+
+def _without_usage(chunk: AIMessageChunk) -> AIMessageChunk:
+    """``chunk`` as a stream with ``stream_usage=False`` yields it: no ``usage_metadata``."""
+    return chunk.model_copy(update={"usage_metadata": None}) if chunk.usage_metadata else chunk
 
 
 def _openai_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]]:

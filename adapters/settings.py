@@ -68,7 +68,7 @@ CALL_ARGUMENTS = frozenset(
         "frequency_penalty",
         "presence_penalty",
         "no_repeat_ngram_size",
-        # ChatOpenAI's switch for usage on the last streamed chunk, which ChatCLM always sends
+        # ChatOpenAI's switch for usage on the last streamed chunk (ChatCLM.stream_usage)
         "stream_usage",
         *ALIASES,
     }

@@ -291,6 +291,25 @@ def test_a_call_after_breaking_out_of_an_async_stream_is_not_taken_for_one_of_it
     assert (same.content, other.content) == ("Paris.", "Rome.")
 
 
+@pytest.mark.parametrize("where", ["constructor", "call"])
+def test_stream_usage_false_leaves_usage_off_the_stream_and_invoke_keeps_it(scripted_llm, where):
+    """ChatOpenAI's and ChatAnthropic's field: ChatCLM(stream_usage=True) had been refused,
+    and stream(..., stream_usage=False) still put usage on the last chunk (a helper's probe)."""
+    import asyncio
+
+    llm, _ = scripted_llm(*["Hi there."] * 3, **({"stream_usage": False} if where == "constructor" else {}))
+    call = {"stream_usage": False} if where == "call" else {}
+    streamed = [chunk.usage_metadata for chunk in llm.stream("hello", **call)]
+    assert streamed and not any(streamed)
+
+    async def collect():
+        return [chunk.usage_metadata async for chunk in llm.astream([HumanMessage("hello")], **call)]
+
+    assert not any(asyncio.run(asyncio.wait_for(collect(), timeout=60)))
+    assert llm.invoke("hello", **call).usage_metadata["output_tokens"] > 0
+    assert type(llm)(engine=llm.engine).stream_usage is True
+
+
 class _TokenCounter(BaseCallbackHandler):
     def __init__(self) -> None:
         super().__init__()
