@@ -50,7 +50,7 @@ from clm_middleware.lifecycle.calibration import ProtocolVerdict, known_verdict,
 from clm_middleware.lifecycle.checkpoint import TurnCheckpoint
 from clm_middleware.lifecycle.compaction import Compactor, ContextBudgetError, condensable_tokens, too_long_to_condense
 from clm_middleware.lifecycle.compressor import Compressor
-from clm_middleware.lifecycle.config import GenerationSettings, LifecycleConfig
+from clm_middleware.lifecycle.config import MIN_BUDGET_TOKENS, GenerationSettings, LifecycleConfig
 from clm_middleware.lifecycle.journal import ChangeJournal
 from clm_middleware.lifecycle.live import LiveIndex, recently_removed
 from clm_middleware.lifecycle.prompts import PROTOCOL_PROMPT, bundled_prompt, resolve_prompt, summarizer_prompt
@@ -194,7 +194,8 @@ class Conversation:
 
             engine = Engine.from_pretrained()
         self.engine = engine
-        check_budget_fits_engine(self.config.budget, engine, self.generation.max_new_tokens)
+        check_budget_fits_engine(self.config.budget, engine)
+        warn_reply_room(self.config.budget, engine, self.generation.max_new_tokens)
         self.id = conversation_id
         self.cache_salt = cache_salt
         self.chat_format = ChatFormat.from_tokenizer(self.engine.tokenizer)
@@ -1178,29 +1179,38 @@ _GENERATION_ARGUMENTS = (
 _GENERATION_BEYOND = ("end_after", "block_tokens", "logit_bias", "cut_repeats", "forbid_tool_calls")
 
 
-def check_budget_fits_engine(budget: int | None, engine: ServingEngine, reply_tokens: int = 0) -> None:
-    """A budget that leaves the engine's window no room for a reply of ``reply_tokens``
-    after a prompt at the budget is refused at once. Over the window, a prompt would
-    outgrow the engine turns before the budget folded anything (a remote llama-server
-    with 256 positions a slot failed at turn 4 of a replay at budget 512); at the window,
-    every reply near the budget was cut within a few tokens (budget 1024 on a 1024-token
-    slot: "The hotel is very convenient, and it's", finish_reason ``length``)."""
+def check_budget_fits_engine(budget: int | None, engine: ServingEngine) -> None:
+    """A budget over the positions the engine serves per request is refused at once: a
+    prompt would outgrow the engine turns before the budget folded anything (a remote
+    llama-server with 256 positions a slot failed at turn 4 of a replay at budget 512)."""
+    positions = engine.max_positions
+    if budget is None or not positions or budget <= positions:
+        return
+    raise ConfigError(
+        "budget",
+        f"{budget} tokens is over the {positions} positions the engine serves per request",
+        hint="lower the budget; a llama-server gives each slot its --ctx-size divided by --parallel",
+    )
+
+
+def warn_reply_room(budget: int | None, engine: ServingEngine, reply_tokens: int) -> None:
+    """A ``RuntimeWarning`` where a prompt at the budget leaves the engine's window no room
+    for a reply of ``reply_tokens``: such replies are cut at the window (budget 1024 on a
+    1024-token llama-server slot cut replies within a few tokens, finish_reason
+    ``length``). Not an error: ``max_new_tokens`` is a cap, and one set to the window
+    (replies as long as they may be) asks for no room, so it is not warned of."""
     positions = engine.max_positions
     if budget is None or not positions or budget + reply_tokens <= positions:
         return
-    slots = "a llama-server gives each slot its --ctx-size divided by --parallel"
-    if budget > positions:
-        raise ConfigError(
-            "budget",
-            f"{budget} tokens is over the {positions} positions the engine serves per request",
-            hint=f"lower the budget; {slots}",
-        )
-    raise ConfigError(
-        "budget",
-        f"{budget} tokens leaves no room for a reply of up to {reply_tokens} tokens (max_new_tokens) in the "
-        f"{positions} positions the engine serves per request (a budget of {positions - reply_tokens} or less "
-        "does): a reply near the budget would be cut at the window",
-        hint=f"lower the budget or max_new_tokens; {slots}",
+    fits = positions - reply_tokens
+    if fits < MIN_BUDGET_TOKENS:
+        return
+    warnings.warn(
+        f"budget {budget} leaves the {positions} positions the engine serves per request no room for a reply of up "
+        f"to {reply_tokens} tokens (max_new_tokens): a reply near the budget is cut at the window; a budget of "
+        f"{fits} or less leaves it room (a llama-server gives each slot its --ctx-size divided by --parallel)",
+        RuntimeWarning,
+        stacklevel=3,  # the caller of Conversation(...)
     )
 
 

@@ -150,7 +150,7 @@ def bench(
     probes = load_probes(transcript, probes_path)
     first = build_engine(**engine_options)
     if {"clm", "truncate"} & set(chosen):  # prefix and stateless ignore --budget
-        check_budget_option(budget, first, 1 if teacher_force else max_new_tokens)
+        check_budget_option(budget, first)
     factories, reports, lifecycles, engines = {}, {}, {}, {}
     for index, mode in enumerate(chosen):
         engine = first if index == 0 else sibling_engine(first)  # own pool, shared weights

@@ -480,15 +480,14 @@ def check_engine_options(engine_options: Mapping[str, Any]) -> None:
         raise usage_error(error, click.get_current_context()) from None
 
 
-def check_budget_option(budget: int | None, engine: Any, reply_tokens: int = 0) -> None:
-    """A --budget that leaves the engine's positions no room for a reply of
-    ``reply_tokens`` is a usage error naming it, before the first turn (every turn had
-    failed on it, and ``--on-error skip`` exited 0)."""
+def check_budget_option(budget: int | None, engine: Any) -> None:
+    """A --budget over the positions the engine serves is a usage error naming it, before
+    the first turn (every turn had failed on it, and ``--on-error skip`` exited 0)."""
     from clm_middleware.conversation import check_budget_fits_engine
     from clm_middleware.errors import ConfigError
 
     try:
-        check_budget_fits_engine(budget, engine, reply_tokens)
+        check_budget_fits_engine(budget, engine)
     except ConfigError as error:
         raise usage_error(error, click.get_current_context()) from None
 

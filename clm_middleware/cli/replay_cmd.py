@@ -163,7 +163,7 @@ def replay(
     )
     engine = build_engine(**engine_options)
     if mode in ("clm", "truncate"):
-        check_budget_option(budget, engine, options.tokens_to_generate)
+        check_budget_option(budget, engine)
     if summarizer and mode == "clm":
         lifecycle.summarizer = build_engine(summarizer, device=engine_options["device"], dtype=engine_options["dtype"])
     settings = {**report_settings(transcript, options, engine, lifecycle), "on_error": on_error}

@@ -166,10 +166,10 @@ def serve(
         if db is not None:
             Store(db).close()  # not a usable store: said now, not as a 500 on every request
         engine = build_engine(**engine_options)
+        config = dataclasses.replace(config, model_id=config.model_id or engine.model_name)
+        service = ChatService(engine, config, owns_engine=True)  # a budget over the engine's window: --budget's
     except ConfigError as error:
         raise usage_error(error, ctx) from None
-    config = dataclasses.replace(config, model_id=config.model_id or engine.model_name)
-    service = ChatService(engine, config, owns_engine=True)
     if host not in ("127.0.0.1", "localhost", "::1") and not keys:
         click.echo(f"warning: serving on {host} with no --api-key: anyone who can reach it can use it", err=True)
     click.echo(f"clm serve: model {config.model_id!r}, mode {mode}, http://{host}:{port}/v1", err=True)

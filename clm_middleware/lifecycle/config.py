@@ -24,6 +24,9 @@ def check_integers(settings: object, *names: str) -> None:
             raise ConfigError(name, f"must be an integer, got {type(value).__name__} {value!r}")
 
 
+MIN_BUDGET_TOKENS = 64  # a smaller budget holds no more than a system prompt and a short exchange
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationSettings:
     max_new_tokens: int = 256
@@ -154,8 +157,8 @@ class LifecycleConfig:
             object.__setattr__(self, "tagging", tagging_config(self.tagging, self.compress_min_tokens))
         elif not isinstance(self.tagging, TaggingConfig):
             raise ConfigError("tagging", f"must be a TaggingConfig or a mode's name, got {type(self.tagging).__name__}")
-        if self.budget is not None and self.budget < 64:
-            raise ConfigError("budget", f"must be ≥ 64 tokens, got {self.budget}")
+        if self.budget is not None and self.budget < MIN_BUDGET_TOKENS:
+            raise ConfigError("budget", f"must be ≥ {MIN_BUDGET_TOKENS} tokens, got {self.budget}")
         if self.k < 0:
             raise ConfigError("k", f"must be ≥ 0, got {self.k}")
         if self.compression not in METHODS:

@@ -116,8 +116,8 @@ def test_a_budget_over_a_servers_slot_is_refused_when_the_conversation_starts(re
     with pytest.raises(ConfigError, match=rf"budget: {slot + 64} tokens is over the {slot} positions") as raised:
         Conversation(remote, budget=slot + 64)
     assert "--parallel" in (raised.value.hint or "")
-    with pytest.raises(ConfigError, match=r"no room for a reply of up to 256 tokens"):
-        Conversation(remote, budget=slot)  # every reply near the budget was cut at the slot's end
+    with pytest.warns(RuntimeWarning, match=r"no room for a reply of up to 256 tokens"):
+        Conversation(remote, budget=slot).close()  # every reply near the budget was cut at the slot's end
     Conversation(remote, budget=slot - 256).close()
 
 

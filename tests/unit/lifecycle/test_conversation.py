@@ -425,16 +425,21 @@ def test_a_budget_the_system_block_alone_fills_fails_at_once_and_names_it(conver
     assert conversation.send("and again").turn == 2
 
 
-def test_a_budget_that_leaves_the_window_no_room_for_a_reply_is_refused_with_the_budget_that_fits(converse, engine):
+def test_a_budget_that_leaves_the_window_no_room_for_a_reply_is_warned_of_with_the_budget_that_fits(converse, engine):
+    """Budget 1024 on a 1024-token llama-server slot cut every reply near the budget within
+    a few tokens (a helper's probe). A warning, not an error: max_new_tokens is a cap, and
+    one set to the window asks for no room."""
+    import warnings
+
     positions = engine.max_positions
-    with pytest.raises(
-        ConfigError, match=rf"no room for a reply of up to 64 tokens .* {positions} positions"
-    ) as raised:
-        converse(budget=positions - 10, max_new_tokens=64)
-    assert f"a budget of {positions - 64} or less does" in str(raised.value)
+    with pytest.warns(RuntimeWarning, match=rf"no room for a reply of up to 64 tokens.*{positions - 64} or less"):
+        converse(budget=positions - 10, max_new_tokens=64).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        converse(budget=positions - 64, max_new_tokens=64).close()
+        converse(budget=positions // 2, max_new_tokens=positions).close()  # replies as long as they may be
     with pytest.raises(ConfigError, match=rf"over the {positions} positions"):
         converse(budget=positions + 1)
-    converse(budget=positions - 64, max_new_tokens=64).close()
 
 
 def test_a_turn_refused_for_the_budget_says_what_the_system_block_takes_of_it(converse):
