@@ -142,7 +142,10 @@ class ServerClient:
     def _where(self, path: str) -> str:
         return f"the engine at {self.config.base_url.rstrip('/')}{path}"
 
-    def _retrying(self, attempt, read_timeout_s: float | None = None):
+    def _retrying(self, attempt, json_timeout_s: float | None = None):
+        """``attempt()`` with retries; its failure as a ``RemoteEngineError``.
+        ``json_timeout_s``: a JSON call's wait, named when it ran out (a stream's read
+        timeout is a stall mid-request: a long prefill, or a server that went away)."""
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
             stop=stop_after_attempt(self.config.retry_attempts),
@@ -165,15 +168,19 @@ class ServerClient:
                 status=503,
             ) from error
         except httpx.ReadTimeout as error:
+            if json_timeout_s is None:
+                raise self._stalled(error) from error
             raise RemoteEngineError(
-                f"{self._where('')} accepted the request but sent no answer within "
-                f"{read_timeout_s or self.config.read_timeout_s:g} s",
+                f"{self._where('')} accepted the request but sent no answer within {json_timeout_s:g} s",
                 hint="check that the server at --engine is a serving engine and is not hung or stopped",
             ) from error
         except httpx.HTTPError as error:  # the request went out; the server vanished or stalled before answering
-            raise RemoteEngineError(
-                f"{self._where('')} stopped answering mid-request ({type(error).__name__}: {error})", hint=AGAIN
-            ) from error
+            raise self._stalled(error) from error
+
+    def _stalled(self, error: httpx.HTTPError) -> RemoteEngineError:
+        return RemoteEngineError(
+            f"{self._where('')} stopped answering mid-request ({type(error).__name__}: {error})", hint=AGAIN
+        )
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None, missing_ok: bool) -> Any:
         timeout = httpx.Timeout(self.config.json_timeout_s, connect=self.config.connect_timeout_s)
@@ -212,9 +219,13 @@ class ServerClient:
                 detail = detail.get("message", detail)
         except ValueError:
             detail = _readable(response.text)
+            json_error = False
+        else:
+            json_error = True
         code = response.status_code
         hint = "check --engine-api-key" if code in (401, 403) else None
-        if code in (404, 405, 501):
+        # a path the server lacks; vLLM's JSON 404 names a model it does not serve instead
+        if code in (405, 501) or (code == 404 and not json_error):
             hint = (
                 f"this server does not serve {path}: --engine needs an OpenAI-compatible serving engine that "
                 "takes token-id prompts there (vLLM, llama.cpp's llama-server)"

@@ -106,6 +106,27 @@ def test_a_json_call_to_a_server_that_never_answers_fails_within_its_own_timeout
     assert engine.url in str(raised.value) and "hung" in (raised.value.hint or "")
 
 
+def test_a_completion_that_waits_past_its_read_timeout_is_a_stall_that_undid_the_turn():
+    """A long prefill on a CPU server: not the start-up's "sent no answer" (a review)."""
+    with LoopbackServer(on_post=_Silent(stall_s=10.0)) as engine:
+        client = ServerClient(ClientConfig(engine.url, retry_attempts=1, read_timeout_s=0.5))
+        with pytest.raises(RemoteEngineError, match="stopped answering mid-request") as raised:
+            next(client.stream("/v1/completions", {"prompt": [1]}))
+        client.close()
+    assert "no message was lost" in (raised.value.hint or "")
+
+
+def test_a_json_404_naming_a_model_is_not_taken_for_a_missing_path():
+    """vLLM answers a model name it does not serve with a JSON 404 (a review)."""
+    body = b'{"error": {"message": "The model `wrong-name` does not exist.", "code": 404}}'
+    with LoopbackServer(on_post=_answer(404, body)) as engine:
+        client = _client(engine)
+        with pytest.raises(RemoteEngineError, match="answered 404: The model `wrong-name` does not exist") as raised:
+            client.post_json("/v1/completions", {})
+        client.close()
+    assert raised.value.hint is None
+
+
 def test_an_event_that_is_not_json_is_a_remote_engine_error_not_a_crash():
     with LoopbackServer(on_post=_Stream([EVENT, b"data: {not json\n\n"])) as engine:
         client = _client(engine)
