@@ -506,10 +506,12 @@ class ChatCLM(BaseChatModel):
                     _STREAM_TURNS.reset(marker)
                 yield chunk if with_usage else _without_usage(chunk)
         finally:
-            await inner.aclose()
-            for events in turns:
-                if not events.done:
-                    await events.finished()
+            try:
+                await inner.aclose()
+            finally:  # the turns stop and are undone even if closing the inner stream raised
+                for events in turns:
+                    if not events.done:
+                        await events.finished()
 
     def _stream(
         self,

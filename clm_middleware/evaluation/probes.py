@@ -98,7 +98,7 @@ def write_probes(path: str | Path, probes: list[Probe]) -> None:
 
 def said_context(drivers: Sequence[Any]) -> str:
     """The final contexts of replay ``drivers`` (each with ``context`` and
-    ``tools_section``) as one text, without the tools section each shows in its system
+    ``tools_section``, as the context shows it) as one text, without the tools section each shows in its system
     message: an answer that only the middleware's own instructions hold (its example call
     names "Paris") was not retained from the conversation."""
     contexts = []

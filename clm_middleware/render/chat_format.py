@@ -168,6 +168,11 @@ class ChatFormat:
             return ids
         return self._encode_halving_specials(text)
 
+    def shown(self, text: str) -> str:
+        """``text`` as a context's decoded ids show it (a tokenizer's decode may not give
+        back every space it was given)."""
+        return self.tokenizer.decode(self.encode(text))
+
     def encode_after_space(self, text: str) -> list[int]:
         """Ids of ``text`` as it reads after a space inside one message: ``" " + text``
         when the tokenizer merges that space into the first word (``ĠI``, as the whole
@@ -347,7 +352,7 @@ def content_tokenizer(tokenizer: Any) -> Any:
     with (module docstring). Every encode with ``split_special_tokens=True`` goes here."""
     with _CONTENT_LOCK:
         content = _CONTENT_TOKENIZERS.get(tokenizer)
-        if content is None:
+        if content is None or len(content) != len(tokenizer):  # tokens added since: copied again
             content = copy.deepcopy(tokenizer)
             content.split_special_tokens = True
             _CONTENT_TOKENIZERS[tokenizer] = content

@@ -18,7 +18,9 @@ class ClmDriver:
 
     @property
     def tools_section(self) -> str | None:
-        return self.conversation.tools_prompt
+        """The tools section as ``context`` shows it."""
+        section = self.conversation.tools_prompt
+        return self.conversation.chat_format.shown(section) if section else None
 
     def discard_turn(self) -> None:
         """The unanswered messages go (``Conversation.discard``); an assistant message

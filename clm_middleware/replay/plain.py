@@ -40,7 +40,7 @@ class PlainChatDriver:
     ) -> None:
         self.engine, self.format, self.options = engine, chat_format, options
         self.conversation_id = conversation_id
-        self.tools_section = tools_section
+        self.tools_section = chat_format.shown(tools_section) if tools_section else None  # as context shows it
         self.head = SystemHead(chat_format, tools_section)
         self.history: list[int] | None = None
         self.replies: list[str] = []  # the assistant's replies so far, as the model saw them

@@ -34,7 +34,7 @@ class TruncationDriver:
             raise ConfigError("budget", f"truncation needs a budget of at least 16 tokens, got {budget}")
         self.engine, self.format, self.options = engine, chat_format, options
         self.conversation_id, self.budget = conversation_id, budget
-        self.tools_section = tools_section
+        self.tools_section = chat_format.shown(tools_section) if tools_section else None  # as context shows it
         self.head = SystemHead(chat_format, tools_section)
         self.system: list[int] | None = None
         self.messages: list[tuple[str, list[int]]] = []  # (role, content ids) of each non-system message

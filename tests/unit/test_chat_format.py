@@ -123,6 +123,15 @@ def test_content_encoding_never_changes_how_the_shared_tokenizer_reads_special_t
     assert all(b.glue == reference.glue and b.generation_prompt_ids == reference.generation_prompt_ids for b in built)
 
 
+def test_a_token_added_after_the_first_format_is_read_by_the_content_copy_too():
+    tokenizer = tiny_tokenizer()  # its own instance: adding a token changes it
+    ChatFormat.from_tokenizer(tokenizer).encode("warm up")
+    tokenizer.add_tokens(["<newtok>"])
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    assert chat.encode("a <newtok>") == tokenizer.encode("a <newtok>", add_special_tokens=False)
+    assert len(chat.encode("<newtok>")) == 1
+
+
 def test_a_user_cannot_forge_a_turn_through_a_conversation(converse):
     conversation = converse(system_prompt="Be kind.")
     benign = converse(system_prompt="Be kind.")
