@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import copy
 import functools
@@ -56,8 +57,9 @@ from .worker_events import WorkerEvents
 Stops = list[str] | None
 
 
-# the turns an ``astream`` of ChatCLM started, to stop and undo when that stream is closed
-_STREAM_TURNS: contextvars.ContextVar[list[WorkerEvents] | None] = contextvars.ContextVar(
+# the task an ``astream`` of ChatCLM reads in, and the turns it started there, to stop and
+# undo when that stream is closed
+_STREAM_TURNS: contextvars.ContextVar[tuple[asyncio.Task | None, list[WorkerEvents]] | None] = contextvars.ContextVar(
     "clm_stream_turns", default=None
 )
 
@@ -497,7 +499,7 @@ class ChatCLM(BaseChatModel):
         inner = super().astream(input, config, stop=stop, **_session_kwargs(config, kwargs))
         try:
             while True:
-                marker = _STREAM_TURNS.set(turns)
+                marker = _STREAM_TURNS.set((asyncio.current_task(), turns))
                 try:
                     chunk = await inner.__anext__()
                 except StopAsyncIteration:
@@ -549,8 +551,11 @@ class ChatCLM(BaseChatModel):
         undone before this returns: the chat's next call extends it as if the cancelled
         call had never been made."""
         events = WorkerEvents()
-        if (listed := _STREAM_TURNS.get()) is not None:
-            listed.append(events)
+        # only a turn of the stream's own task is its: a task a callback starts while the
+        # stream advances copies the context, and its call had been cancelled with the
+        # stream's end (a helper's probe: a chat title made on the first token)
+        if (listed := _STREAM_TURNS.get()) is not None and listed[0] is asyncio.current_task():
+            listed[1].append(events)
 
         def produce() -> None:
             for item in self._chunks(messages, stop, kwargs, events.cancelled.is_set):
@@ -623,9 +628,10 @@ class ChatCLM(BaseChatModel):
     # ------------------------------------------------------------ counting
 
     def get_token_ids(self, text: str) -> list[int]:
-        """The model's own token ids of ``text`` (LangChain's default is GPT-2's tokenizer,
+        """The model's own token ids of ``text`` as a message's text is encoded (special
+        tokens' text is text, as in the prompt; LangChain's default is GPT-2's tokenizer,
         which is not this model's, and offline has no vocabulary at all)."""
-        return list(self._engine(None).tokenizer.encode(text, add_special_tokens=False))
+        return ChatFormat.from_tokenizer(self._engine(None).tokenizer).encode(text)  # as a message's text is
 
     def get_num_tokens_from_messages(
         self, messages: list[BaseMessage], tools: Sequence[dict[str, Any] | type | Callable | BaseTool] | None = None

@@ -291,6 +291,49 @@ def test_a_call_after_breaking_out_of_an_async_stream_is_not_taken_for_one_of_it
     assert (same.content, other.content) == ("Paris.", "Rome.")
 
 
+def test_a_call_a_callback_starts_during_an_async_stream_is_not_one_of_the_streams_turns(tiny_model, tiny_tok):
+    """A task started from on_llm_new_token (a chat title made on the first token) copies
+    the stream's context: its call joined the stream's turns and was cancelled when the
+    stream ended, TurnCancelled (a helper's probe)."""
+    import asyncio
+
+    from langchain_core.callbacks import AsyncCallbackHandler
+
+    from clm_middleware.adapters import ChatCLM
+    from clm_middleware.engine import Engine
+    from clm_middleware.models import ScriptedReplies
+
+    def scripted(*replies):
+        script = ScriptedReplies(
+            [*tiny_tok.encode(r, add_special_tokens=False), tiny_tok.eos_token_id] for r in replies
+        )
+        return ChatCLM(
+            engine=Engine(tiny_model, tiny_tok, logits_processors=[script]), tagging="signals", max_tokens=80
+        )
+
+    main, titles = scripted("Short."), scripted("A title " * 12)
+    started: list[asyncio.Task] = []
+
+    class Title(AsyncCallbackHandler):
+        async def on_llm_new_token(self, token: str, **kwargs) -> None:
+            if not started:
+                started.append(asyncio.create_task(titles.ainvoke([HumanMessage("Name this chat.")])))
+
+    async def stream_then_title():
+        chunks = [c.content async for c in main.astream([HumanMessage("Hi.")], config={"callbacks": [Title()]})]
+        return "".join(chunks), await started[0]
+
+    text, title = asyncio.run(asyncio.wait_for(stream_then_title(), timeout=60))
+    assert text == "Short." and title.content.startswith("A title")
+
+
+def test_get_token_ids_counts_special_token_text_as_the_prompt_holds_it(scripted_llm, tiny_tok):
+    llm, _ = scripted_llm("Hi.")
+    text = f"say {tiny_tok.eos_token} please"
+    assert tiny_tok.eos_token_id not in llm.get_token_ids(text)
+    assert llm.get_num_tokens(text) == len(llm.get_token_ids(text))
+
+
 @pytest.mark.parametrize("where", ["constructor", "call"])
 def test_stream_usage_false_leaves_usage_off_the_stream_and_invoke_keeps_it(scripted_llm, where):
     """ChatOpenAI's and ChatAnthropic's field: ChatCLM(stream_usage=True) had been refused,
