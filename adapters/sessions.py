@@ -25,6 +25,7 @@ of those blocks the pool still caches.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 import weakref
 from collections import OrderedDict
@@ -40,6 +41,10 @@ from clm_middleware.store import ConversationExistsError
 from .messages import Turn
 
 MAX_SESSIONS = 64
+# how long a call whose history continues a busy conversation whole waits for it before
+# forking: a stopped turn is undone within a token or two, plus clm serve's 0.25 s poll
+# for a client that left; a concurrent call with the same history forks after it
+BUSY_WAIT_S = 2.0
 
 
 @dataclass(slots=True)
@@ -74,6 +79,7 @@ class SessionRouter:
         # re-entrant: making a conversation may run the engine, whose pool may then ask
         # this router for room (``give_back_cache``) from the same thread
         self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)  # notified when a call leaves a session
         self.max_sessions = max_sessions
         self.evicted = 0  # idle sessions closed to stay within max_sessions
         self.caches_released = 0  # idle sessions that gave their blocks back under pool pressure
@@ -92,48 +98,67 @@ class SessionRouter:
         if session_id is not None and not session_id.strip():
             session_id = None
         digests = [t.digest for t in turns]
+        deadline = time.monotonic() + BUSY_WAIT_S
         with self._lock:
-            named_before = self._names.get(session_id) if session_id is not None else None
-            if session_id is not None:  # the latest branch first: it wins a tie
-                mine = [named_before, *(c for c in self._branches.get(session_id, ()) if c != named_before)]
-                candidates = [self._sessions[c] for c in mine if c in self._sessions]
-            else:
-                candidates = list(self._sessions.values())
-            best, common = None, 0
-            # the longest idle conversation the history continues whole; of two alike, the one
-            # used last (unnamed candidates come least recently used first; a name's latest
-            # branch comes first and wins a tie): a fork answered last is the one extended
-            extend, extended = None, 0
-            for session in candidates:
-                shared = shared_prefix_length(session.digests, digests)
-                if shared > common or (best is None and shared == common and session_id is not None):
-                    best, common = session, shared
-                continues = not session.busy and 0 < shared == len(session.digests)
-                if continues and (shared > extended or (shared == extended and session_id is None)):
-                    extend, extended = session, shared
-            # a history that continues a conversation whole extends it, even where another
-            # shares more of it: a client replaying a chat another client had (a scripted
-            # opening, a retried conversation) keeps its own branch instead of forking the
-            # other's at every turn (blocks the two hold alike are cache hits either way)
-            if extend is not None:
-                best, common = extend, extended
-            if best is not None and not best.busy and common == len(best.digests) and common <= len(digests):
-                route = Route(best, list(turns[common:]), "extend")
-            elif best is not None and common > 0:
-                route = Route(self._fork(best, common, digests[:common]), list(turns[common:]), "fork")
-            else:
-                conversation_id = self.namespace + (session_id or uuid.uuid4().hex)
-                route = Route(self._add(Session(self._new_conversation(conversation_id))), list(turns), "new")
-            route = Route(route.session, route.new_turns, route.kind, session_id, named_before)
-            if session_id is not None:
-                cid = route.session.conversation.id
-                self._names[session_id] = cid
-                branches = self._branches.setdefault(session_id, [])
-                if cid not in branches:
-                    branches.append(cid)
+            while (route := self._choose(turns, digests, session_id)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    route = self._choose(turns, digests, session_id, wait=False)
+                    break
+                self._idle.wait(left)
+            assert route is not None
             route.session.busy = True
             self._sessions.move_to_end(route.session.conversation.id)
             return route
+
+    def _choose(
+        self, turns: Sequence[Turn], digests: list[str], session_id: str | None, wait: bool = True
+    ) -> Route | None:
+        """The route of ``turns`` now (the lock held); None, with ``wait``, where the history
+        continues a conversation whole that a call still holds: a caller that stopped a
+        stream and sent the same history again at once found the stopped turn not yet
+        undone, and forked a branch per stop (a helper's probe, ChatCLM and clm serve)."""
+        named_before = self._names.get(session_id) if session_id is not None else None
+        if session_id is not None:  # the latest branch first: it wins a tie
+            mine = [named_before, *(c for c in self._branches.get(session_id, ()) if c != named_before)]
+            candidates = [self._sessions[c] for c in mine if c in self._sessions]
+        else:
+            candidates = list(self._sessions.values())
+        best, common = None, 0
+        # the longest idle conversation the history continues whole; of two alike, the one
+        # used last (unnamed candidates come least recently used first; a name's latest
+        # branch comes first and wins a tie): a fork answered last is the one extended
+        extend, extended = None, 0
+        for session in candidates:
+            shared = shared_prefix_length(session.digests, digests)
+            if shared > common or (best is None and shared == common and session_id is not None):
+                best, common = session, shared
+            continues = not session.busy and 0 < shared == len(session.digests)
+            if continues and (shared > extended or (shared == extended and session_id is None)):
+                extend, extended = session, shared
+        # a history that continues a conversation whole extends it, even where another
+        # shares more of it: a client replaying a chat another client had (a scripted
+        # opening, a retried conversation) keeps its own branch instead of forking the
+        # other's at every turn (blocks the two hold alike are cache hits either way)
+        if extend is not None:
+            best, common = extend, extended
+        if wait and best is not None and best.busy and 0 < common == len(best.digests) <= len(digests):
+            return None
+        if best is not None and not best.busy and common == len(best.digests) and common <= len(digests):
+            route = Route(best, list(turns[common:]), "extend")
+        elif best is not None and common > 0:
+            route = Route(self._fork(best, common, digests[:common]), list(turns[common:]), "fork")
+        else:
+            conversation_id = self.namespace + (session_id or uuid.uuid4().hex)
+            route = Route(self._add(Session(self._new_conversation(conversation_id))), list(turns), "new")
+        route = Route(route.session, route.new_turns, route.kind, session_id, named_before)
+        if session_id is not None:
+            cid = route.session.conversation.id
+            self._names[session_id] = cid
+            branches = self._branches.setdefault(session_id, [])
+            if cid not in branches:
+                branches.append(cid)
+        return route
 
     def done(self, session: Session, digests: Sequence[str]) -> None:
         """The call finished: ``digests`` are now the conversation's messages. Only now,
@@ -143,6 +168,7 @@ class SessionRouter:
             session.digests = list(digests)
             session.busy = False
             self._evict_idle(keep=session)
+            self._idle.notify_all()
 
     def abandon(self, route: Route) -> None:
         """Undo a ``new`` or ``fork`` route whose call failed: the conversation it created
@@ -154,6 +180,7 @@ class SessionRouter:
             self._unname(cid)
             if route.session_id is not None and route.named_before in self._sessions:
                 self._names[route.session_id] = route.named_before
+            self._idle.notify_all()
         route.session.conversation.abandon()
 
     def forget(self, session: Session) -> None:
@@ -162,6 +189,7 @@ class SessionRouter:
             cid = session.conversation.id
             self._sessions.pop(cid, None)
             self._unname(cid)
+            self._idle.notify_all()
         session.conversation.close()
 
     def sessions(self) -> list[Session]:

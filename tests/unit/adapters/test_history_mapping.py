@@ -1,5 +1,7 @@
 """LangChain re-sends whole histories: they extend, fork or name a managed conversation."""
 
+import contextlib
+
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import HumanMessage
@@ -263,6 +265,44 @@ def test_an_async_stream_closed_early_is_undone_before_the_next_call_which_exten
 
     again = asyncio.run(asyncio.wait_for(close_early_then_ask_again(), timeout=60))
     assert conversation_of(again) == conversation_of(a1)  # extended, not forked
+
+
+@pytest.mark.parametrize("how", ["break", "cancel"])
+def test_the_same_history_sent_again_right_after_a_stopped_async_stream_extends_the_chat(tiny_model, tiny_tok, how):
+    """The stopped turn is undone by a task of its own, after the next call had started:
+    that call found the conversation busy and forked a branch per stop (a helper's probe)."""
+    import asyncio
+
+    from clm_middleware.adapters import ChatCLM
+    from clm_middleware.engine import Engine
+    from clm_middleware.models import ScriptedReplies
+
+    replies = ["A1.", "word " * 60, "A2."]
+    script = ScriptedReplies([*tiny_tok.encode(r, add_special_tokens=False), tiny_tok.eos_token_id] for r in replies)
+    llm = ChatCLM(engine=Engine(tiny_model, tiny_tok, logits_processors=[script]), tagging="signals", max_tokens=80)
+    h1, h2 = HumanMessage("First question here."), HumanMessage("Second one.")
+    a1 = llm.invoke([h1])
+
+    async def stop_then_ask_again():
+        if how == "break":
+            async for _ in llm.astream([h1, a1, h2]):
+                break
+        else:
+
+            async def consume():
+                async for _ in llm.astream([h1, a1, h2]):
+                    await asyncio.sleep(0.05)
+
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        return await llm.ainvoke([h1, a1, h2])
+
+    again = asyncio.run(asyncio.wait_for(stop_then_ask_again(), timeout=60))
+    assert again.content == "A2." and conversation_of(again) == conversation_of(a1)  # extended, not forked
+    assert len(llm.conversation(conversation_of(a1)).history) == 4
 
 
 def test_a_call_after_breaking_out_of_an_async_stream_is_not_taken_for_one_of_its_turns(tiny_model, tiny_tok):

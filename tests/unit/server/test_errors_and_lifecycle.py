@@ -321,6 +321,23 @@ def test_a_client_that_leaves_mid_stream_cancels_its_turn_and_frees_its_blocks(s
     assert httpx.delete(server.api + "/sessions/leaver", timeout=TIMEOUT_S).status_code == 200
 
 
+def test_the_same_request_sent_right_after_a_stopped_stream_extends_the_session(server, model_id):
+    """A chat UI's stop, then send again: the stopped turn was not undone yet when the
+    request arrived, and the session forked a branch per stop (a helper's probe)."""
+    session = {"X-Session-Id": "stopper"}
+    first = _post(server.api, _hello(model_id), session).json()
+    history = [{"role": "user", "content": "hello"}, first["choices"][0]["message"]]
+    body = {"model": model_id, "messages": [*history, {"role": "user", "content": "Write a very long story."}]}
+    headers = {"Content-Type": "application/json", **session}
+    streamed = {**body, "max_tokens": 3000, "stream": True}
+    with httpx.stream("POST", server.api + "/chat/completions", json=streamed, headers=headers, timeout=TIMEOUT_S) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the role chunk: the turn is running
+    again = _post(server.api, {**body, "max_tokens": 4}, session).json()  # at once
+    assert again["clm"]["route"] == "extend" and again["clm"]["turn"] == 2
+    assert httpx.delete(server.api + "/sessions/stopper", timeout=TIMEOUT_S).status_code == 200
+
+
 def test_a_client_that_leaves_a_non_streaming_request_cancels_its_turn(server, model_id):
     session = {"X-Session-Id": "impatient"}
     first = _post(server.api, _hello(model_id), session).json()
