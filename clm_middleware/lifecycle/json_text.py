@@ -92,7 +92,7 @@ def _prefix(value: Any, fits: Callable[[str], bool]) -> Any | None:
     # the whole does not fit: the most leading items that do
     low = most_that_fit(len(items) - 1, lambda count: fits(dump(rebuild(items[:count]))))
     if low > 0:
-        return rebuild(items[:low])
+        return _with_next_trimmed(value, items, low, fits)
     first = items[0]
     if isinstance(value, dict):  # {"key": <first value trimmed>}
         key, inner = first
@@ -101,3 +101,20 @@ def _prefix(value: Any, fits: Callable[[str], bool]) -> Any | None:
         return None if trimmed is None else {key: trimmed}
     trimmed = _prefix(first, lambda t: fits("[" + t + "]"))
     return None if trimmed is None else [trimmed]
+
+
+def _with_next_trimmed(value: dict | list, items: list, low: int, fits: Callable[[str], bool]) -> Any:
+    """The ``low`` leading items of an object, and its next value trimmed into the room
+    they leave where that value is an array or object: ``{"date": ..., "events": [the
+    first k]}``, not ``{"date": ...}`` alone (a calendar of 30 events had lost every event
+    in a prompt half empty: a helper's probe). An array's next item is not cut: records
+    stay whole."""
+    if not isinstance(value, dict):
+        return items[:low]
+    key, inner = items[low]
+    kept = dict(items[:low])
+    if not isinstance(inner, list | dict) or not inner:
+        return kept
+    opening = dump(kept)[:-1] + ", " + json.dumps(key, ensure_ascii=False) + ": "
+    trimmed = _prefix(inner, lambda t: fits(opening + t + "}"))
+    return kept if trimmed is None else {**kept, key: trimmed}

@@ -54,3 +54,17 @@ def test_a_json_tool_result_condenses_to_its_keys_and_values_not_to_broken_json(
     outcome = Compressor(engine, chat, summarizer_prompt="{text}").compress(segment)
     assert outcome.ok and outcome.method == JSON_FACTS
     assert outcome.text == "user_id: mia_li_3668, address: (city: Austin, zip: 78750), gold: true"
+
+
+def test_a_trimmed_object_keeps_its_leading_keys_and_the_leading_records_of_the_next_list():
+    """A calendar of 30 events had been trimmed to {"date": ...} alone, losing every event
+    in a prompt half empty (a helper's agent loop through clm serve)."""
+    from clm_middleware.lifecycle.json_text import json_prefix
+
+    events = [{"id": i, "title": f"Meeting {i}", "start": f"{9 + i % 8:02d}:00"} for i in range(30)]
+    text = json.dumps({"date": "2025-03-14", "events": events, "timezone": "CET"})
+    kept = json.loads(json_prefix(text, lambda t: len(t) <= 600))
+    assert kept["date"] == "2025-03-14" and "timezone" not in kept
+    assert 3 <= len(kept["events"]) < 30 and kept["events"] == events[: len(kept["events"])]  # records whole
+    records = json.dumps(events)
+    assert json.loads(json_prefix(records, lambda t: len(t) <= 200)) == events[:3]  # no record is cut
