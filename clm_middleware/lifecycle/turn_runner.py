@@ -218,6 +218,11 @@ class TurnRunner:
         if forced is not None and asks_block:
             model_written = self._probe_block(rendered.token_ids + answer_ids, stats)
             raw_output = answer_text + "\n" + model_written
+        # the answer that closes a tool exchange stays, though it repeats an earlier one:
+        # an agent's context of calls and results alone taught the model that a result is
+        # followed by the same call again (a helper's agent loop at budget 512: it repeated
+        # the Oslo call; the bare model, shown one dropped answer, answered)
+        answers_result = bool(c.messages) and c.messages[-1].role == "tool"
         reply_message = MessageRecord(len(c.messages), "assistant", answer_text, turn, raw_output=raw_output)
         c.messages.append(reply_message)
         c.journal.message(reply_message)
@@ -234,6 +239,7 @@ class TurnRunner:
                 or (
                     {"repeats_earlier_reply", "reads_back_notes"} & set(stats.reply_flags)
                     and not self._adds_facts(answer_text)
+                    and not answers_result
                 )
             )
         ):

@@ -489,6 +489,27 @@ def test_a_tool_call_that_repeats_an_earlier_one_stays_in_the_context(scripted_l
     assert session.conversation.context.count(CALL) == 2
 
 
+def test_an_answer_to_a_tool_result_that_repeats_an_earlier_answer_stays_in_the_context(scripted_llm):
+    """Dropped as a repeat, an agent's context held calls and results alone, and the model
+    answered the next result with the same call again (a helper's loop at budget 512)."""
+    answer = "It is sunny there, with a light breeze and clear skies all day."
+    llm, _ = scripted_llm(CALL, answer, CALL, answer)
+    agent = llm.bind_tools([get_weather])
+    question = HumanMessage("What is the weather in Porto?")
+    call = agent.invoke([question])
+    result = get_weather.invoke(call.tool_calls[0])
+    first = agent.invoke([question, call, result])
+    again = HumanMessage("And in Porto again?")
+    second_call = agent.invoke([question, call, result, first, again])
+    second_result = get_weather.invoke(second_call.tool_calls[0])
+    second = agent.invoke([question, call, result, first, again, second_call, second_result])
+    assert second.content == answer
+    assert "repeats_earlier_reply" in second.response_metadata["lifecycle"]["reply_flags"]
+    assert second.response_metadata["lifecycle"]["dropped_tokens"] == 0
+    (session,) = next(iter(llm._routers.values())).sessions()
+    assert session.conversation.context.count(answer) == 2
+
+
 @pytest.mark.parametrize(
     ("spec", "text"),
     [
