@@ -268,18 +268,12 @@ def test_an_async_stream_closed_early_is_undone_before_the_next_call_which_exten
 
 
 @pytest.mark.parametrize("how", ["break", "cancel"])
-def test_the_same_history_sent_again_right_after_a_stopped_async_stream_extends_the_chat(tiny_model, tiny_tok, how):
+def test_the_same_history_sent_again_right_after_a_stopped_async_stream_extends_the_chat(scripted_llm, how):
     """The stopped turn is undone by a task of its own, after the next call had started:
     that call found the conversation busy and forked a branch per stop (a helper's probe)."""
     import asyncio
 
-    from clm_middleware.adapters import ChatCLM
-    from clm_middleware.engine import Engine
-    from clm_middleware.models import ScriptedReplies
-
-    replies = ["A1.", "word " * 60, "A2."]
-    script = ScriptedReplies([*tiny_tok.encode(r, add_special_tokens=False), tiny_tok.eos_token_id] for r in replies)
-    llm = ChatCLM(engine=Engine(tiny_model, tiny_tok, logits_processors=[script]), tagging="signals", max_tokens=80)
+    llm, _ = scripted_llm("A1.", "word " * 60, "A2.", max_tokens=80)
     h1, h2 = HumanMessage("First question here."), HumanMessage("Second one.")
     a1 = llm.invoke([h1])
 
@@ -288,13 +282,15 @@ def test_the_same_history_sent_again_right_after_a_stopped_async_stream_extends_
             async for _ in llm.astream([h1, a1, h2]):
                 break
         else:
+            streaming = asyncio.Event()
 
             async def consume():
                 async for _ in llm.astream([h1, a1, h2]):
-                    await asyncio.sleep(0.05)
+                    streaming.set()
+                    await asyncio.sleep(0.05)  # 60 words: the stream is far from its end
 
             task = asyncio.create_task(consume())
-            await asyncio.sleep(0.3)
+            await streaming.wait()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -305,20 +301,16 @@ def test_the_same_history_sent_again_right_after_a_stopped_async_stream_extends_
     assert len(llm.conversation(conversation_of(a1)).history) == 4
 
 
-def test_a_call_after_breaking_out_of_an_async_stream_is_not_taken_for_one_of_its_turns(tiny_model, tiny_tok):
+def test_a_call_after_breaking_out_of_an_async_stream_is_not_taken_for_one_of_its_turns(scripted_llm):
     """``async for chunk in llm.astream(...): break`` left the stream's turn list set in the
     caller's task: the next ainvoke (on any ChatCLM) joined it and was cancelled when the
     abandoned stream was collected, TurnCancelled (a helper's probe)."""
     import asyncio
 
     from clm_middleware.adapters import ChatCLM
-    from clm_middleware.engine import Engine
-    from clm_middleware.models import ScriptedReplies
 
-    replies = ["word " * 60, "Paris.", "Rome."]
-    script = ScriptedReplies([*tiny_tok.encode(r, add_special_tokens=False), tiny_tok.eos_token_id] for r in replies)
-    engine = Engine(tiny_model, tiny_tok, logits_processors=[script])
-    llm = ChatCLM(engine=engine, tagging="signals", max_tokens=80)
+    llm, _ = scripted_llm("word " * 60, "Paris.", "Rome.", max_tokens=80)
+    engine = llm.engine
 
     async def break_then_ask():
         async for _ in llm.astream([HumanMessage("Write a haiku about the sea.")]):
@@ -331,7 +323,7 @@ def test_a_call_after_breaking_out_of_an_async_stream_is_not_taken_for_one_of_it
     assert (same.content, other.content) == ("Paris.", "Rome.")
 
 
-def test_a_call_a_callback_starts_during_an_async_stream_is_not_one_of_the_streams_turns(tiny_model, tiny_tok):
+def test_a_call_a_callback_starts_during_an_async_stream_is_not_one_of_the_streams_turns(scripted_llm):
     """A task started from on_llm_new_token (a chat title made on the first token) copies
     the stream's context: its call joined the stream's turns and was cancelled when the
     stream ended, TurnCancelled (a helper's probe)."""
@@ -339,19 +331,7 @@ def test_a_call_a_callback_starts_during_an_async_stream_is_not_one_of_the_strea
 
     from langchain_core.callbacks import AsyncCallbackHandler
 
-    from clm_middleware.adapters import ChatCLM
-    from clm_middleware.engine import Engine
-    from clm_middleware.models import ScriptedReplies
-
-    def scripted(*replies):
-        script = ScriptedReplies(
-            [*tiny_tok.encode(r, add_special_tokens=False), tiny_tok.eos_token_id] for r in replies
-        )
-        return ChatCLM(
-            engine=Engine(tiny_model, tiny_tok, logits_processors=[script]), tagging="signals", max_tokens=80
-        )
-
-    main, titles = scripted("Short."), scripted("A title " * 12)
+    (main, _), (titles, _) = scripted_llm("Short."), scripted_llm("A title " * 12)
     started: list[asyncio.Task] = []
 
     class Title(AsyncCallbackHandler):
