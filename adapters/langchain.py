@@ -631,7 +631,7 @@ class ChatCLM(BaseChatModel):
         """The model's own token ids of ``text`` as a message's text is encoded (special
         tokens' text is text, as in the prompt; LangChain's default is GPT-2's tokenizer,
         which is not this model's, and offline has no vocabulary at all)."""
-        return ChatFormat.from_tokenizer(self._engine(None).tokenizer).encode(text)  # as a message's text is
+        return ChatFormat.from_tokenizer(self._engine(None).tokenizer).encode(text)
 
     def get_num_tokens_from_messages(
         self, messages: list[BaseMessage], tools: Sequence[dict[str, Any] | type | Callable | BaseTool] | None = None

@@ -12,7 +12,9 @@ A caller may name the conversation (``session_id``); the name then follows the l
 branch, and a history is matched against every open branch made under that name (a
 chat UI that regenerates an answer, then goes back to the first one, extends that one
 again; two clients that share a name keep a branch each). A conversation serves one
-call at a time: a concurrent call with the same history forks instead of waiting.
+call at a time: a call whose history continues one that another call holds waits for it
+(``BUSY_WAIT_S``: a stopped turn is being undone) and extends it if it comes back as the
+history says, else forks (a concurrent call with the same history).
 Idle conversations beyond ``max_sessions`` are closed, least recently used first (their
 state stays in the store, if one is set; a later call under the same name starts a new
 conversation, stored under a suffixed id). Given the engine's ``pool``, the router also

@@ -167,7 +167,7 @@ def serve(
             Store(db).close()  # not a usable store: said now, not as a 500 on every request
         engine = build_engine(**engine_options)
         config = dataclasses.replace(config, model_id=config.model_id or engine.model_name)
-        service = ChatService(engine, config, owns_engine=True)  # a budget over the engine's window: --budget's
+        service = ChatService(engine, config, owns_engine=True)  # refuses a budget over the engine's window
     except ConfigError as error:
         raise usage_error(error, ctx) from None
     if host not in ("127.0.0.1", "localhost", "::1") and not keys:
