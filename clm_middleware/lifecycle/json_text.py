@@ -96,8 +96,7 @@ def _prefix(value: Any, fits: Callable[[str], bool]) -> Any | None:
     first = items[0]
     if isinstance(value, dict):  # {"key": <first value trimmed>}
         key, inner = first
-        opening = "{" + json.dumps(key, ensure_ascii=False) + ": "
-        trimmed = _prefix(inner, lambda t: fits(opening + t + "}"))
+        trimmed = _value_trimmed({}, key, inner, fits)
         return None if trimmed is None else {key: trimmed}
     trimmed = _prefix(first, lambda t: fits("[" + t + "]"))
     return None if trimmed is None else [trimmed]
@@ -115,6 +114,12 @@ def _with_next_trimmed(value: dict | list, items: list, low: int, fits: Callable
     kept = dict(items[:low])
     if not isinstance(inner, list | dict) or not inner:
         return kept
-    opening = dump(kept)[:-1] + ", " + json.dumps(key, ensure_ascii=False) + ": "
-    trimmed = _prefix(inner, lambda t: fits(opening + t + "}"))
+    trimmed = _value_trimmed(kept, key, inner, fits)
     return kept if trimmed is None else {**kept, key: trimmed}
+
+
+def _value_trimmed(kept: dict, key: str, inner: Any, fits: Callable[[str], bool]) -> Any | None:
+    """``inner`` trimmed (``_prefix``) to fit as ``key``'s value after the items of
+    ``kept``; None if nothing of it fits."""
+    opening = dump(kept)[:-1] + (", " if kept else "") + json.dumps(key, ensure_ascii=False) + ": "
+    return _prefix(inner, lambda t: fits(opening + t + "}"))
