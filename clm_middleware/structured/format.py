@@ -216,19 +216,24 @@ def phrase_loop_in_string(text: str) -> bool:
     words end with one phrase of at most ``LONGEST_PHRASE`` words said
     ``PHRASE_REPEATS`` times running, over ``LOOP_WORDS`` words at least (``"The movie
     The movie The movie"``, SmolLM2 under a schema until ``max_tokens``): a loop with no
-    sentence mark for ``first_repeated_sentence`` to see. Case is ignored."""
-    start = open_string_start(text)
-    if start is None:
-        return False
-    words = _WORD.findall(text[start:].lower())
+    sentence mark for ``first_repeated_sentence`` to see. Case is ignored. Reads the
+    text's last ``_PHRASE_TAIL`` characters, and where they end with such a run, whether
+    it lies inside the open string: the turn asks after every token."""
+    offset = max(0, len(text) - _PHRASE_TAIL)
+    found = list(_WORD.finditer(text, offset))
+    words = [match.group().lower() for match in found]
     for period in range(1, LONGEST_PHRASE + 1):
         span = max(period * PHRASE_REPEATS, LOOP_WORDS)
         if len(words) < span:
             break
         tail = words[-span:]
         if all(tail[i] == tail[i - period] for i in range(period, span)):
-            return True
+            start = open_string_start(text)
+            return start is not None and start <= found[-span].start()
     return False
+
+
+_PHRASE_TAIL = 1024  # characters: 24 words (8 × 3) of 40 characters each
 
 
 LONGEST_NUMBER = 24  # characters: an int64 (19 digits and a sign) or a float's repr fits in fewer
