@@ -142,10 +142,10 @@ class ServerClient:
     def _where(self, path: str) -> str:
         return f"the engine at {self.config.base_url.rstrip('/')}{path}"
 
-    def _retrying(self, attempt, json_timeout_s: float | None = None):
-        """``attempt()`` with retries; its failure as a ``RemoteEngineError``.
-        ``json_timeout_s``: a JSON call's wait, named when it ran out (a stream's read
-        timeout is a stall mid-request: a long prefill, or a server that went away)."""
+    def _retrying(self, attempt, json_call: bool = False):
+        """``attempt()`` with retries; its failure as a ``RemoteEngineError``. A JSON call
+        that ran out of ``json_timeout_s`` says so (a stream's read timeout is a stall
+        mid-request: a long prefill, or a server that went away)."""
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
             stop=stop_after_attempt(self.config.retry_attempts),
@@ -168,10 +168,10 @@ class ServerClient:
                 status=503,
             ) from error
         except httpx.ReadTimeout as error:
-            if json_timeout_s is None:
+            if not json_call:
                 raise self._stalled(error) from error
             raise RemoteEngineError(
-                f"{self._where('')} accepted the request but sent no answer within {json_timeout_s:g} s",
+                f"{self._where('')} accepted the request but sent no answer within {self.config.json_timeout_s:g} s",
                 hint="check that the server at --engine is a serving engine and is not hung or stopped",
             ) from error
         except httpx.HTTPError as error:  # the request went out; the server vanished or stalled before answering
@@ -194,7 +194,7 @@ class ServerClient:
             self._check(path, response)
             return response.json()
 
-        return self._retrying(attempt, self.config.json_timeout_s)
+        return self._retrying(attempt, json_call=True)
 
     def _open_stream(self, path: str, body: dict[str, Any]) -> httpx.Response:
         request = self._http.build_request("POST", path, json=body)
